@@ -1,0 +1,162 @@
+"""``muonsim catalog``, ``describe`` and ``inventory``: what the catalogues hold and how a model splits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.common import print_json, resolve_scenario, user_errors, with_scenario_flags
+
+
+def register(app: typer.Typer) -> None:
+    app.command("catalog")(catalog)
+    app.command("describe")(describe)
+    app.command("inventory")(inventory)
+
+
+@user_errors
+def catalog(json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
+    """List the systems and models in the catalogues."""
+    from topologies.hardware import load_system, system_names
+    from workloads.models import load_model, model_names
+
+    systems = [load_system(n) for n in system_names()]
+    models = [load_model(n) for n in model_names()]
+    if json_out:
+        print_json({
+            "systems": [{"name": s.name, "display_name": s.display_name, "nvlink_domain": s.nvlink.domain_size,
+                         "bf16_peak_flops_per_s": s.gpu.peak_flops_per_s.bf16, "hbm_bytes": s.gpu.hbm_bytes} for s in systems],
+            "models": [{"name": m.name, "display_name": m.display_name, "layers": m.num_layers,
+                        "attention": m.attention.kind, "moe": m.moe is not None} for m in models],
+        })
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="Systems")
+    for col in ("name", "GPU", "NVLink domain", "NVLink GB/s/dir", "NIC GB/s/dir", "BF16 PF", "FP8 PF", "FP4 PF", "HBM GB"):
+        t.add_column(col)
+    for s in systems:
+        pk = s.gpu.peak_flops_per_s
+        t.add_row(s.name, s.gpu.name, str(s.nvlink.domain_size), f"{s.nvlink.gpu_bandwidth_Bps / 1e9:.0f}",
+                  f"{s.scale_out.nic_bandwidth_Bps / 1e9:.0f}", f"{pk.bf16 / 1e15:.2f}", f"{pk.fp8 / 1e15:.2f}",
+                  f"{pk.fp4 / 1e15:.1f}" if pk.fp4 else "-", f"{s.gpu.hbm_bytes / 1e9:.0f}")
+    m_t = Table(title="Models")
+    for col in ("name", "layers", "hidden", "attention", "experts (top-k)", "vocab", "MTP"):
+        m_t.add_column(col)
+    for m in models:
+        moe = f"{m.moe.num_experts} ({m.moe.topk})" if m.moe else "dense"
+        m_t.add_row(m.name, str(m.num_layers), str(m.hidden_size), m.attention.kind, moe, str(m.vocab_size), str(m.mtp_layers))
+    console = Console()
+    console.print(t)
+    console.print(m_t)
+
+
+@user_errors
+def describe(
+    model: Annotated[str, typer.Argument(help="catalogue name or model YAML file")],
+    seq: Annotated[int, typer.Option("--seq", min=1, help="sequence length for attention FLOPs (tokens)")] = 4096,
+    tp: Annotated[int, typer.Option("--tp", min=1, help="tensor parallel size (pads the vocabulary)")] = 1,
+    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Parameters (total, active) and model FLOPs per token of a model."""
+    from workloads.flops import model_flop_terms
+    from workloads.inventory import active_params, build_inventory
+    from workloads.models import load_model
+
+    spec = load_model(model)
+    inv = build_inventory(spec)
+    terms = model_flop_terms(spec, seq, tp)
+    data = {
+        "model": spec.name,
+        "params_total": inv.params_total,
+        "params_active": active_params(spec),
+        "params_active_excl_embeddings": active_params(spec, include_embeddings=False),
+        "seq_length": seq,
+        "flops_per_token": terms.total,
+        "flops_per_token_terms": {k: v for k, v in vars(terms).items()},
+        "layers": spec.num_layers, "moe_layers": spec.num_moe_layers, "mtp_layers": spec.mtp_layers,
+    }
+    if json_out:
+        print_json(data)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{spec.display_name or spec.name}", show_header=False)
+    t.add_row("parameters, total", f"{data['params_total'] / 1e9:,.2f} B")
+    t.add_row("parameters, active (incl. embedding + head)", f"{data['params_active'] / 1e9:,.2f} B")
+    t.add_row("parameters, active (excl. embedding + head)", f"{data['params_active_excl_embeddings'] / 1e9:,.2f} B")
+    t.add_row("layers (MoE / MTP)", f"{spec.num_layers} ({spec.num_moe_layers} / {spec.mtp_layers})")
+    t.add_row(f"model FLOPs per token @ seq {seq}", f"{terms.total / 1e9:,.3f} GFLOP")
+    for k, v in vars(terms).items():
+        t.add_row(f"  {k.replace('_', ' ')}", f"{v / 1e9:,.3f} GFLOP")
+    Console().print(t)
+
+
+@user_errors
+@with_scenario_flags
+def inventory(
+    scenario_file: Annotated[Path | None, typer.Argument(help="scenario YAML (default: built-in scenario)")] = None,
+    per_tensor: Annotated[bool, typer.Option("--tensors", help="list every tensor of the chosen stage")] = False,
+    stage: Annotated[int, typer.Option("--stage", min=0, help="pipeline stage for --tensors")] = 0,
+    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    *, scenario_flags: dict[str, str],
+) -> None:
+    """The tensor inventory of a scenario: per pipeline stage and per rank."""
+    from workloads.inventory import inventory_for
+
+    sc = resolve_scenario(scenario_file, scenario_flags)
+    inv = inventory_for(sc)
+    stages = []
+    for s in range(sc.par.pp):
+        ts = inv.stage_tensors(s)
+        stages.append({
+            "stage": s,
+            "tensors": len(ts),
+            "params_per_rank": inv.rank_numel(s),
+            "muon_params_per_rank": sum(t.rank_numel for t in ts if t.optimizer == "muon"),
+            "adamw_params_per_rank": sum(t.rank_numel for t in ts if t.optimizer == "adamw"),
+            "expert_params_per_rank": sum(t.rank_numel for t in ts if t.is_expert),
+            "muon_matrices_per_rank": sum(len(t.muon_components) * t.experts_per_rank for t in ts if t.optimizer == "muon"),
+        })
+    tensors = []
+    if per_tensor or json_out:
+        for t in inv.tensors:
+            if per_tensor and t.stage != stage:
+                continue
+            tensors.append({
+                "name": t.name, "role": t.role, "stage": t.stage, "chunk": t.chunk, "global_shape": list(t.global_shape),
+                "shard_dim": t.shard_dim, "shard_group": t.shard_group, "local_shape": list(t.local_shape),
+                "dp_group": t.dp_group, "optimizer": t.optimizer, "copies": t.num_experts,
+                "copies_per_rank": t.experts_per_rank, "muon_matrices": [list(c) for c in t.local_muon_components],
+            })
+    data = {"params_total": inv.params_total, "dp": sc.dp, "expert_dp": sc.expert_dp, "stages": stages}
+    if json_out:
+        data["tensors"] = tensors
+        print_json(data)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{sc.model.name} on {sc.gpus} GPUs: tp {sc.par.tp}, pp {sc.par.pp}, vpp {sc.par.vpp}, "
+                    f"ep {sc.par.ep}, dp {sc.dp}")
+    for col in ("stage", "tensors", "params/rank", "Muon", "AdamW", "experts", "Muon matrices/rank"):
+        t.add_column(col, justify="right")
+    for s in stages:
+        t.add_row(str(s["stage"]), str(s["tensors"]), f"{s['params_per_rank'] / 1e9:.3f} B",
+                  f"{s['muon_params_per_rank'] / 1e9:.3f} B", f"{s['adamw_params_per_rank'] / 1e9:.3f} B",
+                  f"{s['expert_params_per_rank'] / 1e9:.3f} B", str(s["muon_matrices_per_rank"]))
+    console = Console()
+    console.print(t)
+    if per_tensor:
+        tt = Table(title=f"stage {stage} tensors")
+        for col in ("name", "global shape", "local shape", "shard", "dp group", "optimizer", "copies/rank"):
+            tt.add_column(col)
+        for x in tensors:
+            tt.add_row(x["name"], str(tuple(x["global_shape"])), str(tuple(x["local_shape"])),
+                       f"{x['shard_group']}:{x['shard_dim']}" if x["shard_group"] else "-", x["dp_group"],
+                       x["optimizer"], str(x["copies_per_rank"]))
+        console.print(tt)

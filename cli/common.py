@@ -1,0 +1,145 @@
+"""Shared CLI plumbing: one-line errors with exit code 2, scenario flags, output helpers.
+
+Heavy modules (numpy, networkx, simpy, plotly, torch) are imported inside command functions, never
+at import time, so that ``muonsim --help`` starts fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# flag name -> (scenario key, metavar, help)
+SCENARIO_FLAGS: dict[str, tuple[str, str, str]] = {
+    "model": ("model", "NAME|FILE", "model: catalogue name or YAML file"),
+    "system": ("system", "NAME|FILE", "system: catalogue name or YAML file"),
+    "gpus": ("gpus", "INT", "GPUs in the job"),
+    "precision": ("precision", "PREC", "bf16, fp8-cs, mxfp8 or nvfp4"),
+    "tp": ("tp", "INT", "tensor parallel size"),
+    "pp": ("pp", "INT", "pipeline parallel size"),
+    "vpp": ("vpp", "INT", "virtual pipeline chunks per stage"),
+    "cp": ("cp", "INT", "context parallel size"),
+    "ep": ("ep", "INT", "expert parallel size"),
+    "etp": ("etp", "INT", "expert tensor parallel size"),
+    "fsdp": ("fsdp", "INT", "Megatron-FSDP group size (0 = off)"),
+    "mbs": ("micro_batch_size", "INT", "micro-batch size (sequences)"),
+    "gbs": ("global_batch_size", "INT", "global batch size (sequences)"),
+    "seq": ("seq_length", "INT", "sequence length (tokens)"),
+    "sequence_parallel": ("sequence_parallel", "BOOL", "sequence parallelism (default: on when tp > 1)"),
+    "recompute": ("recompute", "MODE", "activation recompute: none, selective or full"),
+    "pipeline_split": ("pipeline_split", "MODE", "auto, even or balanced"),
+    "mtp": ("mtp_layers", "INT", "multi-token-prediction layers (overrides the model)"),
+    "optimizer": ("optimizer", "KIND", "adamw or muon"),
+    "distribution": ("distribution", "MODE", "replicated, element_wise or layer_wise"),
+    "layout": ("layer_wise_layout", "MODE", "layer-wise layout: legacy or current"),
+    "tp_mode": ("tp_mode", "MODE", "Muon TP Newton-Schulz mode: duplicated, distributed, blockwise"),
+    "load_balance": ("load_balance", "MODE", "none, ping_pong or lpt"),
+    "hide_param_gather": ("hide_param_gather", "BOOL", "overlap the parameter all-gather with the next forward (on/off)"),
+    "ns_steps": ("ns_steps", "INT", "Newton-Schulz iterations"),
+    "ns_coefficients": ("ns_coefficients", "NAME", "quintic, simple, polar_express, cans, aol, deepseekv4, cubic5"),
+    "matmul_precision": ("matmul_precision", "PREC", "Newton-Schulz matmul precision: bf16, tf32, fp32"),
+    "syrk": ("use_syrk", "BOOL", "use SYRK for the symmetric Newton-Schulz products"),
+    "split_qkv": ("split_qkv", "BOOL", "orthogonalise Q, K, V separately"),
+    "grad_dtype": ("grad_reduce_dtype", "DTYPE", "gradient reduce dtype: fp32 or bf16"),
+    "gpus_per_domain": ("gpus_per_domain", "INT", "GPUs used per NVLink domain (placement policy override)"),
+}
+
+
+class CliError(Exception):
+    """Raised inside commands for a one-line user error."""
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print ``error: message`` (one line) to stderr and exit."""
+    typer.echo(f"error: {' '.join(str(message).split())}", err=True)
+    raise typer.Exit(code)
+
+
+def user_errors(func: F) -> F:
+    """Decorator: turn UserInputError / UnsupportedScenario / CliError into one line and exit 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from topologies.inputs import UserInputError
+
+        try:
+            return func(*args, **kwargs)
+        except (UserInputError, CliError) as err:
+            fail(str(err))
+        except Exception as err:  # unsupported scenarios come from costmodel; keep the import lazy
+            if type(err).__name__ == "UnsupportedScenario":
+                fail(f"unsupported scenario: {err}")
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
+def with_scenario_flags(func: F) -> F:
+    """Add every scenario flag (``--tp``, ``--model`` ...) as a string option.
+
+    The wrapped function receives ``scenario_flags: dict[str, str]`` holding the flags the user
+    gave (scenario keys, raw strings); pydantic converts and validates them. ``compare`` splits
+    comma-separated values itself.
+    """
+    sig = inspect.signature(func)
+    params = [p for p in sig.parameters.values() if p.name != "scenario_flags"]
+    for flag, (_, metavar, help_text) in SCENARIO_FLAGS.items():
+        option = typer.Option(None, f"--{flag.replace('_', '-')}", metavar=metavar, help=help_text,
+                              rich_help_panel="Scenario")
+        params.append(inspect.Parameter(flag, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=str | None))
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        flags = {}
+        for flag, (key, _, _) in SCENARIO_FLAGS.items():
+            value = kwargs.pop(flag, None)
+            if value is not None:
+                flags[key] = value
+        return func(*args, scenario_flags=flags, **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]
+
+
+def resolve_scenario(scenario_file: Path | None, flags: dict[str, Any]):  # noqa: ANN201
+    """Build and validate a Scenario from an optional YAML file plus flags (raises UserInputError)."""
+    from workloads.scenario import DEFAULT_SCENARIO, build_config, load_scenario_config
+
+    if scenario_file is not None:
+        config = load_scenario_config(scenario_file, flags)
+    else:
+        config = build_config(DEFAULT_SCENARIO.model_dump(), flags, source="scenario")
+    return config.resolve()
+
+
+def load_calibration(path: Path | None, use_default: bool = True):  # noqa: ANN201
+    """The calibration profile from ``--calibration`` or the built-in default (None if neither)."""
+    from costmodel.calibration import default_profile, load_profile
+
+    if path is not None:
+        return load_profile(path)
+    return default_profile() if use_default else None
+
+
+def print_json(data: Any) -> None:
+    """Write JSON to stdout (machine-readable output for ``--json``)."""
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write a whole file or nothing (temp file + rename)."""
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        raise CliError(f"directory '{path.parent}' does not exist")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

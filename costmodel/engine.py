@@ -1,0 +1,35 @@
+"""One entry point for both engines: ``predict(scenario, engine) -> StepReport``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from costmodel.report import EngineName, StepReport
+
+if TYPE_CHECKING:
+    from costmodel.calibration import CalibrationProfile
+    from workloads.scenario import Scenario
+
+
+class UnsupportedScenario(Exception):
+    """The model cannot express this scenario yet (message says why, in one line)."""
+
+
+def predict(scenario: Scenario, engine: EngineName = "analytic",
+            calibration: CalibrationProfile | None = None) -> StepReport:
+    """Predict one training step of ``scenario`` with the analytic or the discrete-event engine."""
+    if calibration is not None:
+        scenario = calibration.apply(scenario)
+    if engine == "analytic":
+        from costmodel.analytic import run_analytic
+
+        report = run_analytic(scenario)
+    elif engine == "des":
+        from costmodel.des import run_des
+
+        report = run_des(scenario)
+    else:
+        raise ValueError(f"unknown engine {engine!r}")
+    if calibration is not None:
+        report.calibration = calibration.label(scenario.system.name)
+    return report

@@ -1,0 +1,108 @@
+"""StepReport: what both engines return (one contract), and its JSON form.
+
+All times in seconds, memory in bytes, throughput per GPU. ``breakdown_s`` splits the step time
+into additive parts: ``compute`` (the busy compute time of the critical rank), ``pipeline_bubble``,
+``exposed_comm`` by kind (what is not hidden behind compute), ``optimizer`` (the optimizer step's
+exposed compute), and ``other``. Exporters (rich table, Perfetto trace, plotly HTML) live in
+:mod:`costmodel.exporters`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EngineName = Literal["analytic", "des"]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Breakdown(_Out):
+    """Additive decomposition of the step time (seconds)."""
+
+    compute: float = 0.0
+    pipeline_bubble: float = 0.0
+    exposed_comm: dict[str, float] = Field(default_factory=dict, description="by kind: tp, cp, ep, pp, dp_grad, dp_param, optimizer_tp")
+    optimizer: float = 0.0
+    other: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.compute + self.pipeline_bubble + sum(self.exposed_comm.values()) + self.optimizer + self.other
+
+
+class Stats(_Out):
+    min: float
+    mean: float
+    max: float
+
+
+class CollectiveOut(_Out):
+    op: str
+    group: str
+    group_size: int
+    dtype: str
+    bytes: int
+    count: int
+    phase: str = ""
+    time_s: float | None = None
+
+
+class OptimizerReport(_Out):
+    kind: str
+    distribution: str
+    layout: str | None = None
+    tp_mode: str | None = None
+    load_balance: str | None = None
+    per_rank_compute_s: Stats
+    imbalance: float = Field(description="max / mean per-rank optimizer compute")
+    imbalance_lost_s: float = Field(0.0, description="(max - mean) per-rank optimizer compute")
+    exposed_s: float = Field(description="optimizer-related time on the critical path (compute + unhidden comm)")
+    hidden_s: float = Field(description="optimizer-related communication hidden behind compute")
+    newton_schulz_flops: dict[str, float] = Field(default_factory=dict, description="total, per_rank_max, per_rank_mean")
+    padding_overhead_pct: float | None = None
+    collectives: list[CollectiveOut] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+class MemoryReport(_Out):
+    total_bytes: float
+    components_bytes: dict[str, float]
+    capacity_bytes: float
+    fits: bool
+
+
+class TimelineEvent(_Out):
+    rank: str = Field(description="representative rank label, e.g. 'pp0'")
+    stream: str = Field(description="compute, tp, ep, cp, pp, dp, optimizer")
+    name: str
+    start_s: float
+    duration_s: float
+    category: str = ""
+    step: int = 0
+
+
+class StepReport(_Out):
+    engine: EngineName
+    scenario: dict[str, Any]
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float = Field(description="model TFLOP/s per GPU / dense peak at the training precision")
+    breakdown_s: Breakdown
+    memory_per_gpu_bytes: float
+    memory: MemoryReport | None = None
+    optimizer: OptimizerReport | None = None
+    events: list[TimelineEvent] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    calibration: str = "datasheet defaults"
+
+    def to_json_dict(self, include_events: bool = False) -> dict[str, Any]:
+        """The ``--json`` form (events only when asked: they can be large)."""
+        data = self.model_dump(mode="json")
+        if not include_events:
+            data.pop("events", None)
+        return data

@@ -1,0 +1,168 @@
+"""Hardware description of a system: GPU peaks, memory, NVLink domain, NICs, scale-out fabric.
+
+A system is a YAML file (the catalogue ships gb300-nvl72, gb200-nvl72, dgx-b300, dgx-b200,
+dgx-h100 under ``topologies/data/systems``; users pass their own by path). All quantities are SI:
+bytes, seconds, FLOP/s, bytes per second **per direction**. Figures and sources are in each YAML
+file and in ``../shared/reference/hardware-and-collectives.md``.
+
+The named efficiency factors that calibration fits live here too (:class:`EfficiencyFactors`):
+they are properties of how a software stack drives this hardware, start from datasheet and
+measured values, and are overridden per system by a calibration profile.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from topologies.inputs import UserInputError, describe_validation_error, resolve_catalog_entry
+
+SYSTEMS_DIR = Path(__file__).parent / "data" / "systems"
+
+
+class Precision(StrEnum):
+    """Training precision of the transformer GEMMs (Megatron-Bridge naming)."""
+
+    BF16 = "bf16"
+    FP8_CS = "fp8-cs"  # FP8 with current (per-tensor) scaling
+    MXFP8 = "mxfp8"  # FP8 with E8M0 scale per 32 elements
+    NVFP4 = "nvfp4"  # FP4 with E4M3 scale per 16 elements + fp32 tensor scale
+
+    @property
+    def tensor_core_class(self) -> str:
+        """The peak-FLOP class this precision runs at: 'bf16', 'fp8' or 'fp4'."""
+        return {"bf16": "bf16", "fp8-cs": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}[self.value]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PeakFlops(_Strict):
+    """Dense tensor-core peaks per GPU in FLOP/s (training uses dense, never the sparse figure)."""
+
+    bf16: float = Field(gt=0)
+    fp8: float = Field(gt=0)
+    fp4: float | None = Field(default=None, gt=0, description="None when the GPU has no FP4")
+    tf32: float = Field(gt=0)
+    fp32: float = Field(gt=0, description="non-tensor FP32 peak")
+
+
+class GpuSpec(_Strict):
+    name: str
+    peak_flops_per_s: PeakFlops
+    hbm_bytes: float = Field(gt=0, description="usable HBM capacity per GPU")
+    hbm_bandwidth_Bps: float = Field(gt=0)
+    sm_count: int = Field(gt=0)
+
+
+class NvlinkSpec(_Strict):
+    """The NVLink (scale-up) domain: a rack of 72 on NVL72, an 8-GPU node on DGX."""
+
+    domain_size: int = Field(gt=0, description="GPUs in one NVLink domain")
+    links_per_gpu: int = Field(gt=0)
+    link_bandwidth_Bps: float = Field(gt=0, description="per link, per direction")
+    switch_chips: int = Field(gt=0, description="NVLink switch chips per domain")
+    nvls: bool = Field(description="NVLink SHARP (in-switch reduction/multicast) available")
+
+    @property
+    def gpu_bandwidth_Bps(self) -> float:
+        """NVLink bandwidth per GPU per direction (links x link rate)."""
+        return self.links_per_gpu * self.link_bandwidth_Bps
+
+
+class ScaleOutSpec(_Strict):
+    """Rail-optimised scale-out fabric (InfiniBand or Ethernet) between NVLink domains."""
+
+    kind: Literal["infiniband", "ethernet"] = "infiniband"
+    nic_bandwidth_Bps: float = Field(gt=0, description="per NIC per direction")
+    nics_per_gpu: int = Field(default=1, gt=0)
+    switch_radix: int = Field(gt=1, description="ports per leaf/spine switch")
+    domains_per_scalable_unit: int = Field(gt=0, description="racks (or nodes) per scalable unit")
+    planes: int = Field(default=1, gt=0)
+    oversubscription: float = Field(default=1.0, ge=1.0, description="leaf down:up ratio")
+    switch_hop_latency_s: float = Field(default=3e-7, ge=0)
+
+
+class EfficiencyFactors(_Strict):
+    """Named, calibratable efficiency factors (dimensionless fractions unless a unit is named).
+
+    Defaults come from datasheets and measured figures (hardware-and-collectives.md §5-§6);
+    ``muonsim calibrate`` fits a subset of them per system and release. Compute factors are read by
+    ``costmodel.compute``; communication factors by ``topologies.collectives``.
+    """
+
+    # --- compute (costmodel.compute) ---
+    gemm_bf16: float = Field(default=0.70, gt=0, le=1, description="large dense BF16 GEMM fraction of dense peak")
+    gemm_fp8: float = Field(default=0.60, gt=0, le=1, description="large dense FP8/MXFP8 GEMM fraction of dense peak")
+    gemm_fp4: float = Field(default=0.60, gt=0, le=1, description="large dense NVFP4 GEMM fraction of dense peak")
+    gemm_half_efficiency_flops: float = Field(default=2e9, gt=0, description="GEMM size (FLOPs) reaching half its max efficiency")
+    grouped_gemm: float = Field(default=0.85, gt=0, le=1.5, description="grouped expert GEMM efficiency relative to a dense GEMM of the same total size")
+    attention: float = Field(default=0.45, gt=0, le=1, description="flash attention fraction of BF16 peak")
+    memory_bandwidth: float = Field(default=0.80, gt=0, le=1, description="achieved fraction of HBM bandwidth for memory-bound kernels")
+    newton_schulz: float = Field(default=1.0, gt=0, le=1.5, description="Newton-Schulz GEMM efficiency relative to a dense GEMM of the same size")
+    # --- communication (topologies.collectives) ---
+    nvlink_bandwidth: float = Field(default=0.80, gt=0, le=1, description="NCCL effective NVLink fraction (40.1/50 on Blackwell)")
+    nvls_bandwidth: float = Field(default=0.74, gt=0, le=1, description="NCCL nvlsEfficiency (0.74 Blackwell, 0.85 Hopper)")
+    network_bandwidth: float = Field(default=0.97, gt=0, le=1, description="achieved fraction of NIC line rate")
+    alltoall_bandwidth: float = Field(default=0.75, gt=0, le=1, description="achieved fraction for EP all-to-all dispatch/combine")
+    nvlink_step_latency_s: float = Field(default=3.4e-6, ge=0, description="per ring step over NVLink (NCCL Simple)")
+    network_step_latency_s: float = Field(default=1.4e-5, ge=0, description="per ring step across the network (NCCL Simple)")
+    collective_base_latency_s: float = Field(default=8.4e-6, ge=0, description="per collective launch (NCCL base)")
+    nvls_latency_s: float = Field(default=2.5e-5, ge=0, description="flat NVLS latency (NCCL model)")
+    # --- overlap ---
+    overlap_compute_slowdown: float = Field(default=0.05, ge=0, le=1, description="fractional compute slowdown while a collective overlaps it")
+
+
+class SystemSpec(_Strict):
+    """A whole system: GPU type, NVLink domain, scale-out fabric, efficiency defaults."""
+
+    name: str
+    display_name: str = ""
+    gpu: GpuSpec
+    nvlink: NvlinkSpec
+    scale_out: ScaleOutSpec
+    efficiency: EfficiencyFactors = Field(default_factory=EfficiencyFactors)
+    max_gpus: int = Field(default=1_000_000, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> SystemSpec:
+        if self.nvlink.nvls and self.nvlink.switch_chips < 1:
+            raise ValueError("nvls requires NVLink switch chips")
+        return self
+
+    def peak_flops_per_s(self, precision: Precision | str) -> float:
+        """Dense tensor-core peak for ``precision`` in FLOP/s (FP4 falls back to FP8 when absent)."""
+        cls = Precision(precision).tensor_core_class
+        peaks = self.gpu.peak_flops_per_s
+        if cls == "fp4":
+            return peaks.fp4 if peaks.fp4 is not None else peaks.fp8
+        return float(getattr(peaks, cls))
+
+    def with_efficiency(self, **overrides: float) -> SystemSpec:
+        """A copy with some efficiency factors replaced (how calibration is applied)."""
+        eff = self.efficiency.model_copy(update=overrides)
+        return self.model_copy(update={"efficiency": EfficiencyFactors.model_validate(eff.model_dump())})
+
+
+def system_names() -> list[str]:
+    """Names of the systems shipped in the catalogue."""
+    return sorted(p.stem for p in SYSTEMS_DIR.glob("*.yaml"))
+
+
+@cache
+def _load_system_cached(name_or_path: str) -> SystemSpec:
+    data = resolve_catalog_entry(name_or_path, SYSTEMS_DIR, "system")
+    try:
+        return SystemSpec.model_validate(data)
+    except ValidationError as err:
+        raise UserInputError(describe_validation_error(err, f"system '{name_or_path}'")) from None
+
+
+def load_system(name_or_path: str) -> SystemSpec:
+    """Load a system by catalogue name or from a YAML file path (one-line UserInputError on failure)."""
+    return _load_system_cached(str(name_or_path))

@@ -1,0 +1,66 @@
+"""User input helpers shared by every package: the one-line error type and safe YAML loading.
+
+Everything a user can type or point at (a catalogue name, a YAML file, a flag) is checked at the
+boundary and turned into a :class:`UserInputError` whose message is one line naming the field or
+file and what would be valid. The CLI prints that line and exits with code 2, with no traceback.
+YAML is always read with ``yaml.safe_load``: a configuration file can never execute code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+
+class UserInputError(ValueError):
+    """An invalid input that the user can fix; ``str(err)`` is one line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+
+def load_yaml_file(path: str | Path, what: str = "file") -> dict[str, Any]:
+    """Read a YAML mapping from ``path`` safely; raise UserInputError on any problem."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserInputError(f"{what} '{p}' does not exist")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or "invalid YAML"
+        raise UserInputError(f"{what} '{p}' is malformed YAML{where}: {problem}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserInputError(f"{what} '{p}' cannot be read: {err}") from None
+    if not isinstance(data, dict):
+        raise UserInputError(f"{what} '{p}' must contain a YAML mapping at the top level")
+    return data
+
+
+def describe_validation_error(err: ValidationError, source: str) -> str:
+    """Turn the first pydantic error into one line: ``source: field.path: message``."""
+    first = err.errors()[0]
+    loc = ".".join(str(part) for part in first.get("loc", ()) if part != "__root__")
+    msg = first.get("msg", "invalid value")
+    msg = msg.removeprefix("Value error, ")
+    value = first.get("input")
+    shown = ""
+    if first.get("type") not in ("missing",) and not isinstance(value, dict | list) and loc:
+        shown = f" (got {value!r})"
+    field = f"{loc}: " if loc else ""
+    return f"{source}: {field}{msg}{shown}"
+
+
+def resolve_catalog_entry(name_or_path: str, catalog_dir: Path, what: str) -> dict[str, Any]:
+    """Load a catalogue entry by name (``catalog_dir/NAME.yaml``) or a user file by path."""
+    candidate = catalog_dir / f"{name_or_path}.yaml"
+    if candidate.is_file():
+        return load_yaml_file(candidate, what)
+    if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
+        return load_yaml_file(name_or_path, what)
+    known = ", ".join(sorted(p.stem for p in catalog_dir.glob("*.yaml")))
+    raise UserInputError(f"unknown {what} '{name_or_path}'; known: {known} (or a path to a YAML file)")

@@ -1,0 +1,72 @@
+"""The MeasuredRun schema: one measured training run (published table row, log, reference run).
+
+Schema: ``../shared/data/README.md``. A measured run is a scenario (model, system, GPUs, precision,
+parallel sizes, optimizer) plus what was measured (step time at least). Loaders for CSV, JSON and
+training logs live in :mod:`workloads.loaders`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from topologies.hardware import Precision
+
+
+class MeasuredRun(BaseModel):
+    """A measured run. Required: the scenario columns and ``step_time_s``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    source: str = ""
+    release: str = ""
+    model: str
+    system: str
+    num_gpus: int = Field(gt=0)
+    precision: Precision
+    global_batch_size: int = Field(gt=0)
+    micro_batch_size: int = Field(gt=0)
+    seq_length: int = Field(gt=0)
+    tp: int = Field(1, gt=0)
+    pp: int = Field(1, gt=0)
+    vpp: int = Field(1, gt=0)
+    cp: int = Field(1, gt=0)
+    ep: int = Field(1, gt=0)
+    etp: int = Field(1, gt=0)
+    fsdp: int = Field(0, ge=0)
+    mtp: int = Field(0, ge=0)
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    step_time_s: float = Field(gt=0)
+    tokens_per_s_per_gpu: float | None = Field(None, gt=0)
+    model_tflops_per_gpu: float | None = Field(None, gt=0)
+    # optional columns
+    optimizer_distribution: Literal["replicated", "element_wise", "layer_wise"] | None = None
+    muon_tp_mode: Literal["duplicated", "distributed", "blockwise"] | None = None
+    muon_ns_steps: int | None = Field(None, gt=0)
+    overlap_param_gather: bool | None = None
+    recompute: str | None = None
+    notes: str | None = None
+    # reference-backend extras (phase times in seconds, collectives as CollectiveCall dicts)
+    phase_times_s: dict[str, float] | None = None
+    collectives: list[dict[str, Any]] | None = None
+    extra: dict[str, Any] | None = None
+
+    def scenario_overrides(self) -> dict[str, Any]:
+        """Flat overrides (CLI-style keys) that describe this run's scenario."""
+        out: dict[str, Any] = {
+            "model": self.model, "system": self.system, "gpus": self.num_gpus, "precision": self.precision.value,
+            "global_batch_size": self.global_batch_size, "micro_batch_size": self.micro_batch_size,
+            "seq_length": self.seq_length, "tp": self.tp, "pp": self.pp, "vpp": self.vpp, "cp": self.cp,
+            "ep": self.ep, "etp": self.etp, "fsdp": self.fsdp, "mtp_layers": self.mtp, "optimizer": self.optimizer,
+        }
+        if self.optimizer_distribution:
+            out["distribution"] = self.optimizer_distribution
+        if self.muon_tp_mode:
+            out["tp_mode"] = self.muon_tp_mode
+        if self.muon_ns_steps:
+            out["ns_steps"] = self.muon_ns_steps
+        if self.overlap_param_gather is not None:
+            out["hide_param_gather"] = self.overlap_param_gather
+        return out

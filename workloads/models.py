@@ -1,0 +1,134 @@
+"""Model architectures: the catalogue (``workloads/data/models/*.yaml``) and user model files.
+
+A :class:`ModelSpec` holds exactly the hyper-parameters that parameter, FLOP and memory counting
+need: dense and MoE layers, GQA or MLA attention, shared experts, vocabulary (untied embedding and
+output layer), multi-token-prediction layers. Sources are in ``../shared/data/models.md``.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from topologies.inputs import UserInputError, describe_validation_error, resolve_catalog_entry
+
+MODELS_DIR = Path(__file__).parent / "data" / "models"
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GqaAttention(_Strict):
+    """Grouped-query (or multi-head) attention: fused QKV [(n_h + 2 n_kv) d, h] and output [h, n_h d]."""
+
+    kind: Literal["gqa"] = "gqa"
+    num_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt
+    qk_norm: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> GqaAttention:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+        return self
+
+
+class MlaAttention(_Strict):
+    """Multi-head latent attention (DeepSeek-V3, Kimi K2)."""
+
+    kind: Literal["mla"] = "mla"
+    num_heads: PositiveInt
+    q_lora_rank: PositiveInt | None = None
+    kv_lora_rank: PositiveInt
+    qk_head_dim: PositiveInt = Field(description="non-rotary query/key dim per head (d_nope)")
+    qk_pos_emb_head_dim: NonNegativeInt = Field(description="rotary query/key dim per head (d_rope)")
+    v_head_dim: PositiveInt
+
+    @property
+    def num_kv_heads(self) -> int:
+        """MLA has no KV-head grouping constraint; every head is its own group."""
+        return self.num_heads
+
+
+class MoeSpec(_Strict):
+    num_experts: PositiveInt
+    topk: PositiveInt
+    expert_ffn_hidden_size: PositiveInt
+    shared_expert_ffn_hidden_size: NonNegativeInt = Field(0, description="all shared experts summed")
+    first_dense_layers: NonNegativeInt = Field(0, description="leading layers with a dense MLP")
+    router_bias: bool = Field(False, description="per-expert score bias (aux-loss-free balancing)")
+
+    @model_validator(mode="after")
+    def _check(self) -> MoeSpec:
+        if self.topk > self.num_experts:
+            raise ValueError(f"topk {self.topk} exceeds num_experts {self.num_experts}")
+        return self
+
+
+class ModelSpec(_Strict):
+    """A decoder-only transformer with SwiGLU MLPs, RMSNorm and untied embeddings."""
+
+    name: str
+    display_name: str = ""
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    ffn_hidden_size: PositiveInt
+    vocab_size: PositiveInt
+    make_vocab_size_divisible_by: PositiveInt = 128
+    attention: Annotated[GqaAttention | MlaAttention, Field(discriminator="kind")]
+    moe: MoeSpec | None = None
+    mtp_layers: NonNegativeInt = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.moe and self.moe.first_dense_layers > self.num_layers:
+            raise ValueError("moe.first_dense_layers exceeds num_layers")
+        return self
+
+    # ----- layer pattern -----
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether main layer ``layer`` (0-based) has an MoE MLP; MTP layers follow the last layer."""
+        if self.moe is None:
+            return False
+        return min(layer, self.num_layers - 1) >= self.moe.first_dense_layers
+
+    @property
+    def num_moe_layers(self) -> int:
+        """MoE layers among the main layers (MTP excluded)."""
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    def padded_vocab_size(self, tp: int = 1) -> int:
+        """Megatron's padded vocabulary: a multiple of make_vocab_size_divisible_by x tp."""
+        m = self.make_vocab_size_divisible_by * tp
+        return -(-self.vocab_size // m) * m
+
+
+def model_names() -> list[str]:
+    """Names of the models shipped in the catalogue."""
+    return sorted(p.stem for p in MODELS_DIR.glob("*.yaml"))
+
+
+@cache
+def _load_model_cached(name_or_path: str) -> ModelSpec:
+    data = resolve_catalog_entry(name_or_path, MODELS_DIR, "model")
+    try:
+        return ModelSpec.model_validate(data)
+    except ValidationError as err:
+        raise UserInputError(describe_validation_error(err, f"model '{name_or_path}'")) from None
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """Load a model by catalogue name or from a YAML file path (one-line UserInputError on failure)."""
+    return _load_model_cached(str(name_or_path))

@@ -1,0 +1,293 @@
+"""The Scenario: System + Model + Parallelism + OptimizerSpec + Precision (+ placement policy).
+
+Two layers: :class:`ScenarioConfig` is what a user writes (YAML file or CLI flags; names of catalogue
+entries or paths), :class:`Scenario` is the resolved, validated object every engine consumes.
+Every invalid combination a user can type raises :class:`UserInputError` with one line naming the
+field and what would be valid. ``dp`` is derived, never given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from topologies.hardware import Precision, SystemSpec, load_system
+from topologies.inputs import UserInputError, describe_validation_error, load_yaml_file
+from workloads.models import ModelSpec, load_model
+from workloads.pipeline_layout import PipelineSplit, virtual_stage_layer_counts
+
+OptimizerKind = Literal["adamw", "muon"]
+Distribution = Literal["replicated", "element_wise", "layer_wise"]
+LayerWiseLayout = Literal["legacy", "current"]
+TpMode = Literal["duplicated", "distributed", "blockwise"]
+LoadBalance = Literal["none", "ping_pong", "lpt"]
+MatmulPrecision = Literal["bf16", "tf32", "fp32"]
+Recompute = Literal["none", "selective", "full"]
+CoefficientSet = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4", "cubic5", "custom"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Parallelism(_Strict):
+    """Megatron parallel sizes and batch shape (sizes are counts; 1 means off)."""
+
+    tp: int = Field(1, gt=0, description="tensor parallel size")
+    pp: int = Field(1, gt=0, description="pipeline parallel size")
+    vpp: int = Field(1, gt=0, description="virtual pipeline chunks per stage (interleaved 1F1B)")
+    cp: int = Field(1, gt=0, description="context parallel size")
+    ep: int = Field(1, gt=0, description="expert parallel size")
+    etp: int | None = Field(None, gt=0, description="expert tensor parallel size (default: 1)")
+    fsdp: int = Field(0, ge=0, description="Megatron-FSDP sharding group size, 0 = off")
+    micro_batch_size: int = Field(1, gt=0, description="sequences per micro-batch")
+    global_batch_size: int = Field(gt=0, description="sequences per optimizer step")
+    seq_length: int = Field(gt=0, description="tokens per sequence")
+    sequence_parallel: bool | None = Field(None, description="default: on when tp > 1")
+    recompute: Recompute = "none"
+    recompute_modules: tuple[str, ...] = Field(default=("core_attn",), description="modules for selective recompute")
+    pipeline_split: PipelineSplit = "auto"
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp if self.etp is not None else 1
+
+    @property
+    def uses_sequence_parallel(self) -> bool:
+        return self.tp > 1 if self.sequence_parallel is None else self.sequence_parallel
+
+
+class OptimizerSpec(_Strict):
+    """The optimizer and how Megatron distributes it over data-parallel ranks."""
+
+    kind: OptimizerKind = "muon"
+    distribution: Distribution | None = Field(None, description="default: element_wise for adamw, layer_wise for muon")
+    layer_wise_layout: LayerWiseLayout = Field("current", description="legacy: all-reduce + variable all-gather; current: padded reduce-scatter + equal all-gather")
+    ns_steps: int = Field(5, gt=0, lt=100)
+    ns_coefficients: CoefficientSet = "quintic"
+    tp_mode: TpMode = "duplicated"
+    matmul_precision: MatmulPrecision = Field("bf16", description="Newton-Schulz matmuls: bf16 ('medium'), tf32 ('high'), fp32 ('highest')")
+    use_syrk: bool = False
+    split_qkv: bool = True
+    load_balance: LoadBalance | None = Field(None, description="default: lpt (current layout), ping_pong (legacy)")
+    hide_param_gather: bool = Field(True, description="overlap the parameter all-gather with the next forward")
+    overlap_grad_reduce: bool = True
+    grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    bucket_size_elements: int | None = Field(None, gt=0, description="default: max(40e6, 1e6 * dp)")
+
+    @property
+    def resolved_distribution(self) -> Distribution:
+        if self.distribution is not None:
+            return self.distribution
+        return "element_wise" if self.kind == "adamw" else "layer_wise"
+
+    @property
+    def resolved_load_balance(self) -> LoadBalance:
+        if self.load_balance is not None:
+            return self.load_balance
+        return "lpt" if self.layer_wise_layout == "current" else "ping_pong"
+
+    @property
+    def grad_bytes(self) -> int:
+        return 4 if self.grad_reduce_dtype == "fp32" else 2
+
+
+class Placement(_Strict):
+    """How a job is laid onto NVLink domains (overridable placement policy)."""
+
+    gpus_per_domain: int | None = Field(
+        None, gt=0, description="GPUs used per NVLink domain; default: the policy in topologies.placement"
+    )
+
+
+class ScenarioConfig(_Strict):
+    """What a user writes: names or paths for system and model, plus the settings."""
+
+    system: str = "gb300-nvl72"
+    model: str = "kimi-k2"
+    gpus: int = Field(256, gt=0)
+    precision: Precision = Precision.MXFP8
+    parallelism: Parallelism = Parallelism(
+        tp=1, pp=4, vpp=4, ep=64, micro_batch_size=2, global_batch_size=4096, seq_length=4096
+    )
+    optimizer: OptimizerSpec = OptimizerSpec()
+    placement: Placement = Placement()
+    mtp_layers: int | None = Field(None, ge=0, description="override the model's MTP layers")
+
+    def resolve(self) -> Scenario:
+        """Load catalogue entries and validate every cross-field rule."""
+        model = load_model(self.model)
+        if self.mtp_layers is not None and self.mtp_layers != model.mtp_layers:
+            model = model.model_copy(update={"mtp_layers": self.mtp_layers})
+        system = load_system(self.system)
+        scenario = Scenario(config=self, system=system, model=model)
+        scenario.validate()
+        return scenario
+
+
+DEFAULT_SCENARIO = ScenarioConfig()
+
+
+def load_scenario_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ScenarioConfig:
+    """Read a scenario YAML file and apply flat CLI-style overrides (see :func:`apply_overrides`)."""
+    data = load_yaml_file(path, "scenario file")
+    return build_config(data, overrides or {}, source=f"scenario file '{path}'")
+
+
+def build_config(data: dict[str, Any], overrides: dict[str, Any], source: str = "scenario") -> ScenarioConfig:
+    """Validate ``data`` (nested scenario mapping) with ``overrides`` applied on top."""
+    merged = apply_overrides(data, overrides)
+    try:
+        return ScenarioConfig.model_validate(merged)
+    except ValidationError as err:
+        raise UserInputError(describe_validation_error(err, source)) from None
+
+
+_SECTION_OF = {name: "parallelism" for name in Parallelism.model_fields} | {
+    name: "optimizer" for name in OptimizerSpec.model_fields if name != "kind"
+} | {"gpus_per_domain": "placement"}
+_TOP_LEVEL = set(ScenarioConfig.model_fields)
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Apply flat overrides such as ``{"tp": 2, "optimizer": "adamw"}`` onto a nested mapping.
+
+    ``optimizer`` as a string sets ``optimizer.kind``; fields of Parallelism, OptimizerSpec and
+    Placement are routed to their section; ``None`` values are ignored.
+    """
+    out: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "optimizer" and isinstance(value, str):
+            out.setdefault("optimizer", {})["kind"] = value
+        elif key in _SECTION_OF:
+            section = _SECTION_OF[key]
+            if section not in out:
+                default = getattr(DEFAULT_SCENARIO, section).model_dump(exclude_unset=True)
+                out[section] = default if section == "parallelism" and "parallelism" not in data else {}
+            out[section][key] = value
+        elif key in _TOP_LEVEL:
+            out[key] = value
+        else:
+            raise UserInputError(f"unknown scenario setting '{key}'")
+    return out
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A resolved scenario. Construct through :meth:`ScenarioConfig.resolve`."""
+
+    config: ScenarioConfig
+    system: SystemSpec
+    model: ModelSpec
+
+    # ----- convenient views -----
+    @property
+    def par(self) -> Parallelism:
+        return self.config.parallelism
+
+    @property
+    def optimizer(self) -> OptimizerSpec:
+        return self.config.optimizer
+
+    @property
+    def precision(self) -> Precision:
+        return self.config.precision
+
+    @property
+    def gpus(self) -> int:
+        return self.config.gpus
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel size: gpus / (tp * pp * cp)."""
+        p = self.par
+        return self.gpus // (p.tp * p.pp * p.cp)
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data-parallel size: gpus / (pp * ep * etp)."""
+        p = self.par
+        return self.gpus // (p.pp * p.ep * p.expert_tp)
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per step per data-parallel rank."""
+        return self.par.global_batch_size // (self.par.micro_batch_size * self.dp)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.par.global_batch_size * self.par.seq_length
+
+    @cached_property
+    def virtual_stage_layers(self) -> list[int]:
+        """Layers per virtual stage (index chunk * pp + stage)."""
+        return virtual_stage_layer_counts(self.model.num_layers, self.par.pp, self.par.vpp, self.par.pipeline_split)
+
+    def with_updates(self, **overrides: Any) -> Scenario:
+        """A new validated scenario with flat overrides (same keys as the CLI flags)."""
+        data = self.config.model_dump(exclude_unset=False)
+        return build_config(data, overrides).resolve()
+
+    # ----- validation -----
+    def validate(self) -> None:
+        """Raise UserInputError (one line) on the first rule this scenario breaks."""
+        p, m, o = self.par, self.model, self.optimizer
+        mp = p.tp * p.pp * p.cp
+        if self.gpus > self.system.max_gpus:
+            raise UserInputError(f"gpus {self.gpus} exceeds the {self.system.name} limit of {self.system.max_gpus}")
+        if self.gpus % mp:
+            raise UserInputError(
+                f"gpus {self.gpus} is not divisible by tp·pp·cp = {mp} (tp {p.tp} × pp {p.pp} × cp {p.cp})"
+            )
+        heads, kv = m.attention.num_heads, m.attention.num_kv_heads
+        if heads % p.tp:
+            raise UserInputError(f"tp {p.tp} does not divide the {heads} attention heads of {m.name}")
+        if kv % p.tp:
+            raise UserInputError(f"tp {p.tp} does not divide the {kv} KV heads (query groups) of {m.name}")
+        if m.ffn_hidden_size % p.tp and m.num_dense_layers:
+            raise UserInputError(f"tp {p.tp} does not divide ffn_hidden_size {m.ffn_hidden_size} of {m.name}")
+        if p.vpp > 1 and p.pp == 1:
+            raise UserInputError("vpp > 1 needs pp > 1 (interleaving splits each pipeline stage)")
+        _ = self.virtual_stage_layers  # raises on a bad pipeline split
+        if p.seq_length % (2 * p.cp) and p.cp > 1:
+            raise UserInputError(f"cp {p.cp} needs seq_length divisible by 2·cp = {2 * p.cp} (load-balanced causal split)")
+        if m.moe is None:
+            if p.ep > 1 or p.expert_tp > 1:
+                raise UserInputError(f"ep and etp must be 1 for {m.name}, which has no experts")
+        else:
+            if m.moe.num_experts % p.ep:
+                raise UserInputError(f"ep {p.ep} does not divide the {m.moe.num_experts} experts of {m.name}")
+            if m.moe.expert_ffn_hidden_size % p.expert_tp:
+                raise UserInputError(f"etp {p.expert_tp} does not divide expert_ffn_hidden_size {m.moe.expert_ffn_hidden_size}")
+            domain = p.tp * p.cp * self.dp
+            if domain % (p.ep * p.expert_tp):
+                raise UserInputError(
+                    f"ep·etp = {p.ep * p.expert_tp} does not divide the data-parallel×tp×cp domain of "
+                    f"{domain} GPUs per pipeline stage (Megatron requires it)"
+                )
+        per_step = p.micro_batch_size * self.dp
+        if p.global_batch_size % per_step:
+            raise UserInputError(
+                f"global_batch_size {p.global_batch_size} is not divisible by micro_batch_size·dp = "
+                f"{per_step} (micro_batch_size {p.micro_batch_size} × dp {self.dp})"
+            )
+        dist = o.resolved_distribution
+        if o.kind == "muon" and dist == "element_wise":
+            raise UserInputError("optimizer muon cannot use the element_wise distributed optimizer; use layer_wise or replicated")
+        if o.kind == "adamw" and dist == "layer_wise":
+            raise UserInputError("the layer_wise distributed optimizer is for muon; adamw uses element_wise or replicated")
+        if p.fsdp and o.kind == "muon":
+            raise UserInputError("Megatron rejects Megatron-FSDP with the layer-wise (Muon) optimizer; set fsdp 0")
+        if o.ns_coefficients == "cubic5" and o.ns_steps != 5:
+            raise UserInputError("ns_coefficients 'cubic5' requires ns_steps 5")
+        gpd = self.config.placement.gpus_per_domain
+        if gpd is not None and gpd > self.system.nvlink.domain_size:
+            raise UserInputError(
+                f"placement.gpus_per_domain {gpd} exceeds the NVLink domain size {self.system.nvlink.domain_size} of {self.system.name}"
+            )
