@@ -1,0 +1,1 @@
+"""Optimizer models: element-wise (AdamW) and layer-wise (Muon) distributed optimizers."""
