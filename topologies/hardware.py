@@ -97,14 +97,16 @@ class EfficiencyFactors(_Strict):
     """
 
     # --- compute (costmodel.compute) ---
-    gemm_bf16: float = Field(default=0.70, gt=0, le=1, description="large dense BF16 GEMM fraction of dense peak")
-    gemm_fp8: float = Field(default=0.60, gt=0, le=1, description="large dense FP8/MXFP8 GEMM fraction of dense peak")
-    gemm_fp4: float = Field(default=0.60, gt=0, le=1, description="large dense NVFP4 GEMM fraction of dense peak")
-    gemm_half_efficiency_flops: float = Field(default=2e9, gt=0, description="GEMM size (FLOPs) reaching half its max efficiency")
-    grouped_gemm: float = Field(default=0.85, gt=0, le=1.5, description="grouped expert GEMM efficiency relative to a dense GEMM of the same total size")
-    attention: float = Field(default=0.45, gt=0, le=1, description="flash attention fraction of BF16 peak")
-    memory_bandwidth: float = Field(default=0.80, gt=0, le=1, description="achieved fraction of HBM bandwidth for memory-bound kernels")
+    gemm_bf16: float = Field(default=0.70, gt=0, le=1, description="large dense BF16 GEMM fraction of dense peak; §6.1: B200 BF16 63-67 % (torch, 3072^3-8192^3 [S59]), B300 84 % (cuBLAS, random data [S9])")
+    gemm_fp8: float = Field(default=0.60, gt=0, le=1, description="large dense FP8/MXFP8 GEMM fraction of dense peak; §6.1: GB200 FP8 58 % (16384^3 [S10]), B200 FP8 ~57 % at large M [S60], H100 65-70 % [S10], B300 89 % [S9]")
+    gemm_fp4: float = Field(default=0.60, gt=0, le=1, description="large dense NVFP4 GEMM fraction of dense peak; §6.1: B200 NVFP4 60 % (8192^3 [S59]), GB200 FP4 76 % (16384^3 [S10])")
+    gemm_half_efficiency_flops: float = Field(default=2e9, gt=0, description="BF16 GEMM size (FLOPs) reaching half its max efficiency (scaled by peak ratio for FP8/FP4: the overhead is a fixed time); §6.1 vLLM B200 M-sweep N=K=4096 [S60] gives 2-7e9")
+    grouped_gemm: float = Field(default=0.85, gt=0, le=1.5, description="grouped expert GEMM efficiency relative to a dense GEMM of the per-expert size (assumption: no grouped-GEMM measurement in the reference; calibrated)")
+    attention: float = Field(default=0.45, gt=0, le=1, description="flash attention (fwd + bwd) fraction of BF16 dense peak (assumption: MoE end-to-end MFU is ~40-45 % of BF16 peak, §6.2; calibrated)")
+    memory_bandwidth: float = Field(default=0.80, gt=0, le=1, description="achieved fraction of HBM bandwidth for memory-bound element-wise kernels; §6.3: STREAM 87-95 % of nominal, fused framework kernels lower")
     newton_schulz: float = Field(default=1.0, gt=0, le=1.5, description="Newton-Schulz GEMM efficiency relative to a dense GEMM of the same size")
+    quantize_bandwidth: float = Field(default=0.75, gt=0, le=1, description="achieved fraction of HBM bandwidth for FP8/MXFP8/NVFP4 cast kernels; §6.1: MXFP8 casts run at 5.4-6.5 TB/s of 8 TB/s on B200 [S61]")
+    tp_comm_overlap: float = Field(default=0.0, ge=0, le=1, description="fraction of TP/SP all-gather/reduce-scatter time hidden behind GEMMs (TE userbuffers); 0 = Megatron default tp_comm_overlap off; calibrated")
     # --- communication (topologies.collectives) ---
     nvlink_bandwidth: float = Field(default=0.80, gt=0, le=1, description="NCCL effective NVLink fraction (40.1/50 on Blackwell)")
     nvls_bandwidth: float = Field(default=0.74, gt=0, le=1, description="NCCL nvlsEfficiency (0.74 Blackwell, 0.85 Hopper)")
