@@ -90,7 +90,8 @@ def with_scenario_flags(func: F) -> F:
     gave (scenario keys, raw strings); pydantic converts and validates them. ``compare`` splits
     comma-separated values itself.
     """
-    sig = inspect.signature(func)
+    # eval_str: the commands use postponed annotations; typer must see the real Annotated[...] objects
+    sig = inspect.signature(func, eval_str=True)
     params = [p for p in sig.parameters.values() if p.name != "scenario_flags"]
     for flag, (_, metavar, help_text) in SCENARIO_FLAGS.items():
         option = typer.Option(None, f"--{flag.replace('_', '-')}", metavar=metavar, help=help_text,
