@@ -1,0 +1,394 @@
+"""Loaders of measured runs: CSV / JSON of the MeasuredRun schema and Megatron training logs.
+
+Every loader returns :class:`workloads.measured.MeasuredRun` objects or raises one
+:class:`UserInputError` line naming the file, the row (CSV line or JSON entry) and the column.
+
+* **CSV** (``.csv``): one row per run, columns of ``../shared/data/README.md``. Optional columns may
+  be absent or empty; columns the schema does not know are kept in ``MeasuredRun.extra``.
+* **JSON** (``.json``): a list of runs, ``{"runs": [...]}``, or one run (what
+  ``muonsim reference run --out run.json`` writes, with ``phase_times_s`` and ``collectives``).
+* **Megatron-LM / Megatron-Bridge logs** (``.log``, ``.txt``, ``.out``): the lines carrying
+  ``elapsed time per iteration (ms)`` (and ``throughput per GPU (TFLOP/s/GPU)``). Warm-up
+  iterations, iterations reported as skipped or nan, and lines with a nan loss are dropped; the
+  step time is the median of the remaining lines (robust to checkpoint or GC stalls). The scenario
+  (model, system, GPUs, precision, batch and parallel sizes) comes from, in increasing priority:
+  the Megatron-LM argument dump in the log, a YAML file next to the log (``run.yaml`` for
+  ``run.log``, or ``run.log.yaml``), and explicit overrides (the CLI's scenario flags).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import statistics
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from topologies.hardware import load_system
+from topologies.inputs import UserInputError, load_yaml_file
+from workloads.measured import MeasuredRun
+from workloads.models import load_model
+
+RUN_FIELDS = tuple(MeasuredRun.model_fields)
+REQUIRED_COLUMNS = tuple(name for name, f in MeasuredRun.model_fields.items() if f.is_required())
+_STRUCTURED = {"phase_times_s", "collectives", "extra"}
+LOG_SUFFIXES = (".log", ".txt", ".out")
+DEFAULT_WARMUP_ITERATIONS = 10
+
+# CLI scenario keys (cli.common.SCENARIO_FLAGS) -> MeasuredRun fields, for runs read from logs
+SCENARIO_KEY_TO_RUN_FIELD = {
+    "gpus": "num_gpus", "mtp_layers": "mtp", "distribution": "optimizer_distribution",
+    "tp_mode": "muon_tp_mode", "ns_steps": "muon_ns_steps", "hide_param_gather": "overlap_param_gather",
+}
+
+# Megatron-LM argument names (as printed in its "arguments" block) -> MeasuredRun fields
+MEGATRON_ARGS = {
+    "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
+    "virtual_pipeline_model_parallel_size": "vpp", "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep", "expert_tensor_parallel_size": "etp",
+    "micro_batch_size": "micro_batch_size", "global_batch_size": "global_batch_size",
+    "seq_length": "seq_length", "world_size": "num_gpus", "mtp_num_layers": "mtp",
+}
+
+
+def _where(path: Path, row: int | None = None, column: str | None = None, row_word: str = "row") -> str:
+    parts = [f"file '{path}'"]
+    if row is not None:
+        parts.append(f"{row_word} {row}")
+    if column is not None:
+        parts.append(f"column '{column}'")
+    return ", ".join(parts)
+
+
+def _validate_run(data: dict[str, Any], path: Path, row: int | None, row_word: str = "row") -> MeasuredRun:
+    """Build a MeasuredRun from raw values; one-line error naming file, row and column."""
+    try:
+        run = MeasuredRun.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = [str(p) for p in first.get("loc", ())]
+        column = loc[0] if loc else None
+        msg = first.get("msg", "invalid value").removeprefix("Value error, ")
+        if first.get("type") == "missing":
+            raise UserInputError(f"{_where(path, row, column, row_word)}: value is missing") from None
+        value = first.get("input")
+        shown = "" if isinstance(value, dict | list) else f" (got {value!r})"
+        raise UserInputError(f"{_where(path, row, column, row_word)}: {msg}{shown}") from None
+    for column, loader in (("model", load_model), ("system", load_system)):
+        try:
+            loader(getattr(run, column))
+        except UserInputError as err:
+            raise UserInputError(f"{_where(path, row, column, row_word)}: {err}") from None
+    return run
+
+
+def _read_text(path: Path, what: str) -> str:
+    if not path.is_file():
+        raise UserInputError(f"{what} '{path}' does not exist")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserInputError(f"{what} '{path}' cannot be read: {err}") from None
+
+
+# ----------------------------------------------------------------------------------------- CSV
+def load_csv(path: str | Path) -> list[MeasuredRun]:
+    """Read measured runs from a CSV file of the MeasuredRun schema (extra columns -> ``extra``)."""
+    p = Path(path)
+    lines = _read_text(p, "runs file").splitlines()
+    reader = csv.reader(lines)
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        raise UserInputError(f"{_where(p)}: empty file (expected a header row)") from None
+    except csv.Error as err:
+        raise UserInputError(f"{_where(p, 1)}: malformed CSV: {err}") from None
+    seen: set[str] = set()
+    for name in header:
+        if not name:
+            raise UserInputError(f"{_where(p, 1)}: empty column name in the header")
+        if name in seen:
+            raise UserInputError(f"{_where(p, 1, name)}: duplicate column")
+        seen.add(name)
+    for name in REQUIRED_COLUMNS:
+        if name not in seen:
+            raise UserInputError(f"{_where(p, column=name)}: missing column (required: {', '.join(REQUIRED_COLUMNS)})")
+    runs: list[MeasuredRun] = []
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as err:
+            raise UserInputError(f"{_where(p, reader.line_num)}: malformed CSV: {err}") from None
+        line = reader.line_num
+        if not cells or all(not c.strip() for c in cells):
+            continue
+        if len(cells) != len(header):
+            raise UserInputError(
+                f"{_where(p, line)}: malformed row: {len(cells)} fields, the header has {len(header)}")
+        data: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for name, raw in zip(header, cells, strict=True):
+            value = raw.strip()
+            if name in _STRUCTURED:
+                raise UserInputError(f"{_where(p, line, name)}: not a CSV column (use JSON for {name})")
+            if name in RUN_FIELDS:
+                if value == "":
+                    if name in REQUIRED_COLUMNS:
+                        raise UserInputError(f"{_where(p, line, name)}: value is empty")
+                    continue
+                data[name] = value
+            elif value != "":
+                extra[name] = _scalar(value)
+        if extra:
+            data["extra"] = extra
+        runs.append(_validate_run(data, p, line))
+    _check_unique(runs, p)
+    return runs
+
+
+def _scalar(text: str) -> Any:
+    """A CSV cell of an unknown column as int, float or string."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _check_unique(runs: Iterable[MeasuredRun], path: Path | str) -> None:
+    seen: set[str] = set()
+    for i, run in enumerate(runs, start=1):
+        if run.run_id in seen:
+            raise UserInputError(f"file '{path}', run {i}, column 'run_id': duplicate run_id '{run.run_id}'")
+        seen.add(run.run_id)
+
+
+# ---------------------------------------------------------------------------------------- JSON
+def load_json(path: str | Path) -> list[MeasuredRun]:
+    """Read runs from JSON: a list of runs, ``{"runs": [...]}``, or a single run object."""
+    p = Path(path)
+    try:
+        doc = json.loads(_read_text(p, "runs file"))
+    except json.JSONDecodeError as err:
+        raise UserInputError(f"{_where(p)}: malformed JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
+    if isinstance(doc, dict) and isinstance(doc.get("runs"), list):
+        entries = doc["runs"]
+    elif isinstance(doc, list):
+        entries = doc
+    elif isinstance(doc, dict):
+        entries = [doc]
+    else:
+        raise UserInputError(f"{_where(p)}: expected a run object, a list of runs or {{\"runs\": [...]}}")
+    runs = []
+    for i, entry in enumerate(entries, start=1):
+        if not isinstance(entry, dict):
+            raise UserInputError(f"{_where(p, i, row_word='entry')}: expected an object with the run's fields")
+        data = {k: v for k, v in entry.items() if k in RUN_FIELDS}
+        unknown = {k: v for k, v in entry.items() if k not in RUN_FIELDS}
+        if unknown:
+            data["extra"] = {**(entry.get("extra") or {}), **unknown}
+        for name in REQUIRED_COLUMNS:
+            if name not in data:
+                raise UserInputError(f"{_where(p, i, name, 'entry')}: missing field")
+        runs.append(_validate_run(data, p, i, "entry"))
+    _check_unique(runs, p)
+    return runs
+
+
+# ----------------------------------------------------------------------------- Megatron logs
+_ITER_RE = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)")
+_ELAPSED_RE = re.compile(r"elapsed time per iteration \(ms\):\s*([-+0-9.eE]+|nan|inf)", re.IGNORECASE)
+_TFLOPS_RE = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([-+0-9.eE]+|nan|inf)", re.IGNORECASE)
+_GBS_RE = re.compile(r"global batch size:\s*(\d+)")
+_LOSS_RE = re.compile(r"lm loss:\s*([-+0-9.eE]+|nan|inf)", re.IGNORECASE)
+_SKIPPED_RE = re.compile(r"number of skipped iterations:\s*(\d+)")
+_NAN_RE = re.compile(r"number of nan iterations:\s*(\d+)")
+_ARG_RE = re.compile(r"^\s*(?:\[[^\]]*\]\s*)?([a-z_][a-z0-9_]*)\s+\.{3,}\s+(\S+)\s*$")
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def _log_arguments(lines: list[str]) -> dict[str, Any]:
+    """Scenario fields from Megatron-LM's printed argument block (``name ..... value``)."""
+    out: dict[str, Any] = {}
+    for line in lines:
+        m = _ARG_RE.match(line)
+        if m and m.group(1) in MEGATRON_ARGS and m.group(2) not in ("None", "none"):
+            out[MEGATRON_ARGS[m.group(1)]] = m.group(2)
+    return out
+
+
+def parse_megatron_log(text: str, warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
+                       source: str = "log") -> dict[str, Any]:
+    """Measured figures of a Megatron training log (no scenario): step time and throughput.
+
+    Returns ``step_time_s`` (median of the kept lines' elapsed time per iteration, in seconds),
+    ``model_tflops_per_gpu`` (median, when logged), ``global_batch_size`` (when logged) and
+    ``extra`` (iterations used, lines dropped and why). A line reports the mean over the
+    iterations since the previous line; it is kept only when all of them are past the warm-up.
+    Raises UserInputError when no iteration line survives.
+    """
+    kept_ms: list[float] = []
+    kept_tflops: list[float] = []
+    gbs: set[int] = set()
+    dropped = {"warmup": 0, "skipped": 0, "nan": 0}
+    previous_iteration = 0
+    n_lines = 0
+    for line in text.splitlines():
+        elapsed = _ELAPSED_RE.search(line)
+        it = _ITER_RE.search(line)
+        if not elapsed or not it:
+            continue
+        n_lines += 1
+        iteration = int(it.group(1))
+        window_start = previous_iteration + 1
+        previous_iteration = iteration
+        ms = _float(elapsed.group(1))
+        loss = _LOSS_RE.search(line)
+        skipped, nans = _SKIPPED_RE.search(line), _NAN_RE.search(line)
+        if window_start <= warmup_iterations:
+            dropped["warmup"] += 1
+        elif skipped and int(skipped.group(1)) > 0:
+            dropped["skipped"] += 1
+        elif (nans and int(nans.group(1)) > 0) or (loss and not math.isfinite(_float(loss.group(1)))) \
+                or not math.isfinite(ms) or ms <= 0:
+            dropped["nan"] += 1
+        else:
+            kept_ms.append(ms)
+            tflops = _TFLOPS_RE.search(line)
+            if tflops and math.isfinite(_float(tflops.group(1))) and _float(tflops.group(1)) > 0:
+                kept_tflops.append(_float(tflops.group(1)))
+            g = _GBS_RE.search(line)
+            if g:
+                gbs.add(int(g.group(1)))
+    if not kept_ms:
+        raise UserInputError(
+            f"{source}: no usable iteration lines ('elapsed time per iteration (ms)') after skipping "
+            f"{warmup_iterations} warm-up iterations ({n_lines} found: {dropped['warmup']} warm-up, "
+            f"{dropped['skipped']} skipped, {dropped['nan']} nan)")
+    out: dict[str, Any] = {
+        "step_time_s": statistics.median(kept_ms) / 1e3,
+        "extra": {"log_lines_used": len(kept_ms), "log_lines_dropped": dropped,
+                  "last_iteration": previous_iteration, "warmup_iterations": warmup_iterations},
+    }
+    if kept_tflops:
+        out["model_tflops_per_gpu"] = statistics.median(kept_tflops)
+    if len(gbs) == 1:
+        out["global_batch_size"] = gbs.pop()
+    elif len(gbs) > 1:
+        raise UserInputError(f"{source}: the global batch size changes during the run ({sorted(gbs)}; "
+                             "batch ramp-up); use a log of a fixed-batch run")
+    return out
+
+
+def sidecar_yaml(path: Path) -> Path | None:
+    """The YAML describing a log's scenario: ``run.yaml``/``run.yml`` or ``run.log.yaml``."""
+    for candidate in (path.with_suffix(".yaml"), path.with_suffix(".yml"), path.with_name(path.name + ".yaml")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def runs_fields_from_scenario_keys(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Map CLI scenario keys (``gpus``, ``mtp_layers`` ...) to MeasuredRun fields; reject the rest."""
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        name = SCENARIO_KEY_TO_RUN_FIELD.get(key, key)
+        if name not in RUN_FIELDS or name in _STRUCTURED:
+            valid = ", ".join(sorted(set(RUN_FIELDS) - _STRUCTURED - {"step_time_s"}))
+            raise UserInputError(f"setting '{key}' cannot describe a measured run from a log; valid: {valid}")
+        out[name] = value
+    return out
+
+
+def load_megatron_log(path: str | Path, overrides: Mapping[str, Any] | None = None,
+                      warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> MeasuredRun:
+    """One MeasuredRun from a Megatron training log, its argument dump, sidecar YAML and overrides.
+
+    ``overrides`` are MeasuredRun fields or CLI scenario keys (``gpus`` -> ``num_gpus`` ...).
+    """
+    p = Path(path)
+    text = _read_text(p, "training log")
+    measured = parse_megatron_log(text, warmup_iterations, source=_where(p))
+    data: dict[str, Any] = {"run_id": p.stem, "source": f"megatron log {p.name}"}
+    data.update(_log_arguments(text.splitlines()))
+    side = sidecar_yaml(p)
+    if side is not None:
+        side_data = load_yaml_file(side, "run description")
+        for key in side_data:
+            if key not in RUN_FIELDS or key in _STRUCTURED or key == "step_time_s":
+                raise UserInputError(f"{_where(side, column=key)}: not a run field; "
+                                     f"valid: {', '.join(f for f in RUN_FIELDS if f not in _STRUCTURED)}")
+        data.update(side_data)
+    data.update(runs_fields_from_scenario_keys(overrides or {}))
+    logged_gbs = measured.pop("global_batch_size", None)
+    if logged_gbs is not None and "global_batch_size" in data and int(data["global_batch_size"]) != logged_gbs:
+        raise UserInputError(f"{_where(p, column='global_batch_size')}: the log says {logged_gbs}, "
+                             f"the scenario says {data['global_batch_size']}")
+    if logged_gbs is not None:
+        data.setdefault("global_batch_size", logged_gbs)
+    data.update(measured)
+    for name in REQUIRED_COLUMNS:
+        if name not in data:
+            hint = f"add it to {p.with_suffix('.yaml').name} next to the log or pass it as a flag"
+            raise UserInputError(f"{_where(p, column=name)}: the log does not say {name}; {hint}")
+    return _validate_run(data, p, None)
+
+
+# ----------------------------------------------------------------------------------- dispatch
+def load_runs(path: str | Path, overrides: Mapping[str, Any] | None = None,
+              warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> list[MeasuredRun]:
+    """Read runs from a CSV, JSON or Megatron log file (chosen by suffix); overrides apply to logs only."""
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix == ".csv":
+        return load_csv(p)
+    if suffix == ".json":
+        return load_json(p)
+    if suffix in LOG_SUFFIXES:
+        return [load_megatron_log(p, overrides, warmup_iterations)]
+    raise UserInputError(f"file '{p}': unknown kind of runs file; use .csv, .json or a Megatron log "
+                         f"({', '.join(LOG_SUFFIXES)})")
+
+
+def load_many(paths: Iterable[str | Path], overrides: Mapping[str, Any] | None = None,
+              warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> list[MeasuredRun]:
+    """Read and concatenate runs from several files; run ids must be unique across them."""
+    runs: list[MeasuredRun] = []
+    where: dict[str, Path] = {}
+    for path in paths:
+        for run in load_runs(path, overrides, warmup_iterations):
+            if run.run_id in where:
+                raise UserInputError(f"file '{path}', column 'run_id': run '{run.run_id}' is also in '{where[run.run_id]}'")
+            where[run.run_id] = Path(path)
+            runs.append(run)
+    return runs
+
+
+def write_csv(runs: Iterable[MeasuredRun], path: str | Path) -> None:
+    """Write runs as a CSV of the schema's scalar columns (inverse of :func:`load_csv`)."""
+    runs = list(runs)
+    columns = [f for f in RUN_FIELDS if f not in _STRUCTURED]
+    rows = []
+    for run in runs:
+        data = run.model_dump(mode="json")
+        rows.append(["" if data[c] is None else (int(data[c]) if isinstance(data[c], bool) else data[c]) for c in columns])
+    with Path(path).open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(columns)
+        writer.writerows(rows)
