@@ -1,27 +1,34 @@
-"""Calibration profiles: fitted values of the named efficiency factors, per system.
+"""Calibration profiles: fitted values of the named efficiency factors, per system (and release).
 
 A profile is a YAML file a user can read and edit::
 
     name: default
-    fitted_on: megatron-bridge (78 runs)
+    fitted_on: megatron-bridge (122 supported runs)
     systems:
       gb300-nvl72:
         factors: {gemm_fp8: 0.58, attention: 0.41}
-        uncertainty: {gemm_fp8: 0.03}
-        release: "26.06"
+        uncertainty: {gemm_fp8: 0.03}        # 1-sigma, from the fit's Jacobian
+        n_runs: 40
+        cross_validation: {mape_pct: 6.1, bias_pct: -0.4}
+        releases:                            # optional refinements for one software release
+          "26.06": {factors: {gemm_fp8: 0.61}, n_runs: 5}
 
 Factor names are the fields of :class:`topologies.hardware.EfficiencyFactors`. Applying a profile
-replaces those factors of the scenario's system; systems the profile does not mention keep their
-datasheet defaults. ``muonsim calibrate`` writes profiles; a default one fitted on the shipped
-dataset is built in (``costmodel/data/default_calibration.yaml``) once it exists.
+replaces those factors of the scenario's system (the release entry, when a release is given and
+present, on top of the system entry); systems the profile does not mention keep their datasheet
+defaults. ``muonsim calibrate`` writes profiles; the default one fitted on the shipped dataset is
+``costmodel/data/default_calibration.yaml``. A profile written by ``muonsim calibrate
+--microbench`` also carries ``local``: this machine's measured GEMM rates and gloo collective α-β,
+which ``muonsim validate run.json`` uses to predict reference-backend phase times.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from topologies.hardware import EfficiencyFactors
@@ -34,12 +41,11 @@ DEFAULT_PROFILE_PATH = Path(__file__).parent / "data" / "default_calibration.yam
 FACTOR_NAMES = tuple(EfficiencyFactors.model_fields)
 
 
-class SystemCalibration(BaseModel):
+class _FactorSet(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     factors: dict[str, float] = Field(default_factory=dict)
     uncertainty: dict[str, float] = Field(default_factory=dict, description="1-sigma of each fitted factor")
-    release: str | None = None
     n_runs: int | None = None
 
     @field_validator("factors", "uncertainty")
@@ -51,6 +57,39 @@ class SystemCalibration(BaseModel):
         return value
 
 
+class ReleaseCalibration(_FactorSet):
+    """Factors refined for one software release (applied on top of the system's factors)."""
+
+
+class SystemCalibration(_FactorSet):
+    release: str | None = None
+    cross_validation: dict[str, float] | None = Field(None, description="held-out error metrics of this system's fit")
+    releases: dict[str, ReleaseCalibration] = Field(default_factory=dict)
+
+
+class CollectiveFit(BaseModel):
+    """α-β fit of one collective on this machine: time = alpha_s + size_bytes / beta_Bps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    alpha_s: float = Field(ge=0)
+    beta_Bps: float = Field(gt=0)
+
+
+class LocalMeasurements(BaseModel):
+    """This machine measured by ``muonsim calibrate --microbench`` (for reference-backend runs)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    machine: str = ""
+    torch_version: str = ""
+    threads: int = Field(1, gt=0)
+    gemm_flops_per_s: dict[str, float] = Field(description="torch matmul rate per dtype (bf16, fp32)")
+    newton_schulz_flops_per_s: dict[str, float] = Field(default_factory=dict, description="5-step NS rate per dtype")
+    world_size: int = Field(2, gt=1)
+    collectives: dict[str, CollectiveFit] = Field(default_factory=dict, description="gloo α-β per op")
+
+
 class CalibrationProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -58,23 +97,78 @@ class CalibrationProfile(BaseModel):
     fitted_on: str = ""
     systems: dict[str, SystemCalibration] = Field(default_factory=dict)
     cross_validation: dict[str, float] | None = None
+    fit_settings: dict[str, Any] | None = None
+    local: LocalMeasurements | None = None
+    training_run_ids: list[str] = Field(default_factory=list, description="runs the factors were fitted on")
 
-    def apply(self, scenario: Scenario) -> Scenario:
+    def factors_for(self, system_name: str, release: str | None = None) -> dict[str, float]:
+        """The fitted factors for a system (and release, when the profile has an entry for it)."""
+        cal = self.systems.get(system_name)
+        if cal is None:
+            return {}
+        factors = dict(cal.factors)
+        if release is not None and release in cal.releases:
+            factors.update(cal.releases[release].factors)
+        return factors
+
+    def apply(self, scenario: Scenario, release: str | None = None) -> Scenario:
         """The scenario with this profile's factors for its system (unchanged if none)."""
-        cal = self.systems.get(scenario.system.name)
-        if cal is None or not cal.factors:
+        factors = self.factors_for(scenario.system.name, release)
+        if not factors:
             return scenario
         try:
-            system = scenario.system.with_efficiency(**cal.factors)
+            system = scenario.system.with_efficiency(**factors)
         except ValidationError as err:
             raise UserInputError(describe_validation_error(err, f"calibration '{self.name}'")) from None
         return dataclasses.replace(scenario, system=system)
 
-    def label(self, system_name: str) -> str:
+    def label(self, system_name: str, release: str | None = None) -> str:
         """Short description for reports."""
-        if system_name in self.systems and self.systems[system_name].factors:
-            return f"{self.name} ({system_name}: {len(self.systems[system_name].factors)} fitted factors)"
+        factors = self.factors_for(system_name, release)
+        if factors:
+            rel = f" release {release}" if release and release in self.systems[system_name].releases else ""
+            return f"{self.name} ({system_name}{rel}: {len(factors)} fitted factors)"
         return f"{self.name} (no factors for {system_name}: datasheet defaults)"
+
+    def to_yaml(self) -> str:
+        """The profile as readable YAML (flow style for the small factor maps)."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        for key in ("fit_settings", "local", "cross_validation"):
+            data.setdefault(key, None)
+            if data[key] is None:
+                data.pop(key)
+        if not data.get("training_run_ids"):
+            data.pop("training_run_ids", None)
+        return yaml.dump(data, Dumper=_ProfileDumper, sort_keys=False, width=110, allow_unicode=True)
+
+
+class _ProfileDumper(yaml.SafeDumper):
+    """Maps of numbers and lists of scalars in flow style (``{gemm_fp8: 0.58}``), the rest block."""
+
+
+def _represent_dict(dumper: yaml.SafeDumper, data: dict[str, Any]) -> yaml.Node:
+    flow = bool(data) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in data.values())
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=flow)
+
+
+def _represent_float(dumper: yaml.SafeDumper, value: float) -> yaml.Node:
+    if value != value or value in (float("inf"), float("-inf")):
+        return dumper.represent_float(value)
+    mantissa, _, exponent = f"{value:.6g}".partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"  # YAML 1.1 (PyYAML) reads '1e-05' as a string, '1.0e-05' as a float
+    text = f"{mantissa}e{exponent}" if exponent else mantissa
+    return dumper.represent_scalar("tag:yaml.org,2002:float", text)
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    flow = all(isinstance(v, str | int | float) for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_ProfileDumper.add_representer(dict, _represent_dict)
+_ProfileDumper.add_representer(list, _represent_list)
+_ProfileDumper.add_representer(float, _represent_float)
 
 
 def load_profile(path: str | Path) -> CalibrationProfile:
