@@ -7,7 +7,16 @@ from typing import Annotated
 
 import typer
 
-from cli.common import print_json, resolve_scenario, user_errors, with_scenario_flags
+from cli.common import (
+    CliError,
+    print_json,
+    resolve_scenario,
+    user_errors,
+    with_scenario_flags,
+    write_text_atomically,
+)
+
+ENGINES = ("analytic", "des")
 
 
 def register(app: typer.Typer) -> None:
@@ -18,25 +27,42 @@ def register(app: typer.Typer) -> None:
 @with_scenario_flags
 def predict(
     scenario_file: Annotated[Path | None, typer.Argument(help="scenario YAML (default: built-in scenario)")] = None,
+    engine: Annotated[str, typer.Option("--engine", metavar="analytic|des", help="step engine")] = "analytic",
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    trace: Annotated[Path | None, typer.Option("--trace", metavar="FILE", help="write a Perfetto/Chrome trace (des engine)")] = None,
+    html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write a plotly HTML report")] = None,
+    calibration: Annotated[Path | None, typer.Option("--calibration", metavar="FILE", help="calibration profile YAML (default: the built-in profile if any)")] = None,
     *, scenario_flags: dict[str, str],
 ) -> None:
-    """Predict one training step (engines pending: prints the workload accounting only)."""
-    from workloads.flops import model_flops_per_token
-    from workloads.inventory import inventory_for
+    """Predict one training step: step time, throughput, MFU and the breakdown of where time goes."""
+    from cli.common import load_calibration
+    from costmodel.engine import predict as run_predict
 
+    if engine not in ENGINES:
+        raise CliError(f"--engine must be one of {', '.join(ENGINES)} (got '{engine}')")
+    if trace is not None and engine != "des":
+        raise CliError("--trace needs the simulated timeline: add --engine des")
+    for path in (trace, html):
+        if path is not None and not path.resolve().parent.is_dir():
+            raise CliError(f"directory '{path.parent}' does not exist")
     sc = resolve_scenario(scenario_file, scenario_flags)
-    inv = inventory_for(sc)
-    fpt = model_flops_per_token(sc.model, sc.par.seq_length, sc.par.tp)
-    data = {
-        "scenario": sc.config.model_dump(mode="json"),
-        "dp": sc.dp, "expert_dp": sc.expert_dp, "microbatches_per_step": sc.num_microbatches,
-        "params_total": inv.params_total,
-        "model_flops_per_step": fpt * sc.tokens_per_step,
-        "params_per_rank_by_stage": [inv.rank_numel(s) for s in range(sc.par.pp)],
-    }
+    profile = load_calibration(calibration)
+    report = run_predict(sc, engine, profile)  # type: ignore[arg-type]
+    from costmodel import exporters
+
+    texts: list[tuple[Path, str]] = []
+    if trace is not None:
+        texts.append((trace, exporters.trace_json(report)))
+    if html is not None:
+        texts.append((html, exporters.to_html(report)))
+    for path, text in texts:  # only after the prediction (and every export) succeeded
+        write_text_atomically(path, text)
     if json_out:
-        print_json(data)
+        print_json(report.to_json_dict())
         return
-    typer.echo(f"{sc.model.name} on {sc.gpus} x {sc.system.name}: dp {sc.dp}, {sc.num_microbatches} micro-batches/step, "
-               f"{data['model_flops_per_step'] / 1e18:.2f} EFLOP/step (timing engines not yet available)")
+    from rich.console import Console
+
+    console = Console()
+    console.print(exporters.render_table(report))
+    for path, _ in texts:
+        console.print(f"wrote {path}")

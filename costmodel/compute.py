@@ -2,23 +2,26 @@
 
 Times are ``FLOPs / (dense peak × efficiency(size))`` for tensor-core work and ``bytes / (HBM
 bandwidth × memory efficiency)`` for memory-bound work. The efficiency of a GEMM grows with its
-size: ``eff(F) = eff_max · F / (F + F_half)`` where ``F_half`` is
-``EfficiencyFactors.gemm_half_efficiency_flops``; ``eff_max`` is the per-precision factor
-(``gemm_bf16``, ``gemm_fp8``, ``gemm_fp4``). All factors are named and calibratable.
+size: ``eff(F) = eff_max · F / (F + F_half)``, where ``eff_max`` is the per-precision factor
+(``gemm_bf16``, ``gemm_fp8``, ``gemm_fp4``) and ``F_half`` is
+``EfficiencyFactors.gemm_half_efficiency_flops`` scaled by the precision's peak relative to BF16
+(the small-GEMM overhead is a fixed time, so at twice the rate it takes twice the FLOPs to hide).
+A GEMM is never faster than streaming its operands (roofline). Grouped expert GEMMs use the
+per-expert size and the ``grouped_gemm`` factor; attention runs at ``attention`` × the BF16 peak;
+element-wise kernels at ``memory_bandwidth`` and quantisation casts at ``quantize_bandwidth`` ×
+the HBM bandwidth. All factors are named fields of :class:`EfficiencyFactors` and calibratable.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from topologies.hardware import SystemSpec
 
+if TYPE_CHECKING:
+    from workloads.operations import Operation
+
 MATMUL_CLASS_OF = {"bf16": "bf16", "tf32": "tf32", "fp32": "fp32", "fp8": "fp8", "fp4": "fp4"}
-
-
-def gemm_efficiency(flops: float, system: SystemSpec, tensor_class: str) -> float:
-    """Achieved fraction of dense peak for one GEMM of ``flops`` FLOPs in ``tensor_class``."""
-    eff = system.efficiency
-    eff_max = {"fp8": eff.gemm_fp8, "fp4": eff.gemm_fp4}.get(tensor_class, eff.gemm_bf16)
-    return eff_max * flops / (flops + eff.gemm_half_efficiency_flops)
 
 
 def tensor_peak_flops_per_s(system: SystemSpec, tensor_class: str) -> float:
@@ -27,6 +30,15 @@ def tensor_peak_flops_per_s(system: SystemSpec, tensor_class: str) -> float:
     if tensor_class == "fp4":
         return peaks.fp4 if peaks.fp4 is not None else peaks.fp8
     return float(getattr(peaks, tensor_class))
+
+
+def gemm_efficiency(flops: float, system: SystemSpec, tensor_class: str) -> float:
+    """Achieved fraction (dimensionless) of dense peak for one GEMM of ``flops`` FLOPs."""
+    eff = system.efficiency
+    eff_max = {"fp8": eff.gemm_fp8, "fp4": eff.gemm_fp4}.get(tensor_class, eff.gemm_bf16)
+    ratio = tensor_peak_flops_per_s(system, tensor_class) / system.gpu.peak_flops_per_s.bf16
+    f_half = eff.gemm_half_efficiency_flops * ratio
+    return eff_max * flops / (flops + f_half)
 
 
 def gemm_time_s(flops: float, system: SystemSpec, tensor_class: str = "bf16", scale: float = 1.0) -> float:
@@ -38,7 +50,36 @@ def gemm_time_s(flops: float, system: SystemSpec, tensor_class: str = "bf16", sc
 
 
 def memory_time_s(num_bytes: float, system: SystemSpec) -> float:
-    """Seconds to stream ``num_bytes`` through HBM at the achieved memory bandwidth."""
+    """Seconds to stream ``num_bytes`` bytes through HBM at the achieved memory bandwidth."""
     if num_bytes <= 0:
         return 0.0
     return num_bytes / (system.gpu.hbm_bandwidth_Bps * system.efficiency.memory_bandwidth)
+
+
+def quantize_time_s(num_bytes: float, system: SystemSpec) -> float:
+    """Seconds for quantisation casts moving ``num_bytes`` bytes (read + write) through HBM."""
+    if num_bytes <= 0:
+        return 0.0
+    return num_bytes / (system.gpu.hbm_bandwidth_Bps * system.efficiency.quantize_bandwidth)
+
+
+def attention_time_s(flops: float, system: SystemSpec) -> float:
+    """Seconds for ``flops`` FLOPs of flash attention (BF16 tensor cores at the attention factor)."""
+    if flops <= 0:
+        return 0.0
+    return flops / (system.gpu.peak_flops_per_s.bf16 * system.efficiency.attention)
+
+
+def operation_time_s(op: Operation, system: SystemSpec) -> float:
+    """Seconds for one :class:`workloads.operations.Operation` on one GPU of ``system``."""
+    if op.kind == "gemm":
+        return max(gemm_time_s(op.flops, system, op.tensor_class), memory_time_s(op.bytes, system))
+    if op.kind == "grouped_gemm":
+        per_group = op.flops / op.groups
+        t = op.groups * gemm_time_s(per_group, system, op.tensor_class, system.efficiency.grouped_gemm)
+        return max(t, memory_time_s(op.bytes, system))
+    if op.kind == "attention":
+        return max(attention_time_s(op.flops, system), memory_time_s(op.bytes, system))
+    if op.kind == "quantize":
+        return quantize_time_s(op.bytes, system)
+    return memory_time_s(op.bytes, system)

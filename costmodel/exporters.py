@@ -1,0 +1,117 @@
+"""Exporters of a :class:`StepReport`: rich table, Perfetto/Chrome trace JSON, plotly HTML.
+
+The trace follows the Chrome Trace Event format (loadable in https://ui.perfetto.dev and
+chrome://tracing): one process per representative rank, one thread per stream, ``ph: "X"``
+complete events with ``ts`` and ``dur`` in microseconds, ``ph: "M"`` metadata naming them.
+plotly is imported lazily (only for HTML).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from costmodel.report import StepReport
+
+STREAM_ORDER = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer")
+
+
+def breakdown_rows(report: StepReport) -> list[tuple[str, float]]:
+    """(label, seconds) rows of the additive breakdown, in display order."""
+    b = report.breakdown_s
+    rows = [("compute", b.compute), ("pipeline bubble", b.pipeline_bubble)]
+    rows += [(f"exposed comm: {k}", v) for k, v in b.exposed_comm.items()]
+    rows += [("optimizer step", b.optimizer), ("other", b.other)]
+    return rows
+
+
+def render_table(report: StepReport) -> Any:
+    """A rich renderable: headline figures and the breakdown of the step time."""
+    from rich.console import Group
+    from rich.table import Table
+
+    head = Table(show_header=False, title=f"muonsim predict ({report.engine} engine)")
+    sc = report.scenario
+    par = sc.get("parallelism", {})
+    head.add_row("scenario", f"{sc.get('model')} on {sc.get('gpus')} x {sc.get('system')}, {sc.get('precision')}, "
+                 f"tp {par.get('tp')} pp {par.get('pp')} vpp {par.get('vpp')} cp {par.get('cp')} ep {par.get('ep')}, "
+                 f"mbs {par.get('micro_batch_size')} gbs {par.get('global_batch_size')} seq {par.get('seq_length')}, "
+                 f"{sc.get('optimizer', {}).get('kind')}")
+    head.add_row("step time", f"{report.step_time_s:.3f} s")
+    head.add_row("tokens/s/GPU", f"{report.tokens_per_s_per_gpu:,.0f}")
+    head.add_row("model TFLOP/s/GPU", f"{report.model_tflops_per_gpu:,.0f}  (MFU {report.mfu * 100:.1f} %)")
+    mem = report.memory
+    if mem is not None:
+        head.add_row("memory/GPU", f"{mem.total_bytes / 1e9:,.1f} GB of {mem.capacity_bytes / 1e9:,.0f} GB"
+                     + ("" if mem.fits else "  (does NOT fit)"))
+    head.add_row("calibration", report.calibration)
+    t = Table(title="where the step time goes")
+    t.add_column("part")
+    t.add_column("seconds", justify="right")
+    t.add_column("share", justify="right")
+    total = report.step_time_s
+    for label, v in breakdown_rows(report):
+        if v == 0 and label.startswith("exposed"):
+            continue
+        t.add_row(label, f"{v:.4f}", f"{100 * v / total:.1f} %" if total > 0 else "-")
+    parts: list[Any] = [head, t]
+    if report.warnings:
+        parts.append("\n".join(f"[yellow]warning:[/yellow] {w}" for w in report.warnings))
+    return Group(*parts)
+
+
+def to_chrome_trace(report: StepReport) -> dict[str, Any]:
+    """The timeline as Chrome Trace Event JSON (``{"traceEvents": [...]}``, times in µs)."""
+    ranks: dict[str, int] = {}
+    streams: dict[tuple[str, str], int] = {}
+    events: list[dict[str, Any]] = []
+    for ev in sorted(report.events, key=lambda e: (e.rank, e.start_s)):
+        pid = ranks.setdefault(ev.rank, len(ranks))
+        key = (ev.rank, ev.stream)
+        if key not in streams:
+            order = STREAM_ORDER.index(ev.stream) if ev.stream in STREAM_ORDER else len(STREAM_ORDER)
+            streams[key] = order
+        events.append({"name": ev.name, "cat": ev.category or ev.stream, "ph": "X", "pid": pid, "tid": streams[key],
+                       "ts": ev.start_s * 1e6, "dur": max(ev.duration_s * 1e6, 0.0), "args": {"step": ev.step}})
+    meta: list[dict[str, Any]] = []
+    for rank, pid in ranks.items():
+        meta.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": rank}})
+        meta.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+    for (rank, stream), tid in streams.items():
+        meta.append({"name": "thread_name", "ph": "M", "pid": ranks[rank], "tid": tid, "args": {"name": stream}})
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms",
+            "otherData": {"engine": report.engine, "step_time_s": report.step_time_s}}
+
+
+def trace_json(report: StepReport) -> str:
+    """The Chrome trace as a JSON string."""
+    return json.dumps(to_chrome_trace(report))
+
+
+def to_html(report: StepReport) -> str:
+    """A self-contained plotly HTML report: timeline (when the engine recorded one) and breakdown."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    has_events = bool(report.events)
+    rows = 2 if has_events else 1
+    titles = (["timeline (s)"] if has_events else []) + ["step-time breakdown (s)"]
+    fig = make_subplots(rows=rows, cols=1, subplot_titles=titles, vertical_spacing=0.12,
+                        row_heights=[0.7, 0.3] if has_events else [1.0])
+    if has_events:
+        by_cat: dict[str, list[Any]] = {}
+        for ev in report.events:
+            by_cat.setdefault(ev.category or ev.stream, []).append(ev)
+        for cat, evs in sorted(by_cat.items()):
+            fig.add_trace(go.Bar(
+                x=[e.duration_s for e in evs], base=[e.start_s for e in evs], y=[f"{e.rank}/{e.stream}" for e in evs],
+                orientation="h", name=cat, text=[e.name for e in evs], hovertemplate="%{text}<br>start %{base:.4f} s"
+                "<br>duration %{x:.5f} s<extra></extra>"), row=1, col=1)
+        fig.update_yaxes(autorange="reversed", row=1, col=1)
+    labels, values = zip(*breakdown_rows(report), strict=True)
+    fig.add_trace(go.Bar(x=list(values), y=list(labels), orientation="h", name="breakdown", showlegend=False),
+                  row=rows, col=1)
+    fig.update_layout(barmode="overlay", height=400 + (600 if has_events else 0),
+                      title=f"muonsim: {report.step_time_s:.3f} s/step, {report.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+                            f"{report.model_tflops_per_gpu:,.0f} TFLOP/s/GPU ({report.engine})")
+    return fig.to_html(include_plotlyjs=True, full_html=True)

@@ -1,0 +1,84 @@
+"""Megatron's pipeline schedules: 1F1B and interleaved (virtual-pipeline) 1F1B.
+
+:func:`schedule_order` gives the order in which one pipeline rank runs its forward and backward
+passes (Megatron-Core ``schedules.py``): warm-up forwards, a steady 1F1B phase, cool-down
+backwards. Interleaving uses Megatron's schedule table: micro-batches in groups of ``pp`` (the
+``microbatch_group_size_per_vp_stage`` default), every chunk of a group before the next group;
+backwards visit chunks in reverse. Warm-up length per rank: ``pp - rank - 1`` (1F1B) or
+``2·(pp - rank - 1) + (vpp - 1)·pp`` (interleaved), capped at the number of passes.
+
+:func:`bubble_fraction` is the schedule's idle fraction ``(pp - 1) / (vpp · m)`` and
+:func:`pipeline_time_s` the closed-form duration of the forward/backward phase used by the
+analytic engine (the discrete-event engine simulates the order instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Pass = Literal["F", "B"]
+
+
+@dataclass(frozen=True)
+class ScheduledPass:
+    kind: Pass
+    microbatch: int
+    chunk: int
+
+
+def bubble_fraction(pp: int, vpp: int, microbatches: int) -> float:
+    """Idle fraction of the schedule relative to the busy time: (pp - 1) / (vpp · m)."""
+    return (pp - 1) / (vpp * microbatches)
+
+
+def _table(microbatches: int, vpp: int, group: int) -> list[tuple[int, int]]:
+    """Megatron's (micro-batch, chunk) order of forward passes for one rank."""
+    table: list[tuple[int, int]] = []
+    for first in range(0, microbatches, group):
+        last = min(first + group, microbatches)
+        table.extend((mb, c) for c in range(vpp) for mb in range(first, last))
+    return table
+
+
+def schedule_order(pp: int, vpp: int, microbatches: int, rank: int) -> list[ScheduledPass]:
+    """Forward/backward passes of pipeline ``rank`` in execution order."""
+    total = microbatches * vpp
+    if vpp == 1:
+        warmup = min(pp - rank - 1, microbatches)
+        fwd = [(mb, 0) for mb in range(microbatches)]
+        bwd = fwd
+    else:
+        warmup = min(2 * (pp - rank - 1) + (vpp - 1) * pp, total)
+        fwd = _table(microbatches, vpp, pp)
+        bwd = [(mb, vpp - 1 - c) for mb, c in fwd]
+    order = [ScheduledPass("F", *fwd[i]) for i in range(warmup)]
+    for i in range(total - warmup):
+        order.append(ScheduledPass("F", *fwd[warmup + i]))
+        order.append(ScheduledPass("B", *bwd[i]))
+    order.extend(ScheduledPass("B", *bwd[i]) for i in range(total - warmup, total))
+    return order
+
+
+def pipeline_time_s(stage_work_s: Sequence[float], chunk_fwd_s: Sequence[float], chunk_bwd_s: Sequence[float],
+                    microbatches: int, vpp: int, p2p_s: float) -> float:
+    """Closed-form seconds of the forward/backward phase of one step.
+
+    ``stage_work_s[s]``: compute-stream seconds per micro-batch of stage ``s`` (all chunks);
+    ``chunk_fwd_s`` / ``chunk_bwd_s``: mean seconds of one chunk's forward / backward per stage;
+    ``p2p_s``: one point-to-point transfer. The busiest stage sets the steady state
+    (``m · max work``); filling and draining the pipeline adds ``pp - 1`` chunk forwards and
+    backwards plus a transfer each way per stage boundary (the bubble, ``(pp-1)/(vpp·m)`` of the
+    busy time for uniform stages). Without interleaving, 1F1B's steady state also waits for the
+    round trip of every micro-batch's activation and gradient (two transfers per micro-batch).
+    """
+    pp = len(stage_work_s)
+    busiest = max(stage_work_s)
+    if pp == 1:
+        return microbatches * busiest
+    fill = sum(chunk_fwd_s[:-1]) + sum(chunk_bwd_s[1:]) + 2 * (pp - 1) * p2p_s
+    steady = microbatches * busiest
+    if vpp == 1:
+        steady += 2 * (microbatches - 1) * p2p_s
+    return steady + fill

@@ -1,0 +1,86 @@
+"""Assembling a :class:`StepReport` from an engine's timing (shared by both engines).
+
+Throughput follows Megatron-Bridge: ``model_tflops_per_gpu = model_flops_per_token(model, seq, tp)
+× tokens per step / step time / GPUs``; MFU divides it by the dense peak at the training
+precision. Memory comes from ``workloads.memory.memory_breakdown`` when that module exists.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from costmodel.report import Breakdown, MemoryReport, OptimizerReport, StepReport, TimelineEvent
+from workloads.flops import model_flops_per_token
+
+if TYPE_CHECKING:
+    from costmodel.optimizer.plan_types import OptimizerPlan
+    from workloads.scenario import Scenario
+
+
+def memory_report(scenario: Scenario) -> tuple[MemoryReport | None, list[str]]:
+    """The per-GPU memory of ``scenario`` (None and a warning until workloads.memory exists)."""
+    try:
+        from workloads.memory import memory_breakdown
+    except ImportError:
+        return None, ["memory model not available yet: memory_per_gpu_bytes is 0"]
+    mb: Any = memory_breakdown(scenario)
+    if isinstance(mb, MemoryReport):
+        return mb, []
+    if isinstance(mb, dict):
+        mb_dict = mb
+    elif hasattr(mb, "model_dump"):
+        mb_dict = mb.model_dump()
+    else:
+        mb_dict = {k: getattr(mb, k) for k in dir(mb) if not k.startswith("_") and not callable(getattr(mb, k))}
+    total = float(mb_dict.get("total_bytes", 0.0))
+    comps = mb_dict.get("components_bytes") or mb_dict.get("components") or {}
+    capacity = float(mb_dict.get("capacity_bytes", scenario.system.gpu.hbm_bytes))
+    fits = bool(mb_dict.get("fits", total <= capacity))
+    return MemoryReport(total_bytes=total, components_bytes={k: float(v) for k, v in comps.items()},
+                        capacity_bytes=capacity, fits=fits), []
+
+
+def optimizer_section(plan: OptimizerPlan, exposed_s: float, hidden_s: float) -> OptimizerReport | None:
+    """The optimizer report from the optimizer models (a minimal one for the fallback plan)."""
+    try:
+        from costmodel.optimizer.plan import optimizer_report
+    except ImportError:
+        optimizer_report = None
+    if optimizer_report is not None:
+        return optimizer_report(plan, exposed_s, hidden_s)
+    from costmodel.report import Stats
+
+    loads = [r.total_s for st in plan.stages for r in st.ranks] or [0.0]
+    mean = sum(loads) / len(loads)
+    return OptimizerReport(
+        kind=plan.kind, distribution=plan.distribution, layout=plan.layout, tp_mode=plan.tp_mode,
+        load_balance=plan.load_balance, per_rank_compute_s=Stats(min=min(loads), mean=mean, max=max(loads)),
+        imbalance=max(loads) / mean if mean > 0 else 1.0, imbalance_lost_s=max(loads) - mean,
+        exposed_s=exposed_s, hidden_s=hidden_s, notes=list(plan.notes),
+    )
+
+
+def build_report(scenario: Scenario, engine: str, step_time_s: float, breakdown: Breakdown,
+                 plan: OptimizerPlan, optimizer_exposed_s: float, optimizer_hidden_s: float,
+                 events: list[TimelineEvent] | None = None, warnings: list[str] | None = None) -> StepReport:
+    """A complete StepReport (throughput, MFU, memory, optimizer section) for one engine's result."""
+    gpus = scenario.gpus
+    tokens = scenario.tokens_per_step
+    fpt = model_flops_per_token(scenario.model, scenario.par.seq_length, scenario.par.tp)
+    tflops = fpt * tokens / step_time_s / gpus / 1e12
+    peak = scenario.system.peak_flops_per_s(scenario.precision)
+    mem, mem_warn = memory_report(scenario)
+    return StepReport(
+        engine=engine,  # type: ignore[arg-type]
+        scenario=scenario.config.model_dump(mode="json"),
+        step_time_s=step_time_s,
+        tokens_per_s_per_gpu=tokens / step_time_s / gpus,
+        model_tflops_per_gpu=tflops,
+        mfu=tflops * 1e12 / peak,
+        breakdown_s=breakdown,
+        memory_per_gpu_bytes=mem.total_bytes if mem else 0.0,
+        memory=mem,
+        optimizer=optimizer_section(plan, optimizer_exposed_s, optimizer_hidden_s),
+        events=events or [],
+        warnings=list(warnings or []) + mem_warn,
+    )

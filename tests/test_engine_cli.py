@@ -1,0 +1,55 @@
+"""``muonsim predict``: JSON fields, one-line errors, files written only on success."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+REQUIRED = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "breakdown_s", "memory_per_gpu_bytes", "engine")
+
+
+def test_predict_json_has_the_acceptance_fields(run_cli) -> None:
+    res = run_cli("predict", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    for key in REQUIRED:
+        assert key in data
+    assert data["engine"] == "analytic"
+    b = data["breakdown_s"]
+    for key in ("compute", "pipeline_bubble", "exposed_comm", "optimizer"):
+        assert key in b
+    assert {"ep", "pp", "dp_grad", "dp_param"} <= set(b["exposed_comm"])
+    total = b["compute"] + b["pipeline_bubble"] + sum(b["exposed_comm"].values()) + b["optimizer"] + b["other"]
+    assert total == pytest.approx(data["step_time_s"], rel=1e-6)
+    # Megatron-Bridge convention: TFLOP/s = model FLOPs/token x tokens/s
+    assert data["model_tflops_per_gpu"] * 1e12 / data["tokens_per_s_per_gpu"] == pytest.approx(204.477e9, rel=1e-3)
+    assert data["scenario"]["model"] == "kimi-k2" and data["scenario"]["gpus"] == 256
+
+
+def test_predict_table_output(run_cli) -> None:
+    res = run_cli("predict", "--model", "llama3-8b", "--gpus", "8", "--pp", "1", "--vpp", "1", "--ep", "1",
+                  "--gbs", "128", "--seq", "8192", "--optimizer", "adamw")
+    assert res.exit_code == 0, res.output
+    assert "step time" in res.stdout and "compute" in res.stdout
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("--tp", "3"), "tp·pp·cp"),
+    (("--fsdp", "2", "--optimizer", "adamw"), "not supported yet"),
+    (("--engine", "fast"), "--engine"),
+    (("--trace", "t.json"), "--engine des"),
+])
+def test_predict_user_errors_are_one_line(run_cli, args, needle) -> None:
+    res = run_cli("predict", *args)
+    assert res.exit_code == 2
+    assert needle in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.output
+
+
+def test_predict_writes_nothing_on_error(run_cli, tmp_path) -> None:
+    out = tmp_path / "r.html"
+    res = run_cli("predict", "--tp", "3", "--html", str(out))
+    assert res.exit_code == 2 and not out.exists()
+    res = run_cli("predict", "--html", str(tmp_path / "missing" / "r.html"))
+    assert res.exit_code == 2 and "does not exist" in res.stderr

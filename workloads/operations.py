@@ -1,0 +1,268 @@
+"""Per-layer, per-micro-batch operations of one rank: GEMMs, attention, element-wise work, casts.
+
+Each :class:`Operation` carries its FLOPs and HBM bytes; ``costmodel.compute`` turns them into
+seconds. Shapes follow Megatron-Core under tp / sp / cp / ep / etp:
+
+- ``tokens`` = micro_batch_size · seq_length / cp: the tokens one rank's GEMMs see (gathered over
+  tp under sequence parallelism); element-wise work in sequence-parallel regions (norms, residual
+  adds, router) sees ``tokens / tp``.
+- Column-parallel GEMMs shard N by tp, row-parallel GEMMs shard K by tp; MLA down-projections are
+  replicated over tp (every tp rank computes them on all tokens).
+- Routed experts: with balanced (forced) routing one rank receives ``tokens/tp · topk · etp``
+  token-expert pairs, spread over ``num_experts / ep`` local experts (a grouped GEMM).
+- Backward = data-gradient GEMM + weight-gradient GEMM (each as many FLOPs as the forward GEMM);
+  the flash-attention backward does 2.5x the forward FLOPs (it recomputes QKᵀ: five matmuls vs two).
+- Recompute adds forward operations to the backward pass: ``full`` replays the whole layer,
+  ``selective`` replays the operations whose module is listed (``core_attn``, ``layernorm``,
+  ``mlp``, ``moe``, ``moe_act``, ``mla_up_proj``, ``shared_experts``).
+- Low-precision GEMMs (FP8 current scaling, MXFP8, NVFP4) pay quantisation casts as memory traffic:
+  the GEMM input activations (forward), the output gradients (backward) and the weights (once per
+  step: TE caches the cast weights across micro-batches, so 1 / micro-batches per micro-batch).
+  Attention, the router, the output layer (logits) and the Newton-Schulz matmuls stay BF16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from workloads.models import GqaAttention, MlaAttention, ModelSpec
+
+OpKind = Literal["gemm", "grouped_gemm", "attention", "elementwise", "quantize"]
+Phase = Literal["fwd", "bwd"]
+
+ACT_BYTES = 2  # BF16 activations
+ATTENTION_BWD_FLOPS_RATIO = 2.5  # FlashAttention backward: 5 matmuls (QKᵀ recomputed) vs 2 forward
+# bytes moved per element cast (read BF16 + write the quantised copies incl. scales):
+# fp8-cs: amax pass (read 2) + cast (read 2) + rowwise and transposed FP8 copies (1 + 1);
+# mxfp8: read 2 + rowwise and columnwise copies with an E8M0 scale per 32 (2 x (1 + 1/32));
+# nvfp4: read 2 + two FP4 copies with an E4M3 scale per 16 (2 x (0.5 + 1/16)).
+CAST_BYTES_PER_ELEMENT = {"bf16": 0.0, "fp8-cs": 6.0, "mxfp8": 2 + 2 * (1 + 1 / 32), "nvfp4": 2 + 2 * (0.5 + 1 / 16)}
+TENSOR_CLASS = {"bf16": "bf16", "fp8-cs": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One kernel of one rank for one micro-batch (FLOPs, HBM bytes; GEMM shape M x N x K)."""
+
+    name: str
+    kind: OpKind
+    phase: Phase
+    module: str
+    flops: float = 0.0
+    bytes: float = 0.0
+    tensor_class: str = "bf16"  # bf16, fp8 or fp4 for tensor-core work
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    groups: int = 1  # grouped GEMM: number of experts sharing the total M
+
+
+@dataclass(frozen=True)
+class RankShape:
+    """What one rank sees of one micro-batch (see the module docstring)."""
+
+    micro_batch_size: int
+    seq_length: int
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    sequence_parallel: bool = False
+    precision: str = "bf16"  # Precision value: bf16, fp8-cs, mxfp8, nvfp4
+    microbatches: int = 1  # micro-batches per step (weight casts are amortised over them)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per micro-batch in this rank's CP shard (gathered over tp)."""
+        return self.micro_batch_size * self.seq_length // self.cp
+
+    @property
+    def sp_tokens(self) -> int:
+        """Tokens of the sequence-parallel regions (sharded over tp when sp is on)."""
+        return self.tokens // self.tp if self.sequence_parallel else self.tokens
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """Forward and backward operations of one transformer layer (or block) for one micro-batch."""
+
+    forward: tuple[Operation, ...]
+    backward: tuple[Operation, ...]
+
+    @property
+    def forward_flops(self) -> float:
+        return sum(o.flops for o in self.forward)
+
+    @property
+    def backward_flops(self) -> float:
+        return sum(o.flops for o in self.backward)
+
+
+class _Builder:
+    """Collects forward operations and derives their backward counterparts."""
+
+    def __init__(self, shape: RankShape, hidden: int) -> None:
+        self.shape = shape
+        self.hidden = hidden
+        self.fwd: list[Operation] = []
+        self.bwd: list[Operation] = []
+        self.low = shape.precision != "bf16"
+        self.cast = CAST_BYTES_PER_ELEMENT[shape.precision]
+
+    def gemm(self, name: str, module: str, m: int, n: int, k: int, low_precision: bool = True,
+             groups: int = 1) -> None:
+        """A (grouped) GEMM [m x k] @ [k x n]: forward, dgrad and wgrad, plus quantisation casts."""
+        low = low_precision and self.low
+        tclass = TENSOR_CLASS[self.shape.precision] if low else "bf16"
+        kind: OpKind = "grouped_gemm" if groups > 1 else "gemm"
+        flops = 2.0 * m * n * k
+        in_b = 1 if low else ACT_BYTES
+        io = (m * k + k * n * groups) * in_b + m * n * ACT_BYTES
+        self.fwd.append(Operation(name, kind, "fwd", module, flops, io, tclass, m, n, k, groups))
+        self.bwd.append(Operation(name + ".dgrad", kind, "bwd", module, flops, io, tclass, m, k, n, groups))
+        self.bwd.append(Operation(name + ".wgrad", kind, "bwd", module, flops, io, tclass, k * groups, n, m, groups))
+        if low:
+            weight = k * n * groups / max(self.shape.microbatches, 1)
+            self.fwd.append(Operation(name + ".cast", "quantize", "fwd", module, 0.0, (m * k + weight) * self.cast))
+            self.bwd.append(Operation(name + ".cast_grad", "quantize", "bwd", module, 0.0, m * n * self.cast))
+
+    def elementwise(self, name: str, module: str, fwd_bytes: float, bwd_factor: float = 2.0) -> None:
+        """A memory-bound kernel moving ``fwd_bytes`` forward and ``bwd_factor`` times that backward."""
+        self.fwd.append(Operation(name, "elementwise", "fwd", module, 0.0, fwd_bytes))
+        self.bwd.append(Operation(name + ".grad", "elementwise", "bwd", module, 0.0, fwd_bytes * bwd_factor))
+
+    def attention(self, name: str, fwd_flops: float, io_bytes: float) -> None:
+        """The attention core (QKᵀ, softmax, PV) in BF16."""
+        self.fwd.append(Operation(name, "attention", "fwd", "core_attn", fwd_flops, io_bytes))
+        self.bwd.append(Operation(name + ".grad", "attention", "bwd", "core_attn",
+                                  fwd_flops * ATTENTION_BWD_FLOPS_RATIO, 2 * io_bytes))
+
+    def norm(self, name: str, tokens: int, width: int) -> None:
+        self.elementwise(name, "layernorm", 2.0 * tokens * width * ACT_BYTES)
+
+    def build(self, recompute: str, modules: tuple[str, ...]) -> LayerOps:
+        replay: list[Operation] = []
+        if recompute == "full":
+            replay = list(self.fwd)
+        elif recompute == "selective":
+            replay = [o for o in self.fwd if o.module in modules]
+        extra = tuple(Operation("recompute." + o.name, o.kind, "bwd", o.module, o.flops, o.bytes, o.tensor_class,
+                                o.m, o.n, o.k, o.groups) for o in replay)
+        return LayerOps(forward=tuple(self.fwd), backward=extra + tuple(self.bwd))
+
+
+def _attention_block(b: _Builder, model: ModelSpec) -> None:
+    s = b.shape
+    t, tsp, tp, h = s.tokens, s.sp_tokens, s.tp, model.hidden_size
+    att = model.attention
+    b.norm("input_layernorm", tsp, h)
+    avg_kv = s.seq_length / 2  # causal, load-balanced over cp: each query sees seq/2 keys on average
+    if isinstance(att, GqaAttention):
+        nh, nkv, d = att.num_heads // tp, att.num_kv_heads // tp, att.head_dim
+        b.gemm("linear_qkv", "attn_proj", t, (nh + 2 * nkv) * d, h)
+        b.elementwise("rope", "attn_proj", 2.0 * t * (nh + nkv) * d * ACT_BYTES)
+        core = 2.0 * 2.0 * t * avg_kv * nh * d
+        io = t * (2 * nh + 2 * nkv) * d * ACT_BYTES
+        b.attention("core_attention", core, io)
+        b.gemm("linear_proj", "attn_proj", t, h, nh * d)
+    else:
+        assert isinstance(att, MlaAttention)
+        nh = att.num_heads // tp
+        dqk = att.qk_head_dim + att.qk_pos_emb_head_dim
+        if att.q_lora_rank:
+            b.gemm("linear_q_down_proj", "attn_proj", t, att.q_lora_rank, h)
+            b.norm("q_layernorm", t, att.q_lora_rank)
+            b.gemm("linear_q_up_proj", "mla_up_proj", t, nh * dqk, att.q_lora_rank)
+        else:
+            b.gemm("linear_q_proj", "attn_proj", t, nh * dqk, h)
+        b.gemm("linear_kv_down_proj", "attn_proj", t, att.kv_lora_rank + att.qk_pos_emb_head_dim, h)
+        b.norm("kv_layernorm", t, att.kv_lora_rank)
+        b.gemm("linear_kv_up_proj", "mla_up_proj", t, nh * (att.qk_head_dim + att.v_head_dim), att.kv_lora_rank)
+        b.elementwise("rope", "mla_up_proj", 2.0 * t * nh * att.qk_pos_emb_head_dim * 2 * ACT_BYTES)
+        core = 2.0 * t * avg_kv * nh * (dqk + att.v_head_dim)
+        io = t * nh * (2 * dqk + 2 * att.v_head_dim) * ACT_BYTES
+        b.attention("core_attention", core, io)
+        b.gemm("linear_proj", "attn_proj", t, h, nh * att.v_head_dim)
+    b.elementwise("residual_add", "attn_proj", 3.0 * tsp * h * ACT_BYTES)
+
+
+def _swiglu(b: _Builder, name: str, module: str, tokens: int, width: int) -> None:
+    """SwiGLU on ``width`` output features: read gate and up (2·width), write width."""
+    b.elementwise(name, module, 3.0 * tokens * width * ACT_BYTES, bwd_factor=5.0 / 3.0)
+
+
+def _dense_mlp(b: _Builder, ffn: int, module: str, name: str) -> None:
+    s = b.shape
+    f = ffn // s.tp
+    b.gemm(f"{name}.linear_fc1", module, s.tokens, 2 * f, b.hidden)
+    _swiglu(b, f"{name}.swiglu", module, s.tokens, f)
+    b.gemm(f"{name}.linear_fc2", module, s.tokens, b.hidden, f)
+
+
+def _moe_mlp(b: _Builder, model: ModelSpec) -> None:
+    s, moe, h = b.shape, model.moe, model.hidden_size
+    assert moe is not None
+    tsp = s.sp_tokens
+    b.gemm("router", "moe_router", tsp, moe.num_experts, h, low_precision=False)
+    b.elementwise("router_topk", "moe_router", 3.0 * tsp * moe.num_experts * 4)
+    pairs = tsp * moe.topk * s.etp
+    b.elementwise("permute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES)
+    local_experts = max(moe.num_experts // s.ep, 1)
+    fe = moe.expert_ffn_hidden_size // s.etp
+    b.gemm("experts.linear_fc1", "moe", pairs, 2 * fe, h, groups=local_experts)
+    _swiglu(b, "experts.swiglu", "moe_act", pairs, fe)
+    b.gemm("experts.linear_fc2", "moe", pairs, h, fe, groups=local_experts)
+    b.elementwise("unpermute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES)
+    if moe.shared_expert_ffn_hidden_size:
+        _dense_mlp(b, moe.shared_expert_ffn_hidden_size, "shared_experts", "shared_experts")
+
+
+def _builder(model: ModelSpec, shape: RankShape) -> _Builder:
+    return _Builder(shape, model.hidden_size)
+
+
+def layer_operations(model: ModelSpec, shape: RankShape, moe: bool, recompute: str = "none",
+                     recompute_modules: tuple[str, ...] = ("core_attn",)) -> LayerOps:
+    """Operations of one transformer layer (attention + dense or MoE MLP) for one micro-batch."""
+    b = _builder(model, shape)
+    _attention_block(b, model)
+    b.norm("pre_mlp_layernorm", shape.sp_tokens, model.hidden_size)
+    if moe:
+        _moe_mlp(b, model)
+    else:
+        _dense_mlp(b, model.ffn_hidden_size, "mlp", "mlp")
+    b.elementwise("residual_add2", "mlp", 3.0 * shape.sp_tokens * model.hidden_size * ACT_BYTES)
+    return b.build(recompute, recompute_modules)
+
+
+def embedding_operations(model: ModelSpec, shape: RankShape) -> LayerOps:
+    """The vocabulary-parallel input embedding (first virtual stage): lookup and its scatter-add."""
+    b = _builder(model, shape)
+    b.elementwise("embedding", "embedding", 2.0 * shape.tokens * model.hidden_size * ACT_BYTES)
+    return b.build("none", ())
+
+
+def output_operations(model: ModelSpec, shape: RankShape) -> LayerOps:
+    """Final norm, output layer (BF16 logits on the tp-padded vocabulary) and cross-entropy."""
+    b = _builder(model, shape)
+    h, v = model.hidden_size, model.padded_vocab_size(shape.tp) // shape.tp
+    b.norm("final_layernorm", shape.sp_tokens, h)
+    b.gemm("output_layer", "output", shape.tokens, v, h, low_precision=False)
+    b.elementwise("cross_entropy", "output", 4.0 * shape.tokens * v * ACT_BYTES, bwd_factor=0.5)
+    return b.build("none", ())
+
+
+def mtp_operations(model: ModelSpec, shape: RankShape, recompute: str = "none",
+                   recompute_modules: tuple[str, ...] = ("core_attn",)) -> LayerOps:
+    """One multi-token-prediction layer: norms, eh projection, a transformer layer, its own logits."""
+    b = _builder(model, shape)
+    h = model.hidden_size
+    b.norm("mtp.enorm", shape.sp_tokens, h)
+    b.norm("mtp.hnorm", shape.sp_tokens, h)
+    b.gemm("mtp.eh_proj", "mtp", shape.tokens, h // shape.tp, 2 * h)
+    layer = layer_operations(model, shape, model.is_moe_layer(model.num_layers - 1), recompute, recompute_modules)
+    out = output_operations(model, shape)
+    own = b.build(recompute, recompute_modules)
+    return LayerOps(forward=own.forward + layer.forward + out.forward,
+                    backward=own.backward + layer.backward + out.backward)
