@@ -1,1 +1,17 @@
-"""Optimizer models: element-wise (AdamW) and layer-wise (Muon) distributed optimizers."""
+"""Optimizer models: element-wise (AdamW) and layer-wise (Muon) distributed optimizers.
+
+Public API: :func:`build_optimizer_plan` (scenario -> OptimizerPlan, cached),
+:func:`plan_from_inventory` (inventory + :class:`Grid` -> the same plan; reference backend),
+:func:`expected_rank_collectives` (byte-exact per-GPU collective lists) and
+:func:`optimizer_report` (plan -> costmodel.report.OptimizerReport).
+"""
+
+from costmodel.optimizer.build import (
+    build_optimizer_plan,
+    expected_rank_collectives,
+    plan_from_inventory,
+    plan_key,
+)
+from costmodel.optimizer.plan import Grid
+
+__all__ = ["Grid", "build_optimizer_plan", "expected_rank_collectives", "plan_from_inventory", "plan_key"]

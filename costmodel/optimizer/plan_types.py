@@ -6,6 +6,12 @@ gathered (``buckets``, in backprop order), what optimizer work every GPU of the 
 :class:`workloads.comm.CollectiveCall` convention shared with the reference backend).
 Engines schedule bucket collectives themselves (overlap with backward / next forward); the
 optimizer step's own time on a GPU is ``RankWork.total_s``.
+
+Ranks. A GPU of a stage is both a dense data-parallel rank (group ``dp`` = dp×cp, index
+``g // tp`` in Megatron's tp-cp-dp order) and an expert data-parallel rank (group ``expert_dp``,
+index ``g // (etp·ep)`` in the etp-ep-edp order). GPUs with the same pair of indices do identical
+work, so ``ranks`` holds one :class:`RankWork` per distinct pair (``multiplicity`` GPUs each);
+``rank`` is the first GPU (stage-local index) of that class.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from workloads.comm import CollectiveCall
+import numpy as np
+
+from workloads.comm import CollectiveCall, merge_calls
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,8 @@ class Bucket:
     reduce_op: Literal["reduce_scatter", "all_reduce"]
     gather_op: Literal["all_gather", "all_gather_v"] | None
     order: int = 0  # position in backprop order within the stage (0 = reduced first)
+    used_numel: int = 0  # parameter elements (numel minus padding)
+    kind: Literal["element_wise", "layer_wise", "ddp"] = "element_wise"
 
 
 @dataclass(frozen=True)
@@ -42,10 +52,36 @@ class RankWork:
     newton_schulz_s: float
     elementwise_s: float  # AdamW / Muon momentum / weight update, memory-bound
     tp_comm_s: float  # Newton-Schulz TP collectives on the critical path (duplicated / distributed)
+    multiplicity: int = 1  # GPUs of the stage doing exactly this work
+    dense_rank: int = 0  # index in the dense dp (dp×cp) group
+    expert_rank: int = 0  # index in the expert-dp group
 
     @property
     def total_s(self) -> float:
         return self.newton_schulz_s + self.elementwise_s + self.tp_comm_s
+
+
+@dataclass(frozen=True, eq=False)
+class RoleOwnership:
+    """Which Muon items one dp role (dense or expert) of a stage owns, and the TP calls each makes.
+
+    ``owner[i]`` is the dp index stepping item ``i`` (-1 = every rank, replicated optimizer);
+    ``item_calls[i]`` are the Newton-Schulz TP collectives of one call on item ``i``.
+    """
+
+    group: Literal["dp", "expert_dp"]
+    size: int
+    names: tuple[str, ...]
+    owner: np.ndarray
+    item_calls: tuple[tuple[CollectiveCall, ...], ...]
+
+    def owned_items(self, index: int) -> list[int]:
+        """Item positions stepped by dp index ``index``."""
+        return [int(i) for i in np.flatnonzero((self.owner == index) | (self.owner < 0))]
+
+    def calls_of(self, index: int) -> list[CollectiveCall]:
+        """TP collectives issued by dp index ``index`` (unmerged)."""
+        return [c for i in self.owned_items(index) for c in self.item_calls[i]]
 
 
 @dataclass(frozen=True)
@@ -55,6 +91,13 @@ class StageOptimizerPlan:
     ranks: tuple[RankWork, ...]
     collectives: tuple[CollectiveCall, ...]  # per GPU per step, merged (see workloads.comm.merge_calls)
     padding_overhead: float = 0.0  # padded / unpadded elements - 1
+    collective_times_s: tuple[float, ...] = ()  # seconds of ONE call of each entry of ``collectives``
+    critical_rank: int = 0  # position in ``ranks`` of the slowest GPU (whose list ``collectives`` is)
+    tp: int = 1
+    etp: int = 1
+    ep: int = 1
+    roles: tuple[RoleOwnership, ...] = field(default=(), repr=False, compare=False)
+    bucket_calls: tuple[CollectiveCall, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def max_rank_s(self) -> float:
@@ -62,7 +105,41 @@ class StageOptimizerPlan:
 
     @property
     def mean_rank_s(self) -> float:
-        return sum(r.total_s for r in self.ranks) / len(self.ranks) if self.ranks else 0.0
+        """Mean over the GPUs of the stage (each rank class weighted by its multiplicity)."""
+        gpus = sum(r.multiplicity for r in self.ranks)
+        return sum(r.total_s * r.multiplicity for r in self.ranks) / gpus if gpus else 0.0
+
+    @property
+    def gpus(self) -> int:
+        return sum(r.multiplicity for r in self.ranks)
+
+    @property
+    def gather_buckets_forward(self) -> tuple[Bucket, ...]:
+        """Buckets with a parameter gather, in the order the next forward needs them."""
+        return tuple(sorted((b for b in self.buckets if b.gather_op), key=lambda b: -b.order))
+
+    def _role(self, group: str) -> RoleOwnership | None:
+        return next((r for r in self.roles if r.group == group), None)
+
+    def gpu_collectives(self, gpu: int) -> list[CollectiveCall]:
+        """Every collective GPU ``gpu`` (stage-local index, Megatron order) issues per step, merged."""
+        calls = list(self.bucket_calls)
+        dense, expert = self._role("dp"), self._role("expert_dp")
+        if dense is not None:
+            calls += dense.calls_of(gpu // self.tp)
+        if expert is not None:
+            calls += expert.calls_of(gpu // (self.etp * self.ep))
+        return merge_calls(calls)
+
+    def owned_tensors(self, gpu: int) -> list[str]:
+        """Names of the Muon items GPU ``gpu`` steps (layer-wise ownership)."""
+        out: list[str] = []
+        dense, expert = self._role("dp"), self._role("expert_dp")
+        if dense is not None:
+            out += [dense.names[i] for i in dense.owned_items(gpu // self.tp)]
+        if expert is not None:
+            out += [expert.names[i] for i in expert.owned_items(gpu // (self.etp * self.ep))]
+        return out
 
 
 @dataclass(frozen=True)
@@ -74,3 +151,17 @@ class OptimizerPlan:
     load_balance: str | None
     stages: tuple[StageOptimizerPlan, ...]
     notes: tuple[str, ...] = field(default=())
+    hide_param_gather: bool = False  # engines overlap each bucket's gather with the next forward
+
+    @property
+    def critical_stage(self) -> StageOptimizerPlan:
+        """The stage whose slowest GPU takes longest in the optimizer step."""
+        return max(self.stages, key=lambda s: s.max_rank_s)
+
+    @property
+    def max_rank_s(self) -> float:
+        return max((s.max_rank_s for s in self.stages), default=0.0)
+
+    def param_gather_buckets_forward(self, stage: int) -> tuple[Bucket, ...]:
+        """Per-bucket parameter gathers of ``stage`` in forward order (what forward pre-hooks wait on)."""
+        return self.stages[stage].gather_buckets_forward
