@@ -6,12 +6,13 @@ Public API: :func:`build_optimizer_plan` (scenario -> OptimizerPlan, cached),
 :func:`optimizer_report` (plan -> costmodel.report.OptimizerReport).
 """
 
-from costmodel.optimizer.build import (
+from costmodel.optimizer.plan import (
     build_optimizer_plan,
     expected_rank_collectives,
+    optimizer_report,
     plan_from_inventory,
     plan_key,
 )
-from costmodel.optimizer.plan import Grid
+from costmodel.optimizer.stage_builder import Grid
 
-__all__ = ["Grid", "build_optimizer_plan", "expected_rank_collectives", "plan_from_inventory", "plan_key"]
+__all__ = ["Grid", "build_optimizer_plan", "expected_rank_collectives", "optimizer_report", "plan_from_inventory", "plan_key"]

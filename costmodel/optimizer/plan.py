@@ -1,325 +1,158 @@
-"""Build the :class:`OptimizerPlan` of a scenario (or of a bare inventory and grid).
+"""The optimizer plan of a scenario (cached) or of an inventory and grid, and its report section.
 
-:func:`build_optimizer_plan` is what the engines call (cached by :func:`plan_key`);
-:func:`plan_from_inventory` is the same code on an :class:`~workloads.inventory.Inventory` plus
-group sizes, so the reference backend's tiny models go through exactly this path;
-:func:`expected_rank_collectives` gives the per-GPU collective lists the reference must record.
-
-Per pipeline stage and model chunk, parameters are walked in backprop order and split into
-Megatron's buffers (dense over ``dp`` = dp×cp, experts over ``expert_dp``). Then, by distribution:
-
-* ``element_wise`` (AdamW): padded DDP buckets, reduce-scatter, Adam on each rank's equal shard,
-  all-gather of bf16 parameters;
-* ``layer_wise`` ``current``: Muon parameters in shard-aligned layer-wise buckets (whole
-  parameters per rank, balanced by ``load_balance``), reduce-scatter, NS on owned matrices, equal
-  all-gather; non-Muon parameters in separate element-wise buckets;
-* ``layer_wise`` ``legacy``: unpadded DDP buckets all-reduced; every parameter (Muon and AdamW)
-  owned whole by one rank (ping-pong by numel over the stage by default); ``all_gather_v`` per
-  bucket of the updated parameters;
-* ``replicated``: unpadded DDP buckets all-reduced; every rank steps everything.
-
-Every GPU's load is its dense-role work plus its expert-role work (see plan_types).
+* :func:`build_optimizer_plan` (scenario) -> :class:`OptimizerPlan`, cached under :func:`plan_key`;
+* :func:`plan_from_inventory` (inventory, spec, group sizes[, system, shapes]) -> the same plan,
+  for the reference backend's tiny models (times are zero without a system);
+* :func:`expected_rank_collectives` -> every GPU's merged collective list for one stage, in
+  Megatron's rank order: what the reference backend must record, byte for byte;
+* :func:`optimizer_report` (plan, exposed, hidden) -> :class:`costmodel.report.OptimizerReport`.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from costmodel.optimizer import layouts as lay
-from costmodel.optimizer.elementwise import (
-    NS_CAST_BYTES_PER_ELEMENT,
-    PARAM_BYTES,
-    adam_bytes_per_element,
-    muon_bytes_per_element,
-)
-from costmodel.optimizer.newton_schulz import (
-    NsSettings,
-    NsWork,
-    ns_time_s,
-    tensor_ns_work,
-    tp_comm_time_s,
-)
-from costmodel.optimizer.plan_types import (
-    Bucket,
-    RankWork,
-    RoleOwnership,
-    StageOptimizerPlan,
-)
+from costmodel.optimizer.newton_schulz import NsSettings
+from costmodel.optimizer.plan_types import OptimizerPlan, StageOptimizerPlan
+from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer, chunk_buffers, rank_work
+from costmodel.optimizer.summary import optimizer_report
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
-from workloads.comm import CollectiveCall, merge_calls
-from workloads.flops import newton_schulz_cost_proxy
-from workloads.inventory import TensorSpec
+from workloads.comm import CollectiveCall
+from workloads.inventory import Inventory
 
-GROUPS = ("dp", "expert_dp")
+__all__ = ["Grid", "build_optimizer_plan", "expected_rank_collectives", "optimizer_report", "plan_from_inventory",
+           "plan_key"]
 
-
-@dataclass(frozen=True)
-class Grid:
-    """Group sizes of one pipeline stage: ``dp`` is the dense data-parallel group (dp×cp)."""
-
-    dp: int
-    expert_dp: int
-    tp: int = 1
-    etp: int = 1
-    ep: int = 1
-
-    @property
-    def gpus_per_stage(self) -> int:
-        return self.tp * self.dp
-
-    def size(self, group: str) -> int:
-        return self.dp if group == "dp" else self.expert_dp
+_CACHE: OrderedDict[tuple, OptimizerPlan] = OrderedDict()
+_CACHE_SIZE = 256
 
 
-class Timer:
-    """Seconds of NS work and collectives on a system (zero without one); memoised per plan."""
-
-    def __init__(self, system: SystemSpec | None, precision: str,
-                 shape_of: Callable[[str], GroupShape] | None) -> None:
-        self.system, self.precision, self.shape_of = system, precision, shape_of
-        self._ns: dict[NsWork, tuple[float, float]] = {}
-        self._calls: dict[CollectiveCall, float] = {}
-        self.s_per_byte = 0.0
-        if system is not None:
-            from costmodel.compute import memory_time_s
-
-            self.s_per_byte = memory_time_s(1e9, system) / 1e9
-
-    def call_s(self, call: CollectiveCall) -> float:
-        """Seconds of one ``call`` (nccl-tests size) over its group's placement shape."""
-        if self.system is None or call.group_size <= 1:
-            return 0.0
-        key = CollectiveCall(call.op, call.group, call.group_size, call.dtype, call.bytes)
-        if key not in self._calls:
-            from topologies.collectives import collective_time_s
-
-            shape = self.shape_of(call.group) if self.shape_of else GroupShape.single_domain(call.group_size)
-            self._calls[key] = collective_time_s(call.op, call.bytes, shape, self.system)
-        return self._calls[key]
-
-    def ns(self, work: NsWork) -> tuple[float, float]:
-        """(NS GEMM seconds, TP collective seconds) of ``work``."""
-        if work not in self._ns:
-            if self.system is None:
-                self._ns[work] = (0.0, 0.0)
-            else:
-                self._ns[work] = (ns_time_s(work, self.system, self.precision), tp_comm_time_s(work, self.call_s))
-        return self._ns[work]
+def plan_key(scenario) -> tuple:  # noqa: ANN001 - workloads.scenario.Scenario
+    """Hashable key of everything the optimizer plan depends on (model, system, sizes, optimizer)."""
+    c = scenario.config
+    return (scenario.model.model_dump_json(), scenario.system.model_dump_json(), c.gpus,
+            c.parallelism.model_dump_json(), c.optimizer.model_dump_json(), c.placement.model_dump_json())
 
 
-@dataclass
-class _Role:
-    """Accumulated per-rank work of one dp role of one stage."""
+def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads.scenario.Scenario
+    """The optimizer plan of a resolved scenario (memoised: the planner calls this many times)."""
+    key = plan_key(scenario)
+    plan = _CACHE.get(key)
+    if plan is not None:
+        _CACHE.move_to_end(key)
+        return plan
+    from topologies.placement import placement_for
+    from workloads.inventory import inventory_for
 
-    group: str
-    size: int
-    owned: np.ndarray = field(init=False)
-    flops: np.ndarray = field(init=False)
-    ns_s: np.ndarray = field(init=False)
-    tp_s: np.ndarray = field(init=False)
-    mem_bytes: np.ndarray = field(init=False)
-    names: list[str] = field(default_factory=list)
-    owners: list[np.ndarray] = field(default_factory=list)
-    calls: list[tuple[CollectiveCall, ...]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        z = np.zeros(self.size)
-        self.owned, self.flops, self.ns_s, self.tp_s, self.mem_bytes = z.copy(), z.copy(), z.copy(), z.copy(), z.copy()
-
-    def add_owned(self, owner: np.ndarray, numel, flops, ns_s, tp_s, mem_bytes) -> None:  # noqa: ANN001
-        """Add per-item values to their owners (owner -1 = every rank)."""
-        everyone = owner < 0
-        for arr, vals in ((self.owned, numel), (self.flops, flops), (self.ns_s, ns_s), (self.tp_s, tp_s),
-                          (self.mem_bytes, mem_bytes)):
-            vals = np.asarray(vals, dtype=np.float64)
-            if (~everyone).any():
-                arr += np.bincount(owner[~everyone], weights=vals[~everyone], minlength=self.size)
-            if everyone.any():
-                arr += vals[everyone].sum()
+    p = scenario.par
+    placement = placement_for(scenario)
+    grid = Grid(dp=scenario.dp * p.cp, expert_dp=scenario.expert_dp, tp=p.tp, etp=p.expert_tp, ep=p.ep)
+    plan = plan_from_inventory(inventory_for(scenario), scenario.optimizer, grid, scenario.system, placement.shape)
+    _CACHE[key] = plan
+    if len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return plan
 
 
-@dataclass(frozen=True, eq=False)
-class _Buffer:
-    """Parameters of one buffer (stage, chunk, dp group) in backprop order."""
+def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSpec | None = None,  # noqa: ANN001
+                        shape_of: Callable[[str], GroupShape] | None = None) -> OptimizerPlan:
+    """The optimizer plan of ``inventory`` under ``spec`` (an OptimizerSpec) and group sizes ``grid``.
 
-    chunk: int
-    group: str
-    tensors: list[TensorSpec]
-    names: list[str]
-    numel: np.ndarray
-    cost: np.ndarray
-    muon: np.ndarray
-    position: np.ndarray  # index in the chunk's backprop order (bucket readiness)
-
-
-def _cost(t: TensorSpec) -> int:
-    shape = t.local_shape
-    return newton_schulz_cost_proxy(*shape) if len(shape) == 2 else t.local_numel
-
-
-def _chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str) -> list[_Buffer]:
-    """Split one chunk's tensors (definition order) into dense and expert buffers, backprop order."""
-    rows: dict[str, list[tuple[TensorSpec, str, int]]] = {g: [] for g in GROUPS}
-    pos = 0
-    for t in reversed(tensors):
-        if t.optimizer == "none":
-            continue
-        for k in reversed(range(t.experts_per_rank)):
-            rows[t.dp_group].append((t, f"{t.name}{k}" if t.num_experts > 1 else t.name, pos))
-            pos += 1
-    out = []
-    for g in GROUPS:
-        items = rows[g]
-        if not items:
-            continue
-        ts = [t for t, _, _ in items]
-        out.append(_Buffer(
-            chunk=chunk, group=g, tensors=ts, names=[n for _, n, _ in items],
-            numel=np.array([t.local_numel for t in ts], dtype=np.int64),
-            cost=np.array([_cost(t) for t in ts], dtype=np.float64),
-            muon=np.array([kind == "muon" and t.optimizer == "muon" for t in ts], dtype=bool),
-            position=np.array([p for _, _, p in items], dtype=np.int64),
-        ))
-    return out
+    ``shape_of(group)`` gives the placement shape of a group kind for collective times (default:
+    one NVLink domain); without ``system`` every time is zero but bytes, FLOPs and ownership are exact.
+    """
+    if grid.etp * grid.ep * grid.expert_dp != grid.gpus_per_stage:
+        raise ValueError(f"inconsistent grid {grid}: tp·dp must equal etp·ep·expert_dp")
+    if (grid.tp, grid.etp, grid.ep) != (inventory.tp, inventory.etp, inventory.ep):
+        raise ValueError("grid tp/etp/ep differ from the inventory's")
+    kind, dist = spec.kind, spec.resolved_distribution
+    if kind == "muon" and dist == "element_wise":
+        raise ValueError("muon cannot use the element_wise distributed optimizer")
+    if kind == "adamw" and dist == "layer_wise":
+        raise ValueError("the layer_wise distributed optimizer is for muon")
+    st = NsSettings.from_spec(spec)
+    timer = Timer(system, spec.matmul_precision, shape_of)
+    stages = tuple(_stage(inventory, s, spec, grid, timer, st) for s in range(inventory.pp))
+    layer_wise = dist == "layer_wise"
+    gathers = any(b.gather_op for s in stages for b in s.buckets)
+    return OptimizerPlan(
+        kind=kind, distribution=dist,
+        layout=spec.layer_wise_layout if layer_wise else None,
+        tp_mode=spec.tp_mode if kind == "muon" else None,
+        load_balance=spec.resolved_load_balance if layer_wise else None,
+        stages=stages, notes=_notes(inventory, spec, grid, dist, st),
+        hide_param_gather=bool(spec.hide_param_gather and spec.overlap_grad_reduce and gathers),
+    )
 
 
-class _StageBuilder:
-    """Accumulates buckets and per-rank work of one stage."""
-
-    def __init__(self, stage: int, grid: Grid, spec, timer: Timer, st: NsSettings) -> None:  # noqa: ANN001
-        self.stage, self.grid, self.spec, self.timer, self.st = stage, grid, spec, timer, st
-        self.roles = {g: _Role(g, grid.size(g)) for g in GROUPS}
-        self.buckets: list[tuple[tuple[int, int], dict]] = []  # (sort key, Bucket kwargs)
-        self.gb = spec.grad_bytes
-        self.grad_dtype = "fp32" if self.gb == 4 else "bf16"
-        self._muon_memo: dict[int, tuple[float, float, float, float, tuple[CollectiveCall, ...]]] = {}
-
-    def bucket_size(self, chunk: int) -> int | None:
-        """Elements per bucket; None (one bucket) for pp ranks > 0, chunks > 0, or no overlap."""
-        if not self.spec.overlap_grad_reduce or self.stage > 0 or chunk > 0:
-            return None
-        return self.spec.bucket_size_elements or lay.default_bucket_size(self.grid.dp)
-
-    def add_bucket(self, buf: _Buffer, idx: np.ndarray, numel: int, used: int, reduce_op: str,
-                   gather_op: str | None, kind: str) -> None:
-        ready = int(buf.position[idx].max())
-        gs = self.grid.size(buf.group)
-        gather_bytes = (used if gather_op == "all_gather_v" else numel) * PARAM_BYTES
-        self.buckets.append(((-buf.chunk, ready), dict(
-            stage=self.stage, chunk=buf.chunk, dp_group=buf.group, group_size=gs, numel=numel,
-            grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * PARAM_BYTES,
-            reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind)))
-
-    def muon_item(self, t: TensorSpec) -> tuple[float, float, float, float, tuple[CollectiveCall, ...]]:
-        """(NS FLOPs, NS s, TP comm s, HBM bytes, TP calls) of stepping one copy of ``t``."""
-        key = id(t)
-        if key not in self._muon_memo:
-            w = tensor_ns_work(t, self.st)
-            ns_s, tp_s = self.timer.ns(w)
-            mem = t.local_numel * muon_bytes_per_element(self.gb) + w.matrix_numel * NS_CAST_BYTES_PER_ELEMENT
-            self._muon_memo[key] = (w.flops, ns_s, tp_s, float(mem), w.calls)
-        return self._muon_memo[key]
-
-    def step_whole(self, buf: _Buffer, sel: np.ndarray, owner: np.ndarray) -> None:
-        """Owners step whole parameters ``buf[sel]``: Muon (NS + update) or AdamW on the full tensor."""
-        role = self.roles[buf.group]
-        vals = []
-        for i in sel.tolist():
-            t = buf.tensors[i]
-            if buf.muon[i]:
-                flops, ns_s, tp_s, mem, calls = self.muon_item(t)
-                role.names.append(buf.names[i])
-                role.calls.append(calls)
-            else:
-                flops, ns_s, tp_s, mem = 0.0, 0.0, 0.0, float(t.local_numel * adam_bytes_per_element(self.gb))
-            vals.append((buf.numel[i], flops, ns_s, tp_s, mem))
-        if not vals:
-            return
-        cols = np.array(vals, dtype=np.float64).T
-        role.add_owned(owner, *cols)
-        role.owners.append(owner[buf.muon[sel]])
-
-    def element_wise(self, buf: _Buffer, sel: np.ndarray) -> None:
-        """AdamW on equal shards of padded DDP buckets (reduce-scatter + all-gather)."""
-        if len(sel) == 0:
-            return
-        gs, role = self.grid.size(buf.group), self.roles[buf.group]
-        numel = buf.numel[sel]
-        for span in lay.ddp_buckets(numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=True):
-            per_rank = lay.shard_param_numel(span, numel, gs).astype(np.float64)
-            role.owned += per_rank
-            role.mem_bytes += per_rank * adam_bytes_per_element(self.gb)
-            self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used, "reduce_scatter", "all_gather",
-                            "element_wise")
-
-    def layer_wise_current(self, buf: _Buffer, sel: np.ndarray, strategy: str) -> None:
-        """Muon parameters in shard-aligned layer-wise buckets (reduce-scatter + equal all-gather)."""
-        if len(sel) == 0:
-            return
-        gs = self.grid.size(buf.group)
-        spans = lay.layer_wise_buckets(buf.numel[sel], buf.cost[sel], gs, self.bucket_size(buf.chunk), strategy)
-        for span in spans:
-            idx = sel[span.first:span.stop]
-            self.step_whole(buf, idx, span.owner)
-            self.add_bucket(buf, idx, span.numel, span.used, "reduce_scatter", "all_gather", "layer_wise")
-
-    def ddp(self, buf: _Buffer, gather_op: str | None) -> None:
-        """Unpadded DDP buckets of the whole buffer, all-reduced (legacy layer-wise / replicated)."""
-        gs = self.grid.size(buf.group)
-        for span in lay.ddp_buckets(buf.numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=False):
-            self.add_bucket(buf, np.arange(span.first, span.stop), span.numel, span.used, "all_reduce",
-                            gather_op, "ddp")
-
-    def finish(self, rank_work: Callable[[_StageBuilder], tuple[RankWork, ...]]) -> StageOptimizerPlan:
-        self.buckets.sort(key=lambda kb: kb[0])
-        buckets = tuple(Bucket(order=i, **kw) for i, (_, kw) in enumerate(self.buckets))
-        bucket_calls = []
-        for b in buckets:
-            phase_r = "grad_reduce"
-            bucket_calls.append(CollectiveCall(b.reduce_op, b.dp_group, b.group_size, self.grad_dtype,  # type: ignore[arg-type]
-                                               b.grad_bytes, 1, phase_r))
-            if b.gather_op:
-                bucket_calls.append(CollectiveCall(b.gather_op, b.dp_group, b.group_size, "bf16",  # type: ignore[arg-type]
-                                                   b.param_bytes, 1, "param_gather"))
-        used = sum(b.used_numel for b in buckets)
-        padding = sum(b.numel for b in buckets) / used - 1 if used else 0.0
-        roles = tuple(
-            RoleOwnership(group=r.group, size=r.size, names=tuple(r.names),  # type: ignore[arg-type]
-                          owner=np.concatenate(r.owners) if r.owners else np.zeros(0, dtype=np.int64),
-                          item_calls=tuple(r.calls))
-            for r in self.roles.values())
-        ranks = rank_work(self)
-        g = self.grid
-        proto = StageOptimizerPlan(stage=self.stage, buckets=buckets, ranks=ranks, collectives=(),
-                                   padding_overhead=padding, tp=g.tp, etp=g.etp, ep=g.ep, roles=roles,
-                                   bucket_calls=tuple(merge_calls(bucket_calls)))
-        crit = max(range(len(ranks)), key=lambda i: ranks[i].total_s) if ranks else 0
-        calls = tuple(proto.gpu_collectives(ranks[crit].rank)) if ranks else ()
-        return StageOptimizerPlan(
-            stage=self.stage, buckets=buckets, ranks=ranks, collectives=calls, padding_overhead=padding,
-            collective_times_s=tuple(self.timer.call_s(c) for c in calls), critical_rank=crit,
-            tp=g.tp, etp=g.etp, ep=g.ep, roles=roles, bucket_calls=proto.bucket_calls)
+def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings) -> StageOptimizerPlan:  # noqa: ANN001
+    tensors = inv.stage_tensors(s)
+    b = StageBuilder(s, grid, spec, timer, st)
+    buffers = [buf for c in range(inv.vpp) for buf in chunk_buffers([t for t in tensors if t.chunk == c], c, spec.kind)]
+    dist = spec.resolved_distribution
+    if dist == "element_wise":
+        for buf in buffers:
+            b.element_wise(buf, np.arange(len(buf.numel)))
+    elif dist == "replicated":
+        for buf in buffers:
+            b.ddp(buf, gather_op=None)
+            b.step_whole(buf, np.arange(len(buf.numel)), np.full(len(buf.numel), -1, dtype=np.int64))
+    elif spec.layer_wise_layout == "current":
+        strategy = spec.resolved_load_balance
+        for buf in buffers:
+            b.layer_wise_current(buf, np.flatnonzero(buf.muon), strategy)
+            b.element_wise(buf, np.flatnonzero(~buf.muon))
+    else:  # legacy: whole parameters of the whole stage assigned per dp group
+        strategy = spec.resolved_load_balance
+        for group in ("dp", "expert_dp"):
+            bufs = [buf for buf in buffers if buf.group == group]
+            if not bufs:
+                continue
+            numel = np.concatenate([buf.numel for buf in bufs])
+            cost = np.concatenate([buf.cost for buf in bufs])
+            owner = lay.whole_param_owner(numel, cost, grid.size(group), strategy)
+            at = 0
+            for buf in bufs:
+                n = len(buf.numel)
+                b.ddp(buf, gather_op="all_gather_v")
+                b.step_whole(buf, np.arange(n), owner[at:at + n])
+                at += n
+    return b.finish(rank_work)
 
 
-def _rank_work(b: _StageBuilder) -> tuple[RankWork, ...]:
-    """One RankWork per distinct (dense index, expert index) pair of the stage's GPUs."""
-    g = b.grid
-    gpu = np.arange(g.gpus_per_stage)
-    d, e = gpu // g.tp, gpu // (g.etp * g.ep)
-    keys, first, counts = np.unique(d * g.expert_dp + e, return_index=True, return_counts=True)
-    dd, ee = d[first], e[first]
-    D, E = b.roles["dp"], b.roles["expert_dp"]  # noqa: N806
-    owned = D.owned[dd] + E.owned[ee]
-    flops = D.flops[dd] + E.flops[ee]
-    ns_s = D.ns_s[dd] + E.ns_s[ee]
-    tp_s = D.tp_s[dd] + E.tp_s[ee]
-    mem_s = (D.mem_bytes[dd] + E.mem_bytes[ee]) * b.timer.s_per_byte
-    return tuple(
-        RankWork(rank=int(first[i]), owned_numel=int(owned[i]), newton_schulz_flops=float(flops[i]),
-                 newton_schulz_s=float(ns_s[i]), elementwise_s=float(mem_s[i]), tp_comm_s=float(tp_s[i]),
-                 multiplicity=int(counts[i]), dense_rank=int(dd[i]), expert_rank=int(ee[i]))
-        for i in range(len(keys)))
+def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings) -> tuple[str, ...]:  # noqa: ANN001
+    notes: list[str] = []
+    sharded_tp = grid.tp > 1 or grid.etp > 1
+    if spec.kind == "muon":
+        if spec.tp_mode == "blockwise" and sharded_tp:
+            notes.append("tp_mode blockwise orthogonalises each TP shard separately: the update is mathematically "
+                         "different from full-matrix Muon and depends on the TP size (its scale uses the local shape)")
+        if spec.use_syrk and not st.syrk:
+            notes.append("SYRK disabled: EO/MCore use it only with bf16 ('medium') Newton-Schulz matmuls")
+        if not sharded_tp:
+            notes.append("tp = etp = 1: every Newton-Schulz call is local, tp_mode has no effect")
+        if dist == "layer_wise" and spec.layer_wise_layout == "legacy":
+            notes.append("legacy layer-wise layout: gradients all-reduced, whole parameters (Muon and AdamW) owned "
+                         f"by one rank ({spec.resolved_load_balance}), updated parameters gathered with a "
+                         "variable-size all_gather_v per bucket")
+        if dist == "layer_wise" and spec.layer_wise_layout == "current" and any(
+                t.dp_group == "expert_dp" and t.optimizer == "adamw" for t in inv.tensors):
+            notes.append("expert-parallel non-Muon parameters modelled on element-wise buckets over expert_dp "
+                         "(Megatron asserts on them in the current layout; use the legacy layout)")
+    if dist == "replicated":
+        notes.append("replicated optimizer: gradients all-reduced, every rank steps every parameter")
+    if not spec.overlap_grad_reduce:
+        notes.append("overlap_grad_reduce off: one bucket per buffer and no parameter-gather overlap")
+    return tuple(notes)
+
+
+def expected_rank_collectives(inventory: Inventory, spec, grid: Grid, stage: int = 0) -> list[list[CollectiveCall]]:  # noqa: ANN001
+    """Merged collective list of every GPU of ``stage`` (stage-local Megatron rank order)."""
+    plan = plan_from_inventory(inventory, spec, grid)
+    sp = plan.stages[stage]
+    return [sp.gpu_collectives(g) for g in range(grid.gpus_per_stage)]

@@ -1,0 +1,322 @@
+"""Per-stage plan construction: buffers in backprop order, buckets, ownership and per-GPU work.
+
+Internal to :mod:`costmodel.optimizer.plan`. For one pipeline stage, each model chunk's
+parameters are walked in backprop order and split into Megatron's buffers (dense over ``dp`` =
+dp×cp, experts over ``expert_dp``); the distribution then decides buckets and who steps what:
+
+* ``element_wise`` (AdamW): padded DDP buckets, reduce-scatter, Adam on each rank's equal shard,
+  all-gather of bf16 parameters;
+* ``layer_wise`` ``current``: Muon parameters in shard-aligned layer-wise buckets (whole
+  parameters per rank, balanced by ``load_balance``), reduce-scatter, NS on owned matrices, equal
+  all-gather; non-Muon parameters in separate element-wise buckets;
+* ``layer_wise`` ``legacy``: unpadded DDP buckets all-reduced; every parameter (Muon and AdamW)
+  owned whole by one rank (ping-pong by numel over the stage by default); ``all_gather_v`` per
+  bucket of the updated parameters;
+* ``replicated``: unpadded DDP buckets all-reduced; every rank steps everything.
+
+Per-rank values are numpy arrays over a role's dp indices; a GPU's load is its dense-role work plus
+its expert-role work (see :mod:`costmodel.optimizer.plan_types`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from costmodel.optimizer import layouts as lay
+from costmodel.optimizer.elementwise import (
+    NS_CAST_BYTES_PER_ELEMENT,
+    PARAM_BYTES,
+    adam_bytes_per_element,
+    muon_bytes_per_element,
+)
+from costmodel.optimizer.newton_schulz import (
+    NsSettings,
+    NsWork,
+    ns_time_s,
+    tensor_ns_work,
+    tp_comm_time_s,
+)
+from costmodel.optimizer.plan_types import (
+    Bucket,
+    RankWork,
+    RoleOwnership,
+    StageOptimizerPlan,
+)
+from topologies.groups import GroupShape
+from topologies.hardware import SystemSpec
+from workloads.comm import CollectiveCall, merge_calls
+from workloads.flops import newton_schulz_cost_proxy
+from workloads.inventory import TensorSpec
+
+GROUPS = ("dp", "expert_dp")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Group sizes of one pipeline stage: ``dp`` is the dense data-parallel group (dp×cp)."""
+
+    dp: int
+    expert_dp: int
+    tp: int = 1
+    etp: int = 1
+    ep: int = 1
+
+    @property
+    def gpus_per_stage(self) -> int:
+        return self.tp * self.dp
+
+    def size(self, group: str) -> int:
+        return self.dp if group == "dp" else self.expert_dp
+
+
+class Timer:
+    """Seconds of NS work and collectives on a system (zero without one); memoised per plan."""
+
+    def __init__(self, system: SystemSpec | None, precision: str,
+                 shape_of: Callable[[str], GroupShape] | None) -> None:
+        self.system, self.precision, self.shape_of = system, precision, shape_of
+        self._ns: dict[NsWork, tuple[float, float]] = {}
+        self._calls: dict[CollectiveCall, float] = {}
+        self.s_per_byte = 0.0
+        if system is not None:
+            from costmodel.compute import memory_time_s
+
+            self.s_per_byte = memory_time_s(1e9, system) / 1e9
+
+    def call_s(self, call: CollectiveCall) -> float:
+        """Seconds of one ``call`` (nccl-tests size) over its group's placement shape."""
+        if self.system is None or call.group_size <= 1:
+            return 0.0
+        key = CollectiveCall(call.op, call.group, call.group_size, call.dtype, call.bytes)
+        if key not in self._calls:
+            from topologies.collectives import collective_time_s
+
+            shape = self.shape_of(call.group) if self.shape_of else GroupShape.single_domain(call.group_size)
+            self._calls[key] = collective_time_s(call.op, call.bytes, shape, self.system)
+        return self._calls[key]
+
+    def ns(self, work: NsWork) -> tuple[float, float]:
+        """(NS GEMM seconds, TP collective seconds) of ``work``."""
+        if work not in self._ns:
+            if self.system is None:
+                self._ns[work] = (0.0, 0.0)
+            else:
+                self._ns[work] = (ns_time_s(work, self.system, self.precision), tp_comm_time_s(work, self.call_s))
+        return self._ns[work]
+
+
+@dataclass
+class _Role:
+    """Accumulated per-rank work of one dp role of one stage."""
+
+    group: str
+    size: int
+    owned: np.ndarray = field(init=False)
+    flops: np.ndarray = field(init=False)
+    ns_s: np.ndarray = field(init=False)
+    tp_s: np.ndarray = field(init=False)
+    mem_bytes: np.ndarray = field(init=False)
+    names: list[str] = field(default_factory=list)
+    owners: list[np.ndarray] = field(default_factory=list)
+    calls: list[tuple[CollectiveCall, ...]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        z = np.zeros(self.size)
+        self.owned, self.flops, self.ns_s, self.tp_s, self.mem_bytes = z.copy(), z.copy(), z.copy(), z.copy(), z.copy()
+
+    def add_owned(self, owner: np.ndarray, numel, flops, ns_s, tp_s, mem_bytes) -> None:  # noqa: ANN001
+        """Add per-item values to their owners (owner -1 = every rank)."""
+        everyone = owner < 0
+        for arr, vals in ((self.owned, numel), (self.flops, flops), (self.ns_s, ns_s), (self.tp_s, tp_s),
+                          (self.mem_bytes, mem_bytes)):
+            vals = np.asarray(vals, dtype=np.float64)
+            if (~everyone).any():
+                arr += np.bincount(owner[~everyone], weights=vals[~everyone], minlength=self.size)
+            if everyone.any():
+                arr += vals[everyone].sum()
+
+
+@dataclass(frozen=True, eq=False)
+class _Buffer:
+    """Parameters of one buffer (stage, chunk, dp group) in backprop order."""
+
+    chunk: int
+    group: str
+    tensors: list[TensorSpec]
+    names: list[str]
+    numel: np.ndarray
+    cost: np.ndarray
+    muon: np.ndarray
+    position: np.ndarray  # index in the chunk's backprop order (bucket readiness)
+
+
+def _cost(t: TensorSpec) -> int:
+    shape = t.local_shape
+    return newton_schulz_cost_proxy(*shape) if len(shape) == 2 else t.local_numel
+
+
+def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str) -> list[_Buffer]:
+    """Split one chunk's tensors (definition order) into dense and expert buffers, backprop order."""
+    rows: dict[str, list[tuple[TensorSpec, str, int]]] = {g: [] for g in GROUPS}
+    pos = 0
+    for t in reversed(tensors):
+        if t.optimizer == "none":
+            continue
+        for k in reversed(range(t.experts_per_rank)):
+            rows[t.dp_group].append((t, f"{t.name}{k}" if t.num_experts > 1 else t.name, pos))
+            pos += 1
+    out = []
+    for g in GROUPS:
+        items = rows[g]
+        if not items:
+            continue
+        ts = [t for t, _, _ in items]
+        out.append(_Buffer(
+            chunk=chunk, group=g, tensors=ts, names=[n for _, n, _ in items],
+            numel=np.array([t.local_numel for t in ts], dtype=np.int64),
+            cost=np.array([_cost(t) for t in ts], dtype=np.float64),
+            muon=np.array([kind == "muon" and t.optimizer == "muon" for t in ts], dtype=bool),
+            position=np.array([p for _, _, p in items], dtype=np.int64),
+        ))
+    return out
+
+
+class StageBuilder:
+    """Accumulates buckets and per-rank work of one stage."""
+
+    def __init__(self, stage: int, grid: Grid, spec, timer: Timer, st: NsSettings) -> None:  # noqa: ANN001
+        self.stage, self.grid, self.spec, self.timer, self.st = stage, grid, spec, timer, st
+        self.roles = {g: _Role(g, grid.size(g)) for g in GROUPS}
+        self.buckets: list[tuple[tuple[int, int], dict]] = []  # (sort key, Bucket kwargs)
+        self.gb = spec.grad_bytes
+        self.grad_dtype = "fp32" if self.gb == 4 else "bf16"
+        self._muon_memo: dict[int, tuple[float, float, float, float, tuple[CollectiveCall, ...]]] = {}
+
+    def bucket_size(self, chunk: int) -> int | None:
+        """Elements per bucket; None (one bucket) for pp ranks > 0, chunks > 0, or no overlap."""
+        if not self.spec.overlap_grad_reduce or self.stage > 0 or chunk > 0:
+            return None
+        return self.spec.bucket_size_elements or lay.default_bucket_size(self.grid.dp)
+
+    def add_bucket(self, buf: _Buffer, idx: np.ndarray, numel: int, used: int, reduce_op: str,
+                   gather_op: str | None, kind: str) -> None:
+        ready = int(buf.position[idx].max())
+        gs = self.grid.size(buf.group)
+        gather_bytes = (used if gather_op == "all_gather_v" else numel) * PARAM_BYTES
+        self.buckets.append(((-buf.chunk, ready), dict(
+            stage=self.stage, chunk=buf.chunk, dp_group=buf.group, group_size=gs, numel=numel,
+            grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * PARAM_BYTES,
+            reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind)))
+
+    def muon_item(self, t: TensorSpec) -> tuple[float, float, float, float, tuple[CollectiveCall, ...]]:
+        """(NS FLOPs, NS s, TP comm s, HBM bytes, TP calls) of stepping one copy of ``t``."""
+        key = id(t)
+        if key not in self._muon_memo:
+            w = tensor_ns_work(t, self.st)
+            ns_s, tp_s = self.timer.ns(w)
+            mem = t.local_numel * muon_bytes_per_element(self.gb) + w.matrix_numel * NS_CAST_BYTES_PER_ELEMENT
+            self._muon_memo[key] = (w.flops, ns_s, tp_s, float(mem), w.calls)
+        return self._muon_memo[key]
+
+    def step_whole(self, buf: _Buffer, sel: np.ndarray, owner: np.ndarray) -> None:
+        """Owners step whole parameters ``buf[sel]``: Muon (NS + update) or AdamW on the full tensor."""
+        role = self.roles[buf.group]
+        vals = []
+        for i in sel.tolist():
+            t = buf.tensors[i]
+            if buf.muon[i]:
+                flops, ns_s, tp_s, mem, calls = self.muon_item(t)
+                role.names.append(buf.names[i])
+                role.calls.append(calls)
+            else:
+                flops, ns_s, tp_s, mem = 0.0, 0.0, 0.0, float(t.local_numel * adam_bytes_per_element(self.gb))
+            vals.append((buf.numel[i], flops, ns_s, tp_s, mem))
+        if not vals:
+            return
+        cols = np.array(vals, dtype=np.float64).T
+        role.add_owned(owner, *cols)
+        role.owners.append(owner[buf.muon[sel]])
+
+    def element_wise(self, buf: _Buffer, sel: np.ndarray) -> None:
+        """AdamW on equal shards of padded DDP buckets (reduce-scatter + all-gather)."""
+        if len(sel) == 0:
+            return
+        gs, role = self.grid.size(buf.group), self.roles[buf.group]
+        numel = buf.numel[sel]
+        for span in lay.ddp_buckets(numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=True):
+            per_rank = lay.shard_param_numel(span, numel, gs).astype(np.float64)
+            role.owned += per_rank
+            role.mem_bytes += per_rank * adam_bytes_per_element(self.gb)
+            self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used, "reduce_scatter", "all_gather",
+                            "element_wise")
+
+    def layer_wise_current(self, buf: _Buffer, sel: np.ndarray, strategy: str) -> None:
+        """Muon parameters in shard-aligned layer-wise buckets (reduce-scatter + equal all-gather)."""
+        if len(sel) == 0:
+            return
+        gs = self.grid.size(buf.group)
+        spans = lay.layer_wise_buckets(buf.numel[sel], buf.cost[sel], gs, self.bucket_size(buf.chunk), strategy)
+        for span in spans:
+            idx = sel[span.first:span.stop]
+            self.step_whole(buf, idx, span.owner)
+            self.add_bucket(buf, idx, span.numel, span.used, "reduce_scatter", "all_gather", "layer_wise")
+
+    def ddp(self, buf: _Buffer, gather_op: str | None) -> None:
+        """Unpadded DDP buckets of the whole buffer, all-reduced (legacy layer-wise / replicated)."""
+        gs = self.grid.size(buf.group)
+        for span in lay.ddp_buckets(buf.numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=False):
+            self.add_bucket(buf, np.arange(span.first, span.stop), span.numel, span.used, "all_reduce",
+                            gather_op, "ddp")
+
+    def finish(self, rank_work: Callable[[StageBuilder], tuple[RankWork, ...]]) -> StageOptimizerPlan:
+        self.buckets.sort(key=lambda kb: kb[0])
+        buckets = tuple(Bucket(order=i, **kw) for i, (_, kw) in enumerate(self.buckets))
+        bucket_calls = []
+        for b in buckets:
+            phase_r = "grad_reduce"
+            bucket_calls.append(CollectiveCall(b.reduce_op, b.dp_group, b.group_size, self.grad_dtype,  # type: ignore[arg-type]
+                                               b.grad_bytes, 1, phase_r))
+            if b.gather_op:
+                bucket_calls.append(CollectiveCall(b.gather_op, b.dp_group, b.group_size, "bf16",  # type: ignore[arg-type]
+                                                   b.param_bytes, 1, "param_gather"))
+        used = sum(b.used_numel for b in buckets)
+        padding = sum(b.numel for b in buckets) / used - 1 if used else 0.0
+        roles = tuple(
+            RoleOwnership(group=r.group, size=r.size, names=tuple(r.names),  # type: ignore[arg-type]
+                          owner=np.concatenate(r.owners) if r.owners else np.zeros(0, dtype=np.int64),
+                          item_calls=tuple(r.calls))
+            for r in self.roles.values())
+        ranks = rank_work(self)
+        g = self.grid
+        proto = StageOptimizerPlan(stage=self.stage, buckets=buckets, ranks=ranks, collectives=(),
+                                   padding_overhead=padding, tp=g.tp, etp=g.etp, ep=g.ep, roles=roles,
+                                   bucket_calls=tuple(merge_calls(bucket_calls)))
+        crit = max(range(len(ranks)), key=lambda i: ranks[i].total_s) if ranks else 0
+        calls = tuple(proto.gpu_collectives(ranks[crit].rank)) if ranks else ()
+        return StageOptimizerPlan(
+            stage=self.stage, buckets=buckets, ranks=ranks, collectives=calls, padding_overhead=padding,
+            collective_times_s=tuple(self.timer.call_s(c) for c in calls), critical_rank=crit,
+            tp=g.tp, etp=g.etp, ep=g.ep, roles=roles, bucket_calls=proto.bucket_calls)
+
+
+def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
+    """One RankWork per distinct (dense index, expert index) pair of the stage's GPUs."""
+    g = b.grid
+    gpu = np.arange(g.gpus_per_stage)
+    d, e = gpu // g.tp, gpu // (g.etp * g.ep)
+    keys, first, counts = np.unique(d * g.expert_dp + e, return_index=True, return_counts=True)
+    dd, ee = d[first], e[first]
+    D, E = b.roles["dp"], b.roles["expert_dp"]  # noqa: N806
+    owned = D.owned[dd] + E.owned[ee]
+    flops = D.flops[dd] + E.flops[ee]
+    ns_s = D.ns_s[dd] + E.ns_s[ee]
+    tp_s = D.tp_s[dd] + E.tp_s[ee]
+    mem_s = (D.mem_bytes[dd] + E.mem_bytes[ee]) * b.timer.s_per_byte
+    return tuple(
+        RankWork(rank=int(first[i]), owned_numel=int(owned[i]), newton_schulz_flops=float(flops[i]),
+                 newton_schulz_s=float(ns_s[i]), elementwise_s=float(mem_s[i]), tp_comm_s=float(tp_s[i]),
+                 multiplicity=int(counts[i]), dense_rank=int(dd[i]), expert_rank=int(ee[i]))
+        for i in range(len(keys)))

@@ -1,0 +1,54 @@
+"""The StepReport's optimizer section from an :class:`OptimizerPlan` (what ``--json`` shows).
+
+Per-rank statistics, imbalance and the time lost to it are taken over the GPUs of the critical
+stage (the stage whose slowest GPU finishes the optimizer step last: it sets the step time).
+Newton–Schulz FLOPs are over every GPU of the job (``total``) and per GPU (``per_rank_max``,
+``per_rank_mean``). ``collectives`` is the list one GPU issues per step: the critical GPU's.
+"""
+
+from __future__ import annotations
+
+from costmodel.optimizer.plan_types import OptimizerPlan, StageOptimizerPlan
+from costmodel.report import CollectiveOut, OptimizerReport, Stats
+
+
+def per_rank_loads_s(stage: StageOptimizerPlan) -> list[tuple[int, float, int]]:
+    """(first GPU, optimizer seconds, multiplicity) of each rank class of ``stage``."""
+    return [(r.rank, r.total_s, r.multiplicity) for r in stage.ranks]
+
+
+def imbalance_of(stage: StageOptimizerPlan) -> float:
+    """max / mean per-GPU optimizer time of a stage (1.0 when empty or idle)."""
+    mean = stage.mean_rank_s
+    return stage.max_rank_s / mean if mean > 0 else 1.0
+
+
+def optimizer_report(plan: OptimizerPlan, exposed_s: float, hidden_s: float) -> OptimizerReport:
+    """Fill :class:`costmodel.report.OptimizerReport` from ``plan`` and the engine's exposed/hidden seconds."""
+    crit = plan.critical_stage
+    loads = [r.total_s for r in crit.ranks] or [0.0]
+    mean = crit.mean_rank_s
+    gpus = sum(s.gpus for s in plan.stages)
+    flops_total = sum(r.newton_schulz_flops * r.multiplicity for s in plan.stages for r in s.ranks)
+    flops_max = max((r.newton_schulz_flops for s in plan.stages for r in s.ranks), default=0.0)
+    used = sum(b.used_numel for s in plan.stages for b in s.buckets)
+    padded = sum(b.numel for s in plan.stages for b in s.buckets)
+    collectives = [
+        CollectiveOut(op=c.op, group=c.group, group_size=c.group_size, dtype=c.dtype, bytes=c.bytes, count=c.count,
+                      phase=c.phase, time_s=t)
+        for c, t in zip(crit.collectives, crit.collective_times_s or [None] * len(crit.collectives), strict=True)
+    ]
+    notes = list(plan.notes)
+    if len(plan.stages) > 1:
+        notes.append(f"per-rank statistics over the {crit.gpus} GPUs of pipeline stage {crit.stage} (the critical stage)")
+    return OptimizerReport(
+        kind=plan.kind, distribution=plan.distribution, layout=plan.layout, tp_mode=plan.tp_mode,
+        load_balance=plan.load_balance,
+        per_rank_compute_s=Stats(min=min(loads), mean=mean, max=max(loads)),
+        imbalance=imbalance_of(crit), imbalance_lost_s=max(loads) - mean,
+        exposed_s=exposed_s, hidden_s=hidden_s,
+        newton_schulz_flops={"total": flops_total, "per_rank_max": flops_max,
+                             "per_rank_mean": flops_total / gpus if gpus else 0.0},
+        padding_overhead_pct=100.0 * (padded / used - 1) if used else 0.0,
+        collectives=collectives, notes=notes,
+    )
