@@ -27,6 +27,7 @@ TpMode = Literal["duplicated", "distributed", "blockwise"]
 LoadBalance = Literal["none", "ping_pong", "lpt"]
 MatmulPrecision = Literal["bf16", "tf32", "fp32"]
 Recompute = Literal["none", "selective", "full"]
+RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts"]
 CoefficientSet = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4", "cubic5", "custom"]
 
 
@@ -49,7 +50,7 @@ class Parallelism(_Strict):
     seq_length: int = Field(gt=0, description="tokens per sequence")
     sequence_parallel: bool | None = Field(None, description="default: on when tp > 1")
     recompute: Recompute = "none"
-    recompute_modules: tuple[str, ...] = Field(default=("core_attn",), description="modules for selective recompute")
+    recompute_modules: tuple[RecomputeModule, ...] = Field(default=("core_attn",), description="modules for selective recompute (Megatron-Core names)")
     pipeline_split: PipelineSplit = "auto"
 
     @property

@@ -1,0 +1,200 @@
+"""Activation memory: bytes stored for the backward pass, per layer and per pipeline stage.
+
+The method is Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"
+(MLSys 2023, arXiv:2205.05198), §4: list every tensor a layer saves for its backward pass, in
+bytes per token, and divide by the parallelism that shards it. Their GPT layer stores
+``s·b·h·(34 + 5·a·s/h)`` bytes (§4.1); with tensor + sequence parallelism everything is divided by
+``t`` (§4.2.2, eq. 2); selective recompute drops the core-attention terms ``5·a·s²·b`` (§5,
+eq. 5: ``34·s·b·h/t``); full recompute keeps only the layer input ``2·s·b·h/t`` (§5).
+
+muonsim adapts the same bookkeeping to the models it ships (all SwiGLU + RMSNorm, no dropout):
+
+- **no dropout** (the catalogue models train with dropout 0), so the mask terms vanish;
+- **flash attention** (Transformer Engine fused attention, always used by Megatron-Core on
+  Hopper/Blackwell): the ``a·s²`` softmax terms are replaced by the saved Q, K, V, the output O
+  and the fp32 log-sum-exp (``4·a`` bytes per token);
+- **GQA**: K and V have ``n_kv·d`` rows instead of ``h``; **MLA**: the latent projections and their
+  norms (replicated over tp, so not divided by ``t``), then the up-projected Q, K, V per head;
+- **SwiGLU**: fc1 output ``2F`` (gate and up) saved by the activation, its output ``F`` saved by fc2;
+- **MoE**: router scores (fp32, ``E`` per token), then every token is processed by top-k experts, so
+  the expert terms scale with ``k`` (dropless routing, average load: imbalance is not modelled);
+  ``etp`` duplicates expert inputs over the expert-tensor group and shards the ffn dim; the routing
+  probabilities are applied inside the expert activation (Megatron-Core passes ``permuted_probs``
+  to the grouped MLP's weighted SwiGLU), so their gradient needs no extra saved tensor;
+- **precision**: GEMM inputs are saved by Transformer Engine in the GEMM's input format (bf16: 2 B,
+  FP8 with per-tensor scale: 1 B, MXFP8: 1 B + an E8M0 scale per 32, NVFP4: ½ B + an E4M3 scale per
+  16); other saved tensors stay bf16 (RMSNorm inputs, SwiGLU inputs, flash-attention tensors).
+
+Megatron's recompute options are honoured: ``none``, ``full`` (uniform, one layer per checkpoint:
+only the layer input is kept, plus one layer's activations while it is being recomputed) and
+``selective`` with ``recompute_modules`` (Megatron-Core names: core_attn, layernorm, mla_up_proj,
+mlp, moe_act, moe, shared_experts). Each saved tensor carries the modules whose recompute frees it.
+
+Micro-batches in flight (the peak is on the first pipeline stage, Korthikanti §4.2.3): 1F1B keeps
+``pp - stage`` micro-batches; Megatron's interleaved schedule runs ``(pp - stage - 1)·2 +
+(vpp - 1)·pp`` warm-up forwards plus one, each holding one virtual chunk, which gives the paper's
+``L·(1 + (pp-1)/(pp·vpp))`` layer-activations on stage 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topologies.hardware import Precision
+from workloads.models import GqaAttention, MlaAttention, ModelSpec
+
+ACT_BYTES = 2  # bf16 activations
+FP32_BYTES = 4
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
+
+_GEMM_INPUT_BYTES = {
+    Precision.BF16: 2.0,
+    Precision.FP8_CS: 1.0,
+    Precision.MXFP8: 1.0 + 1.0 / 32,
+    Precision.NVFP4: 0.5 + 1.0 / 16,
+}
+
+
+def gemm_input_bytes_per_element(precision: Precision | str) -> float:
+    """Bytes per element of a GEMM input saved for the weight-gradient GEMM, in bytes."""
+    return _GEMM_INPUT_BYTES[Precision(precision)]
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """The parallel context of one layer's activations on one rank."""
+
+    tokens: int  # tokens per micro-batch on one context-parallel rank: s·b/cp
+    tp: int
+    sequence_parallel: bool
+    etp: int
+    precision: Precision
+
+
+@dataclass(frozen=True)
+class ActivationTerm:
+    """One saved tensor of one layer for one micro-batch on one rank, in bytes."""
+
+    name: str
+    size_bytes: float
+    freed_by: frozenset[str]  # selective-recompute modules that free it
+
+    def kept(self, modules: frozenset[str]) -> bool:
+        """Whether the tensor stays resident under selective recompute of ``modules``."""
+        return not (self.freed_by & modules)
+
+
+def layer_activation_terms(model: ModelSpec, moe_layer: bool, shape: LayerShape) -> list[ActivationTerm]:
+    """Every tensor one transformer layer saves for backward, per micro-batch on one rank (bytes).
+
+    Tensors in the tensor-parallel region (per-head, per-ffn-column) are divided by tp; tensors of
+    hidden width are divided by tp only with sequence parallelism; MLA latents are replicated.
+    """
+    h, t = model.hidden_size, shape.tp
+    n = float(shape.tokens)
+    sp = t if shape.sequence_parallel else 1  # divisor of hidden-width tensors
+    g = gemm_input_bytes_per_element(shape.precision)
+    lowp = shape.precision != Precision.BF16
+    terms: list[ActivationTerm] = []
+
+    def add(name: str, size_bytes: float, *freed_by: str) -> None:
+        terms.append(ActivationTerm(name, size_bytes, frozenset(freed_by)))
+
+    # --- attention block ---
+    att = model.attention
+    add("attn_norm_input", n * h * ACT_BYTES / sp)
+    add("attn_norm_output", n * h * g / sp, "layernorm")
+    if isinstance(att, GqaAttention):
+        heads, kv, d = att.num_heads, att.num_kv_heads, att.head_dim
+        add("qkv", n * (heads + 2 * kv) * d * ACT_BYTES / t)
+        if att.qk_norm:
+            add("qk_norm_input", n * (heads + kv) * d * ACT_BYTES / t)
+        o_width = heads * d
+    else:
+        assert isinstance(att, MlaAttention)
+        heads, dq = att.num_heads, att.qk_head_dim + att.qk_pos_emb_head_dim
+        if att.q_lora_rank:
+            add("q_latent", n * att.q_lora_rank * ACT_BYTES)
+            add("q_latent_norm_output", n * att.q_lora_rank * g, "mla_up_proj")
+        add("kv_latent", n * (att.kv_lora_rank + att.qk_pos_emb_head_dim) * ACT_BYTES)
+        add("kv_latent_norm_output", n * att.kv_lora_rank * g, "mla_up_proj")
+        add("qkv", n * heads * (2 * dq + att.v_head_dim) * ACT_BYTES / t, "mla_up_proj")
+        o_width = heads * att.v_head_dim
+    add("attn_output", n * o_width * ACT_BYTES / t)  # flash attention keeps O; bf16 proj shares it
+    add("attn_softmax_lse", n * heads * FP32_BYTES / t, "core_attn")
+    if lowp:
+        add("proj_input_quantized", n * o_width * g / t)
+    # --- MLP block ---
+    add("mlp_norm_input", n * h * ACT_BYTES / sp)
+    add("mlp_norm_output", n * h * g / sp, "layernorm")
+    if not moe_layer:
+        f = model.ffn_hidden_size
+        add("fc1_output", n * 2 * f * ACT_BYTES / t, "mlp")
+        add("swiglu_output", n * f * g / t, "mlp")
+        return terms
+    spec = model.moe
+    assert spec is not None
+    # MoE with tp > 1 requires sequence parallelism in Megatron, so routed tokens are always /t
+    routed = n * spec.topk / t
+    fe = spec.expert_ffn_hidden_size
+    add("router_scores", n * spec.num_experts * FP32_BYTES / t, "moe")
+    add("expert_fc1_input", routed * shape.etp * h * g, "moe")
+    add("expert_fc1_output", routed * 2 * fe * ACT_BYTES, "moe")
+    add("expert_swiglu_output", routed * fe * g, "moe", "moe_act")
+    if spec.shared_expert_ffn_hidden_size:
+        fs = spec.shared_expert_ffn_hidden_size
+        add("shared_fc1_output", n * 2 * fs * ACT_BYTES / t, "moe", "shared_experts")
+        add("shared_swiglu_output", n * fs * g / t, "moe", "shared_experts")
+    return terms
+
+
+def layer_activation_bytes(
+    model: ModelSpec, moe_layer: bool, shape: LayerShape, recompute: str = "none",
+    recompute_modules: tuple[str, ...] = ("core_attn",),
+) -> float:
+    """Bytes one layer keeps resident for one micro-batch on one rank under ``recompute``.
+
+    ``full``: only the layer input (``2·s·b·h/t`` with sequence parallelism, Korthikanti §5).
+    """
+    terms = layer_activation_terms(model, moe_layer, shape)
+    if recompute == "full":
+        return terms[0].size_bytes  # the layer input (attention norm input)
+    modules = frozenset(recompute_modules) if recompute == "selective" else frozenset()
+    return sum(x.size_bytes for x in terms if x.kept(modules))
+
+
+def output_activation_bytes(model: ModelSpec, shape: LayerShape) -> float:
+    """Last-stage extras per micro-batch, in bytes: final norm input, output-layer input, and the
+    fp32 softmax of the vocabulary-parallel cross entropy (``4·V_pad/t`` per token), once per
+    prediction head (main output plus one per MTP layer)."""
+    h, t = model.hidden_size, shape.tp
+    n = float(shape.tokens)
+    sp = t if shape.sequence_parallel else 1
+    g = gemm_input_bytes_per_element(shape.precision)
+    heads = 1 + model.mtp_layers
+    vocab = model.padded_vocab_size(t)
+    per_head = n * h * (ACT_BYTES + g) / sp + n * vocab * FP32_BYTES / t
+    mtp_inputs = model.mtp_layers * n * 2 * h * (ACT_BYTES + g) / sp  # enorm/hnorm inputs, eh_proj input
+    return heads * per_head + mtp_inputs
+
+
+def inflight_chunk_microbatches(pp: int, vpp: int, stage: int, num_microbatches: int) -> list[int]:
+    """Micro-batches whose activations stage ``stage`` holds at its peak, per virtual chunk.
+
+    1F1B: ``min(pp - stage, m)`` of chunk 0. Interleaved (Megatron ``forward_backward_pipelining_
+    with_interleaving``): the warm-up forwards ``(pp - stage - 1)·2 + (vpp - 1)·pp`` plus the first
+    steady-state forward, capped at ``m·vpp`` (all warm-up when ``m == pp``); forward ``k`` runs
+    chunk ``(k mod pp·vpp) // pp``. Counting the warm-up forwards is exact for equal chunks and a
+    close estimate when chunks hold different layer counts.
+    """
+    if vpp == 1:
+        return [min(pp - stage, num_microbatches)]
+    total = num_microbatches * vpp
+    if num_microbatches == pp:
+        inflight = total
+    else:
+        inflight = min((pp - stage - 1) * 2 + (vpp - 1) * pp + 1, total)
+    counts = [0] * vpp
+    for k in range(inflight):
+        counts[(k % (pp * vpp)) // pp] += 1
+    return counts
