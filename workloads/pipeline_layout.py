@@ -22,12 +22,17 @@ def virtual_stage_layer_counts(num_layers: int, pp: int, vpp: int, split: Pipeli
     """Layers per virtual stage, indexed ``chunk * pp + stage`` (length pp*vpp).
 
     ``even`` requires pp*vpp to divide the layers; ``auto`` uses even when possible, errors when the
-    layers divide over pp but not over vpp, and otherwise falls back to ``balanced``.
+    layers divide over pp but not over vpp, and otherwise falls back to ``balanced``, which may leave
+    the first and last virtual stages without transformer layers when pp*vpp exceeds the layers.
     """
     stages = pp * vpp
-    if stages > num_layers:
+    # like Megatron's account_for_embedding/loss_in_pipeline_split, the embedding and the loss may
+    # each fill a virtual stage of their own (Llama 3.1 405B: 126 layers on pp 16 x vpp 8)
+    limit = num_layers if split == "even" else num_layers + 2
+    if stages > limit:
+        extra = "" if split == "even" else " + 2 (embedding and loss)"
         raise UserInputError(
-            f"pp·vpp = {stages} virtual pipeline stages exceed the model's {num_layers} layers; use a smaller pp or vpp"
+            f"pp·vpp = {stages} virtual pipeline stages exceed the model's {num_layers} layers{extra}; use a smaller pp or vpp"
         )
     if num_layers % stages == 0 and split in ("auto", "even"):
         return [num_layers // stages] * stages
