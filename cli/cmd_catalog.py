@@ -1,4 +1,5 @@
-"""``muonsim catalog``, ``describe`` and ``inventory``: what the catalogues hold and how a model splits."""
+"""``muonsim catalog``, ``describe`` and ``inventory``: what the catalogues hold, how a model splits
+over ranks, and the memory per GPU of each pipeline stage by component."""
 
 from __future__ import annotations
 
@@ -57,8 +58,8 @@ def catalog(json_out: Annotated[bool, typer.Option("--json", help="machine-reada
 @user_errors
 def describe(
     model: Annotated[str, typer.Argument(help="catalogue name or model YAML file")],
-    seq: Annotated[int, typer.Option("--seq", min=1, help="sequence length for attention FLOPs (tokens)")] = 4096,
-    tp: Annotated[int, typer.Option("--tp", min=1, help="tensor parallel size (pads the vocabulary)")] = 1,
+    seq_flag: Annotated[str, typer.Option("--seq", metavar="INT", help="sequence length for attention FLOPs (tokens)")] = "4096",
+    tp_flag: Annotated[str, typer.Option("--tp", metavar="INT", help="tensor parallel size (pads the vocabulary)")] = "1",
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Parameters (total, active) and model FLOPs per token of a model."""
@@ -66,6 +67,7 @@ def describe(
     from workloads.inventory import active_params, build_inventory
     from workloads.models import load_model
 
+    seq, tp = _count_flag("--seq", seq_flag), _count_flag("--tp", tp_flag)
     spec = load_model(model)
     inv = build_inventory(spec)
     terms = model_flop_terms(spec, seq, tp)
@@ -96,20 +98,40 @@ def describe(
     Console().print(t)
 
 
+def _count_flag(flag: str, value: str, minimum: int = 1) -> int:
+    """Parse an integer flag; a one-line UserInputError (exit 2) unless it is an integer >= minimum."""
+    from topologies.inputs import UserInputError
+
+    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+    try:
+        number = int(value)
+    except ValueError:
+        raise UserInputError(f"{flag} must be {what} (got {value!r})") from None
+    if number < minimum:
+        raise UserInputError(f"{flag} must be {what} (got {number})")
+    return number
+
+
 @user_errors
 @with_scenario_flags
 def inventory(
     scenario_file: Annotated[Path | None, typer.Argument(help="scenario YAML (default: built-in scenario)")] = None,
     per_tensor: Annotated[bool, typer.Option("--tensors", help="list every tensor of the chosen stage")] = False,
-    stage: Annotated[int, typer.Option("--stage", min=0, help="pipeline stage for --tensors")] = 0,
+    stage_flag: Annotated[str, typer.Option("--stage", metavar="INT", help="pipeline stage for --tensors")] = "0",
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     *, scenario_flags: dict[str, str],
 ) -> None:
     """The tensor inventory of a scenario: per pipeline stage and per rank."""
+    from topologies.inputs import UserInputError
     from workloads.inventory import inventory_for
+    from workloads.memory import memory_by_stage
 
     sc = resolve_scenario(scenario_file, scenario_flags)
+    stage = _count_flag("--stage", stage_flag, minimum=0)
+    if stage >= sc.par.pp:
+        raise UserInputError(f"--stage {stage} is not a pipeline stage; valid: 0..{sc.par.pp - 1}")
     inv = inventory_for(sc)
+    memory = memory_by_stage(sc)
     stages = []
     for s in range(sc.par.pp):
         ts = inv.stage_tensors(s)
@@ -121,6 +143,7 @@ def inventory(
             "adamw_params_per_rank": sum(t.rank_numel for t in ts if t.optimizer == "adamw"),
             "expert_params_per_rank": sum(t.rank_numel for t in ts if t.is_expert),
             "muon_matrices_per_rank": sum(len(t.muon_components) * t.experts_per_rank for t in ts if t.optimizer == "muon"),
+            "memory_per_gpu_bytes": memory[s].components_bytes | {"total": memory[s].total_bytes},
         })
     tensors = []
     if per_tensor or json_out:
@@ -151,6 +174,16 @@ def inventory(
                   f"{s['expert_params_per_rank'] / 1e9:.3f} B", str(s["muon_matrices_per_rank"]))
     console = Console()
     console.print(t)
+    mt = Table(title=f"memory per GPU, GB (capacity {sc.system.gpu.hbm_bytes / 1e9:.0f} GB; "
+                     f"recompute {sc.par.recompute})")
+    names = list(memory[0].components_bytes)
+    for col in ("stage", *(n.replace("_", " ") for n in names), "total", "fits"):
+        mt.add_column(col, justify="right")
+    for m in memory:
+        parts = m.components_bytes
+        mt.add_row(str(m.stage), *(f"{parts[n] / 1e9:.2f}" for n in names), f"{m.total_bytes / 1e9:.2f}",
+                   "yes" if m.fits() else "NO")
+    console.print(mt)
     if per_tensor:
         tt = Table(title=f"stage {stage} tensors")
         for col in ("name", "global shape", "local shape", "shard", "dp group", "optimizer", "copies/rank"):
