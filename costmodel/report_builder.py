@@ -40,24 +40,11 @@ def memory_report(scenario: Scenario) -> tuple[MemoryReport | None, list[str]]:
                         capacity_bytes=capacity, fits=fits), []
 
 
-def optimizer_section(plan: OptimizerPlan, exposed_s: float, hidden_s: float) -> OptimizerReport | None:
-    """The optimizer report from the optimizer models (a minimal one for the fallback plan)."""
-    try:
-        from costmodel.optimizer.plan import optimizer_report
-    except ImportError:
-        optimizer_report = None
-    if optimizer_report is not None:
-        return optimizer_report(plan, exposed_s, hidden_s)
-    from costmodel.report import Stats
+def optimizer_section(plan: OptimizerPlan, exposed_s: float, hidden_s: float) -> OptimizerReport:
+    """The optimizer report of the optimizer models (``exposed_s`` / ``hidden_s`` in seconds)."""
+    from costmodel.optimizer.plan import optimizer_report
 
-    loads = [r.total_s for st in plan.stages for r in st.ranks] or [0.0]
-    mean = sum(loads) / len(loads)
-    return OptimizerReport(
-        kind=plan.kind, distribution=plan.distribution, layout=plan.layout, tp_mode=plan.tp_mode,
-        load_balance=plan.load_balance, per_rank_compute_s=Stats(min=min(loads), mean=mean, max=max(loads)),
-        imbalance=max(loads) / mean if mean > 0 else 1.0, imbalance_lost_s=max(loads) - mean,
-        exposed_s=exposed_s, hidden_s=hidden_s, notes=list(plan.notes),
-    )
+    return optimizer_report(plan, exposed_s, hidden_s)
 
 
 def build_report(scenario: Scenario, engine: str, step_time_s: float, breakdown: Breakdown,

@@ -354,7 +354,7 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
 def build_step_structure(scenario: Scenario, overlap: bool = True) -> StepStructure:
     """The step's structure for ``scenario`` (raises UnsupportedScenario for fsdp > 0)."""
     from costmodel.engine import UnsupportedScenario
-    from costmodel.plan_source import optimizer_plan_for
+    from costmodel.optimizer.plan import build_optimizer_plan
     from topologies.placement import placement_for
 
     p = scenario.par
@@ -372,7 +372,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True) -> StepStruct
         f, b, fa, ba = _ops_time(ops, system)
         cf, cb = _layer_comm(scenario, shape, kind, shapes, (fa, ba), overlap)
         per_kind[kind] = (f, b, cf, cb)
-    plan, plan_warnings = optimizer_plan_for(scenario)
+    plan = build_optimizer_plan(scenario)
     stages = []
     for s in range(p.pp):
         chunks = []
@@ -402,5 +402,5 @@ def build_step_structure(scenario: Scenario, overlap: bool = True) -> StepStruct
         overlap_grad_reduce=overlap and opt.overlap_grad_reduce,
         hide_param_gather=overlap and opt.hide_param_gather,
         compute_slowdown=system.efficiency.overlap_compute_slowdown if overlap else 0.0,
-        plan=plan, warnings=tuple(plan_warnings),
+        plan=plan,
     )

@@ -1,0 +1,148 @@
+"""A fluid flow model of shared links: max-min fair bandwidth sharing, re-planned on every change.
+
+A flow has a volume (in link-seconds: the seconds it would take alone on its links) and the set
+of resources (link directions) it crosses; every resource has a capacity (1.0 = one link's rate).
+While flows are active, rates are the max-min fair allocation (progressive filling: repeatedly
+find the resource whose remaining capacity split over its unfrozen flows is smallest, freeze
+those flows at that share). Whenever a flow starts or ends, the scheduler process advances every
+flow's progress, recomputes the rates and re-plans the next completion event.
+
+``contention=False`` gives every flow its full bottleneck capacity (no sharing): the mode in
+which the discrete-event engine must match the analytic engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+DONE_EPS_S = 1e-12  # a flow with less than this many link-seconds left is complete
+
+
+@dataclass(eq=False)
+class Flow:
+    volume: float
+    resources: tuple[str, ...]
+    done: simpy.Event
+    remaining: float = 0.0
+    rate: float = 0.0
+    start_s: float = 0.0
+    tags: dict[str, Any] = field(default_factory=dict)
+
+
+def max_min_rates(flows: Iterable[Flow], capacity: dict[str, float]) -> dict[Flow, float]:
+    """Max-min fair rates (link-seconds per second) of ``flows`` on resources of ``capacity``."""
+    active = list(flows)
+    users: dict[str, set[Flow]] = {}
+    for f in active:
+        for r in f.resources:
+            users.setdefault(r, set()).add(f)
+    rates: dict[Flow, float] = {}
+    shared = []
+    for f in active:  # fast path: a flow alone on all its resources runs at its bottleneck capacity
+        if all(len(users[r]) == 1 for r in f.resources):
+            rates[f] = min((capacity.get(r, 1.0) for r in f.resources), default=1.0)
+        else:
+            shared.append(f)
+    if not shared:
+        return rates
+    left = {r: capacity.get(r, 1.0) for f in shared for r in f.resources}
+    users = {r: {f for f in users[r] if f in set(shared)} for r in left}
+    unfrozen = set(shared)
+    while unfrozen:
+        best_r, best_share = None, float("inf")
+        for r, us in users.items():
+            if us:
+                share = left[r] / len(us)
+                if share < best_share:
+                    best_r, best_share = r, share
+        if best_r is None:
+            for f in unfrozen:
+                rates[f] = 1.0
+            break
+        for f in list(users[best_r]):
+            rates[f] = best_share
+            unfrozen.discard(f)
+            for r in f.resources:
+                left[r] -= best_share
+                users[r].discard(f)
+    return rates
+
+
+class FluidNetwork:
+    """Links shared by concurrent flows; ``transfer`` returns an event that fires on completion."""
+
+    def __init__(self, env: simpy.Environment, capacity: dict[str, float] | None = None,
+                 contention: bool = True) -> None:
+        self.env = env
+        self.capacity = capacity or {}
+        self.contention = contention
+        self.flows: list[Flow] = []
+        self._last_s = 0.0
+        self._wake: simpy.Event = env.event()
+        env.process(self._scheduler())
+
+    def active_on(self, resource_prefix: str) -> bool:
+        """Whether any active flow crosses a resource whose name starts with ``resource_prefix``."""
+        return any(r.startswith(resource_prefix) for f in self.flows for r in f.resources)
+
+    def transfer(self, volume_s: float, resources: tuple[str, ...], latency_s: float = 0.0,
+                 **tags: Any) -> simpy.Event:
+        """Start a flow of ``volume_s`` link-seconds after ``latency_s``; the event fires when done."""
+        done = self.env.event()
+        if latency_s > 0:
+            self.env.process(self._delayed(volume_s, resources, latency_s, done, tags))
+        else:
+            self._add(volume_s, resources, done, tags)
+        return done
+
+    def _delayed(self, volume_s: float, resources: tuple[str, ...], latency_s: float, done: simpy.Event,
+                 tags: dict[str, Any]) -> Generator[simpy.Event, Any, None]:
+        yield self.env.timeout(latency_s)
+        self._add(volume_s, resources, done, tags)
+
+    def _add(self, volume_s: float, resources: tuple[str, ...], done: simpy.Event, tags: dict[str, Any]) -> None:
+        if volume_s <= DONE_EPS_S:
+            done.succeed()
+            return
+        self._advance()
+        self.flows.append(Flow(volume_s, resources, done, remaining=volume_s, start_s=self.env.now, tags=tags))
+        self._allocate()
+        if not self._wake.triggered:
+            self._wake.succeed()
+
+    def _advance(self) -> None:
+        dt = self.env.now - self._last_s
+        if dt > 0:
+            for f in self.flows:
+                f.remaining -= f.rate * dt
+        self._last_s = self.env.now
+
+    def _allocate(self) -> None:
+        if not self.contention:
+            for f in self.flows:
+                f.rate = min((self.capacity.get(r, 1.0) for r in f.resources), default=1.0)
+            return
+        for f, rate in max_min_rates(self.flows, self.capacity).items():
+            f.rate = rate
+
+    def _scheduler(self) -> Generator[simpy.Event, Any, None]:
+        """Wake at the next completion (or when a flow arrives), finish flows, re-plan the rates."""
+        while True:
+            if not self.flows:
+                self._wake = self.env.event()
+                yield self._wake
+                continue
+            dt = min(f.remaining / f.rate for f in self.flows)
+            self._wake = self.env.event()
+            yield self.env.timeout(max(dt, 0.0)) | self._wake
+            self._advance()
+            finished = [f for f in self.flows if f.remaining <= DONE_EPS_S * max(1.0, f.volume)]
+            if finished:
+                self.flows = [f for f in self.flows if f not in finished]
+                self._allocate()
+                for f in finished:
+                    f.done.succeed()

@@ -1,0 +1,291 @@
+"""The discrete-event simulation of consecutive training steps (SimPy).
+
+One representative GPU per pipeline stage (data-, tensor- and expert-parallel replicas are
+identical by symmetry). Each rank has a compute stream (a SimPy process running the Megatron
+schedule order of :mod:`costmodel.pipeline`) and a DP stream (a process serving a FIFO of
+gradient reduce-scatters and parameter all-gathers). Layer collectives (TP/CP/EP), PP sends and
+DP collectives are flows in a :class:`FluidNetwork` over per-rank link directions
+(``nvl_tx{s}``, ``nvl_rx{s}``, ``net_tx{s}``, ``net_rx{s}``), so concurrent flows on one link
+share it max-min fairly. A collective's flow volume is its uncontended time minus its latency
+(link-seconds); the latency is a pure delay.
+
+Dependencies: a forward pass of virtual stage ``v`` waits for the activation sent by ``v-1``; a
+backward for the gradient from ``v+1``. The last backward of each chunk is sliced at the bucket
+boundaries, each slice releasing its bucket's reduce-scatter to the DP stream (when
+``overlap_grad_reduce``). After its schedule a rank waits for its gradients, meets every other
+rank (gradient-norm synchronisation), runs the optimizer step, then gathers parameters
+synchronously or, with ``hide_param_gather``, issues the first bucket's all-gather and lets the
+next step's first forwards issue the rest one bucket ahead.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+
+from costmodel.des.fluid import FluidNetwork
+from costmodel.pipeline import schedule_order
+from costmodel.step_structure import BucketCost, PassCost, StepStructure
+
+Ev = Generator[simpy.Event, Any, None]
+LINK_PREFIX = {"nvlink": "nvl", "network": "net"}
+
+
+@dataclass(frozen=True)
+class RawEvent:
+    rank: int
+    stream: str
+    name: str
+    start_s: float
+    duration_s: float
+    category: str
+    step: int
+
+
+@dataclass
+class DesResult:
+    step_ends_s: list[float]  # per step: when the last rank finished it
+    rank_ends_s: list[list[float]]  # [step][rank]
+    attribution: list[list[dict[str, float]]]  # [step][rank] seconds by kind
+    events: list[RawEvent]
+
+
+class StepSimulation:
+    """Simulate ``steps`` consecutive steps of a :class:`StepStructure`."""
+
+    def __init__(self, st: StepStructure, steps: int = 2, contention: bool = True, record: bool = True) -> None:
+        self.st = st
+        self.steps = steps
+        self.record = record
+        self.env = simpy.Environment()
+        self.net = FluidNetwork(self.env, contention=contention)
+        self.pp, self.vpp = st.pp, st.vpp
+        self.orders = [schedule_order(st.pp, st.vpp, st.microbatches, s) for s in range(st.pp)]
+        self.msgs: dict[tuple, simpy.Event] = {}
+        self.sent_at: dict[tuple, float] = {}
+        self.queues = [simpy.Store(self.env) for _ in range(st.pp)]
+        self.dp_busy = [0] * st.pp
+        self.grad_done = [[self.env.event() for _ in range(st.pp)] for _ in range(steps)]
+        self.reduce_left = [[len(s.buckets) for s in st.stages] for _ in range(steps)]
+        self.params: dict[tuple[int, int, int], simpy.Event] = {}
+        self.rank_end = [[0.0] * st.pp for _ in range(steps)]
+        self.bwd_end = [[0.0] * st.pp for _ in range(steps)]
+        self.acc: list[list[dict[str, float]]] = [[defaultdict(float) for _ in range(st.pp)] for _ in range(steps)]
+        self.events: list[RawEvent] = []
+
+    # ------------------------------------------------------------------ helpers
+    def _res(self, link: str, s: int, dst: int | None = None) -> tuple[str, ...]:
+        p = LINK_PREFIX[link]
+        return (f"{p}_tx{s}", f"{p}_rx{s if dst is None else dst}")
+
+    def _log(self, s: int, stream: str, name: str, start: float, category: str, step: int) -> None:
+        if self.record:
+            self.events.append(RawEvent(s, stream, name, start, self.env.now - start, category, step))
+
+    def _msg(self, key: tuple) -> simpy.Event:
+        ev = self.msgs.get(key)
+        if ev is None:
+            ev = self.msgs[key] = self.env.event()
+        return ev
+
+    def _send(self, s: int, dst: int, key: tuple, step: int) -> None:
+        st = self.st
+        self.sent_at[key] = self.env.now
+        done = self.net.transfer(st.p2p_s - st.p2p_latency_s, self._res(st.p2p_link, s, dst), st.p2p_latency_s)
+        start = self.env.now
+        target = self._msg(key)
+
+        def arrived(_: simpy.Event) -> None:
+            self._log(s, "pp", f"send {key[0]} mb{key[2]} v{key[3]}", start, "pp", step)
+            target.succeed()
+
+        done.callbacks.append(arrived)
+
+    def _wait_msg(self, s: int, key: tuple, step: int) -> Ev:
+        ev = self._msg(key)
+        t0 = self.env.now
+        yield ev
+        wait = self.env.now - t0
+        if wait > 0:
+            transfer = self.env.now - max(t0, self.sent_at.get(key, t0))
+            self.acc[step][s]["pp"] += transfer
+            self.acc[step][s]["pipeline_bubble"] += wait - transfer
+
+    def _wait(self, s: int, ev: simpy.Event, kind: str, step: int) -> Ev:
+        t0 = self.env.now
+        yield ev
+        self.acc[step][s][kind] += self.env.now - t0
+
+    # ------------------------------------------------------------------ passes
+    def _slice(self, s: int, cost: PassCost, frac: float, name: str, step: int) -> Ev:
+        """``frac`` of a pass: that share of its compute, then of each exposed collective block."""
+        env, acc = self.env, self.acc[step][s]
+        if frac <= 0:
+            return
+        if cost.compute_s > 0:
+            t0 = env.now
+            dur = cost.compute_s * frac
+            slow = dur * self.st.compute_slowdown if self.dp_busy[s] else 0.0
+            yield env.timeout(dur + slow)
+            acc["compute"] += dur
+            acc["other"] += slow
+            self._log(s, "compute", name, t0, "compute", step)
+        for blk in cost.comm:
+            vol = max(blk.time_s - blk.latency_s, 0.0) * frac
+            res = self._res(blk.link, s)
+            hidden = 1.0 - blk.exposed_fraction
+            if hidden > 0:
+                self.net.transfer(vol * hidden, res, 0.0)
+            if blk.exposed_fraction > 0:
+                t0 = env.now
+                yield self.net.transfer(vol * blk.exposed_fraction, res, blk.latency_s * frac * blk.exposed_fraction)
+                acc[blk.kind] += env.now - t0
+                self._log(s, blk.kind, f"{blk.kind} {name}", t0, blk.kind, step)
+
+    def _run_pass(self, s: int, cost: PassCost, name: str, step: int, layers: int,
+                  cuts: list[tuple[float, str, Any]] | None = None) -> Ev:
+        """Run a pass layer by layer (compute, then its collectives); ``cuts`` = (fraction, "before" |
+        "after", action): a "before" action is a generator run (waited for) when the pass reaches the
+        fraction, an "after" action a plain call made there."""
+        per_layer = bool(cuts) or self.dp_busy[s] > 0  # layer granularity only where DP traffic can overlap
+        points = sorted(({j / layers for j in range(1, layers)} if per_layer else set())
+                        | {c[0] for c in cuts or ()} | {1.0})
+        pending = sorted(cuts or (), key=lambda c: c[0])
+        done = 0.0
+        for point in points:
+            while pending and pending[0][0] <= done + 1e-12:
+                frac, mode, action = pending.pop(0)
+                if mode == "before":
+                    yield from action()
+                else:
+                    action()
+            if point > done:
+                yield from self._slice(s, cost, point - done, name, step)
+                done = point
+        for _, mode, action in pending:
+            if mode == "before":
+                yield from action()
+            else:
+                action()
+
+    # ------------------------------------------------------------------ DP stream
+    def _dp_stream(self, s: int) -> Ev:
+        q = self.queues[s]
+        while True:
+            kind, step, bucket, done = yield q.get()
+            t0 = self.env.now
+            total = bucket.reduce_s if kind == "reduce" else bucket.gather_s
+            lat = bucket.reduce_latency_s if kind == "reduce" else bucket.gather_latency_s
+            yield self.net.transfer(max(total - lat, 0.0), self._res(bucket.link, s), lat)
+            self.dp_busy[s] -= 1
+            self._log(s, "dp", f"{'RS grad' if kind == 'reduce' else 'AG param'} c{bucket.chunk} {bucket.group}", t0, "dp", step)
+            if done is not None:
+                done.succeed()
+            if kind == "reduce":
+                self.reduce_left[step][s] -= 1
+                if self.reduce_left[step][s] == 0:
+                    self.grad_done[step][s].succeed()
+
+    def _reduce(self, s: int, step: int, bucket: BucketCost) -> None:
+        self.dp_busy[s] += 1
+        self.queues[s].put(("reduce", step, bucket, None))
+
+    def _gather(self, s: int, step: int, k: int) -> simpy.Event:
+        """The all-gather of bucket ``k`` (forward order) for ``step`` (issued once)."""
+        key = (step, s, k)
+        if key not in self.params:
+            ev = self.params[key] = self.env.event()
+            buckets = self.st.stages[s].buckets
+            self.dp_busy[s] += 1
+            self.queues[s].put(("gather", step, buckets[len(buckets) - 1 - k], ev))
+        return self.params[key]
+
+    # ------------------------------------------------------------------ a rank
+    def _rank(self, s: int) -> Ev:
+        st, env, pp = self.st, self.env, self.pp
+        stage = st.stages[s]
+        order = self.orders[s]
+        nv = pp * self.vpp
+        last_b = {p.chunk: i for i, p in enumerate(order) if p.kind == "B"}
+        first_f: dict[int, int] = {}
+        for i, p in enumerate(order):
+            if p.kind == "F":
+                first_f.setdefault(p.chunk, i)
+        fwd_buckets = list(reversed(stage.buckets))
+        for step in range(self.steps):
+            if stage.buckets == ():
+                self.grad_done[step][s].succeed()
+            hide = st.hide_param_gather and step > 0
+            for i, p in enumerate(order):
+                v = p.chunk * pp + s
+                chunk = stage.chunks[p.chunk]
+                label = f"{p.kind} mb{p.microbatch} c{p.chunk}"
+                if p.kind == "F":
+                    if v > 0:
+                        yield from self._wait_msg(s, ("F", step, p.microbatch, v), step)
+                    cuts = None
+                    if hide and first_f[p.chunk] == i:
+                        cuts = [(b.fwd_need_fraction, "before", self._param_waiter(s, step, k))
+                                for k, b in enumerate(fwd_buckets) if b.chunk == p.chunk]
+                    yield from self._run_pass(s, chunk.fwd, label, step, max(chunk.layers, 1), cuts)
+                    if v < nv - 1:
+                        self._send(s, (v + 1) % pp, ("F", step, p.microbatch, v + 1), step)
+                else:
+                    if v < nv - 1:
+                        yield from self._wait_msg(s, ("B", step, p.microbatch, v), step)
+                    cuts = None
+                    if st.overlap_grad_reduce and last_b[p.chunk] == i:
+                        cuts = [(b.bwd_ready_fraction, "after", self._releaser(s, step, b))
+                                for b in stage.buckets if b.chunk == p.chunk]
+                    yield from self._run_pass(s, chunk.bwd, label, step, max(chunk.layers, 1), cuts)
+                    self.bwd_end[step][s] = env.now
+                    if v > 0:
+                        self._send(s, (v - 1) % pp, ("B", step, p.microbatch, v - 1), step)
+            if not st.overlap_grad_reduce:
+                for b in stage.buckets:
+                    self._reduce(s, step, b)
+            yield from self._wait(s, self.grad_done[step][s], "dp_grad", step)
+            t0 = env.now
+            yield env.all_of(self.grad_done[step])
+            drain = min(max(max(self.bwd_end[step]) - t0, 0.0), env.now - t0)  # others still in backward
+            self.acc[step][s]["pipeline_bubble"] += drain
+            self.acc[step][s]["dp_grad"] += env.now - t0 - drain
+            t0 = env.now
+            yield env.timeout(stage.optimizer_compute_s)
+            self.acc[step][s]["optimizer"] += env.now - t0
+            self._log(s, "optimizer", "optimizer step", t0, "optimizer", step)
+            if stage.optimizer_tp_s > 0:
+                t0 = env.now
+                yield self.net.transfer(stage.optimizer_tp_s, self._res("nvlink", s))
+                self.acc[step][s]["optimizer_tp"] += env.now - t0
+                self._log(s, "tp", "optimizer TP collectives", t0, "optimizer", step)
+            if not st.hide_param_gather:
+                for k in range(len(fwd_buckets)):
+                    yield from self._wait(s, self._gather(s, step, k), "dp_param", step)
+            elif step + 1 < self.steps and fwd_buckets:
+                self._gather(s, step + 1, 0)
+            self.rank_end[step][s] = env.now
+
+    def _param_waiter(self, s: int, step: int, k: int):  # noqa: ANN202
+        def wait() -> Ev:
+            if k + 1 < len(self.st.stages[s].buckets):
+                self._gather(s, step, k + 1)  # one bucket ahead, as Megatron's forward pre-hook
+            yield from self._wait(s, self._gather(s, step, k), "dp_param", step)
+        return wait
+
+    def _releaser(self, s: int, step: int, bucket: BucketCost):  # noqa: ANN202
+        return lambda: self._reduce(s, step, bucket)
+
+    def run(self) -> DesResult:
+        """Run the simulation to the end and collect per-step times and attributions."""
+        for s in range(self.pp):
+            self.env.process(self._dp_stream(s))
+            self.env.process(self._rank(s))
+        self.env.run()
+        ends = [max(r) for r in self.rank_end]
+        return DesResult(step_ends_s=ends, rank_ends_s=self.rank_end,
+                         attribution=[[dict(a) for a in row] for row in self.acc], events=self.events)
