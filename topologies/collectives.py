@@ -1,16 +1,80 @@
-"""Collective costs (minimal α-β version; issue 3 replaces the internals, keeping the signatures).
+"""Collective costs on a GroupShape, with NCCL-style algorithm selection (the fast path).
 
-``size_bytes`` follows nccl-tests: the buffer for all-reduce/broadcast, the full gathered array for
-all-gather/reduce-scatter, the per-rank send buffer for all-to-all.
+``size_bytes`` follows nccl-tests (and :mod:`workloads.comm`): the buffer for all-reduce and
+broadcast, the full gathered array for all-gather / reduce-scatter / all_gather_v, the per-rank send
+buffer for all-to-all, the message for send_recv.
+
+Public API (stable; the step engines call it):
+
+- :func:`collective_time_s` ``(op, size_bytes, shape, system, algorithm=None) -> float``: seconds,
+  pure arithmetic and cached (no graph). The analytic engine calls it ~100 times per scenario.
+- :func:`collective_cost`: the same with details (:class:`CollectiveCost`: algorithm chosen,
+  algbw/busbw as nccl-tests reports them, bytes per GPU per link class, every candidate's time).
+- :func:`eligible_algorithms`, :func:`bus_factor`, :data:`OPS`, :data:`ALGORITHMS`.
+
+Algorithms: ``ring``, ``tree`` (all-reduce), ``nvls`` (one NVLink domain with NVLink SHARP),
+``hierarchical`` (NVLS or ring inside domains + ring/tree across), ``pat`` (AG/RS with one rank per
+domain), ``direct`` (all-to-all, send_recv, all_gather_v). Without ``algorithm`` the tuner picks the
+eligible one with the smallest predicted time, as NCCL's tuner does; a forced algorithm that is not
+eligible is a one-line UserInputError. Formulas and sources: :mod:`topologies.algorithms`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+from topologies import algorithms as alg
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
+from topologies.inputs import UserInputError
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_gather_v", "broadcast", "all_to_all", "send_recv")
+ALGORITHMS = ("ring", "tree", "nvls", "hierarchical", "pat", "direct")
+
+Formula = Callable[[float, GroupShape, alg.Links], alg.Estimate]
 
 
-def _bus_factor(op: str, n: int) -> float:
+@dataclass(frozen=True)
+class CollectiveCost:
+    """Predicted cost of one collective on one group (all GPUs of the group run it together)."""
+
+    op: str
+    size_bytes: float
+    group_size: int
+    algorithm: str  # the family (ring, tree, nvls, hierarchical, pat, direct, none)
+    detail: str  # e.g. "hierarchical(nvls+ring)"
+    time_s: float
+    latency_s: float
+    transfer_s: float
+    nvlink_bytes_per_gpu: float  # per direction
+    network_bytes_per_gpu: float  # per direction
+    candidates: tuple[tuple[str, float], ...] = ()  # (algorithm, time_s) of every eligible one
+
+    @property
+    def algbw_Bps(self) -> float:
+        """nccl-tests algorithm bandwidth: size / time (bytes/s)."""
+        return self.size_bytes / self.time_s if self.time_s > 0 else 0.0
+
+    @property
+    def busbw_Bps(self) -> float:
+        """nccl-tests bus bandwidth: algbw × the op's bus factor (bytes/s)."""
+        return self.algbw_Bps * bus_factor(self.op, self.group_size)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready dict (SI units in the keys)."""
+        data = asdict(self)
+        data["candidates"] = dict(self.candidates)
+        data["algbw_Bps"] = self.algbw_Bps
+        data["busbw_Bps"] = self.busbw_Bps
+        return data
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests busbw/algbw factor: 2(n−1)/n all-reduce, (n−1)/n AG/RS/all-to-all, 1 otherwise."""
+    if n <= 1:
+        return 0.0 if op not in ("broadcast", "send_recv") else 1.0
     if op == "all_reduce":
         return 2 * (n - 1) / n
     if op in ("broadcast", "send_recv"):
@@ -18,33 +82,84 @@ def _bus_factor(op: str, n: int) -> float:
     return (n - 1) / n
 
 
+def _candidates(op: str, shape: GroupShape, lk: alg.Links) -> dict[str, Formula]:
+    n, g, d = shape.size, shape.ranks_per_domain, shape.domains
+    nvls_ok = lk.nvls and d == 1 and n > 1
+    hier_ok = d > 1 and g > 1
+    if op == "all_reduce":
+        c: dict[str, Formula] = {"ring": alg.ring_all_reduce, "tree": alg.tree_all_reduce}
+        if nvls_ok:
+            c["nvls"] = alg.nvls_all_reduce
+        if hier_ok:
+            c["hierarchical"] = alg.hierarchical_all_reduce
+        return c
+    if op in ("reduce_scatter", "all_gather"):
+        c = {"ring": alg.ring_gather}
+        if nvls_ok:
+            c["nvls"] = alg.nvls_gather
+        if hier_ok:
+            c["hierarchical"] = alg.hierarchical_gather
+        if d > 1 and g == 1:
+            c["pat"] = alg.pat_gather
+        return c
+    if op == "all_gather_v":
+        return {"direct": alg.direct_gather_v}
+    if op == "broadcast":
+        c = {"ring": alg.ring_broadcast}
+        if nvls_ok:
+            c["nvls"] = alg.nvls_broadcast
+        return c
+    if op == "all_to_all":
+        return {"direct": alg.direct_all_to_all}
+    if op == "send_recv":
+        return {"direct": alg.direct_send_recv}
+    raise UserInputError(f"unknown collective '{op}'; valid: {', '.join(OPS)}")
+
+
+def eligible_algorithms(op: str, shape: GroupShape, system: SystemSpec) -> list[str]:
+    """Algorithms that can run ``op`` on a group of this shape on this system."""
+    return list(_candidates(op, shape, alg.links_for(system)))
+
+
+def _check(op: str, size_bytes: float, algorithm: str | None) -> None:
+    if op not in OPS:
+        raise UserInputError(f"unknown collective '{op}'; valid: {', '.join(OPS)}")
+    if size_bytes < 0 or size_bytes != size_bytes:
+        raise UserInputError(f"collective size must be a non-negative number of bytes, got {size_bytes}")
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise UserInputError(f"unknown algorithm '{algorithm}'; valid: {', '.join(ALGORITHMS)}")
+
+
+@lru_cache(maxsize=65536)
+def collective_cost(op: str, size_bytes: float, shape: GroupShape, system: SystemSpec,
+                    algorithm: str | None = None) -> CollectiveCost:
+    """Cost of ``op`` on ``size_bytes`` over a group of ``shape``: time (s), algorithm, bytes.
+
+    The tuner evaluates every eligible algorithm and keeps the fastest unless ``algorithm`` forces
+    one. Groups of one rank and empty messages cost nothing (algorithm ``none``).
+    """
+    _check(op, size_bytes, algorithm)
+    n = shape.size
+    if n <= 1 or size_bytes == 0:
+        return CollectiveCost(op, float(size_bytes), n, "none", "none", 0.0, 0.0, 0.0, 0.0, 0.0)
+    lk = alg.links_for(system)
+    formulas = _candidates(op, shape, lk)
+    if algorithm is not None and algorithm not in formulas:
+        raise UserInputError(
+            f"algorithm '{algorithm}' cannot run {op} on a group of {n} ranks over {shape.domains} "
+            f"NVLink domain(s) of {system.name}; eligible: {', '.join(formulas)}")
+    ests = {name: f(float(size_bytes), shape, lk) for name, f in formulas.items()}
+    name = algorithm if algorithm is not None else min(ests, key=lambda k: ests[k].time_s)
+    est = ests[name]
+    return CollectiveCost(
+        op=op, size_bytes=float(size_bytes), group_size=n, algorithm=name, detail=est.algorithm,
+        time_s=est.time_s, latency_s=est.latency_s, transfer_s=est.transfer_s,
+        nvlink_bytes_per_gpu=est.nvlink_bytes, network_bytes_per_gpu=est.network_bytes,
+        candidates=tuple((k, v.time_s) for k, v in ests.items()),
+    )
+
+
 def collective_time_s(op: str, size_bytes: float, shape: GroupShape, system: SystemSpec,
                       algorithm: str | None = None) -> float:
-    """Seconds for one collective ``op`` of ``size_bytes`` over a group of ``shape``."""
-    n = shape.size
-    if n <= 1 or size_bytes <= 0:
-        return 0.0
-    eff = system.efficiency
-    nvl_Bps = system.nvlink.gpu_bandwidth_Bps * eff.nvlink_bandwidth
-    net_Bps = system.scale_out.nic_bandwidth_Bps * system.scale_out.nics_per_gpu * eff.network_bandwidth
-    if op == "send_recv":
-        bw = nvl_Bps if shape.intra_domain else net_Bps
-        lat = eff.nvlink_step_latency_s if shape.intra_domain else eff.network_step_latency_s
-        return eff.collective_base_latency_s + lat + size_bytes / bw
-    if op == "all_to_all":
-        f_remote = (shape.domains - 1) / shape.domains
-        t_bw = max(size_bytes * (1 - f_remote) / (nvl_Bps * eff.alltoall_bandwidth / eff.nvlink_bandwidth),
-                   size_bytes * f_remote / net_Bps if f_remote else 0.0)
-        return eff.collective_base_latency_s + t_bw
-    if shape.intra_domain:
-        bw = nvl_Bps
-        steps = n - 1
-        lat = eff.nvlink_step_latency_s
-    else:
-        bw = min(nvl_Bps, shape.ranks_per_domain * net_Bps)
-        steps = n - 1
-        lat = eff.network_step_latency_s
-    factor = _bus_factor(op, n)
-    if op == "all_reduce":
-        steps *= 2
-    return eff.collective_base_latency_s + steps * lat + factor * size_bytes / bw
+    """Seconds for one collective ``op`` of ``size_bytes`` over a group of ``shape`` (cached)."""
+    return collective_cost(op, size_bytes, shape, system, algorithm).time_s

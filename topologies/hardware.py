@@ -86,6 +86,10 @@ class ScaleOutSpec(_Strict):
     planes: int = Field(default=1, gt=0)
     oversubscription: float = Field(default=1.0, ge=1.0, description="leaf down:up ratio")
     switch_hop_latency_s: float = Field(default=3e-7, ge=0)
+    # --- fabric shape (topologies.layout / topologies.fabric); all optional, derived when absent ---
+    rails: int | None = Field(default=None, gt=0, description="rails (NIC positions per node/compute tray); default: min(domain, 8) x nics_per_gpu")
+    tiers: int | None = Field(default=None, ge=1, le=3, description="switch tiers; default: 2 if the job fits a two-tier fat tree of this radix, else 3")
+    nic_latency_s: float = Field(default=1.0e-6, ge=0, description="NIC + PCIe one-way latency (graph edges only; the NCCL step latencies already include it)")
 
 
 class EfficiencyFactors(_Strict):
@@ -116,6 +120,16 @@ class EfficiencyFactors(_Strict):
     network_step_latency_s: float = Field(default=1.4e-5, ge=0, description="per ring step across the network (NCCL Simple)")
     collective_base_latency_s: float = Field(default=8.4e-6, ge=0, description="per collective launch (NCCL base)")
     nvls_latency_s: float = Field(default=2.5e-5, ge=0, description="flat NVLS latency (NCCL model)")
+    tree_bandwidth: float = Field(default=0.92, gt=0, le=1, description="NCCL tree all-reduce de-rate (tuning.cc: busBw*.92) [S27]")
+    nvlink_tree_step_latency_s: float = Field(default=4.0e-6, ge=0, description="per tree step over NVLink (NCCL Simple) [S27]")
+    network_tree_step_latency_s: float = Field(default=1.4e-5, ge=0, description="per tree step across the network (NCCL Simple) [S27]")
+    ring_plateau_latency_factor: float = Field(default=1.4, ge=1, description="NCCL multi-node ring Simple latency multiplier ('plateau') [S27]")
+    ring_half_saturation_bytes: float = Field(default=2.0e6, ge=0, description="per-rank chunk (S/n) at which ring/tree/p2p bandwidth reaches half its plateau; SimAI measured ratios put it at 1.5-2.5 MB for 16-1,024 GPUs [S51]")
+    nvls_half_saturation_bytes: float = Field(default=3.0e6, ge=0, description="per-rank chunk (S/n) at which NVLS bandwidth reaches half its plateau; §5.5: GB200-72 70 % at 512 MB and 90 % at 2 GB, H100-8 50 % at 16-32 MB [S29] [S10]")
+    alltoall_half_saturation_bytes: float = Field(default=2.0e6, ge=0, description="per-rank chunk (S/n) at which all-to-all reaches half its plateau; SimAI alltoall ratios (1 node) [S51]")
+    min_size_efficiency: float = Field(default=0.5, gt=0, le=1, description="floor of the size-dependent efficiency: NCCL shrinks chunks (and switches to LL, which tuning.cc rates at 0.5 of the link) for small messages, so pipeline fill never costs more than the transfer itself [S27]")
+    pat_bandwidth: float = Field(default=0.75, gt=0, le=1, description="NCCL PAT all-gather/reduce-scatter de-rate (tuning.cc: busBw *= .75) [S27]")
+    all_gather_v_latency_factor: float = Field(default=2.0, ge=1, description="latency multiplier of a variable-size all-gather (grouped send/recv, one send + one receive per peer, no pipelining) over the ring all-gather; assumption, calibrated")
     # --- overlap ---
     overlap_compute_slowdown: float = Field(default=0.05, ge=0, le=1, description="fractional compute slowdown while a collective overlaps it")
 

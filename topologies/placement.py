@@ -1,26 +1,49 @@
-"""Placement of Megatron's process groups onto NVLink domains (minimal version; see issue 3).
+"""Placement of Megatron's process groups onto GPUs, NVLink domains and fabric tiers.
 
-Megatron orders ranks tp fastest, then cp, ep, dp, pp (expert groups: etp, ep, expert-dp, pp).
-A group of ``size`` ranks whose members are ``stride`` ranks apart spans NVLink domains according to
-how many consecutive ranks one domain holds (``gpus_per_domain``).
+Rank order (Megatron-Core ``RankGenerator``, order "tp-cp-ep-dp-pp" [S47]): tp fastest, then cp,
+then dp, then pp; expert layers re-view the same ranks as etp fastest, then ep, then expert-dp,
+then pp. A group kind is therefore a set of ranks ``base + k * stride`` (k = 0..size-1):
 
-Policy for jobs that do not fill domains: use the largest divisor of the job's GPU count that is at
-most the domain size (256 GPUs on NVL72: 64 per rack, four racks). Override with
-``Placement.gpus_per_domain``.
+=========== ============================ =========================
+kind        size                         stride (in ranks)
+=========== ============================ =========================
+tp          tp                           1
+cp          cp                           tp
+dp          dp × cp (gradient group)     tp
+etp         etp                          1
+ep          ep                           etp
+expert_dp   gpus / (etp · ep · pp)       etp · ep
+pp          pp                           gpus / pp
+world       gpus                         1
+=========== ============================ =========================
+
+Ranks fill ``gpus_per_domain`` slots of each NVLink domain in order (:mod:`topologies.layout`).
+
+**Policy for jobs that do not fill domains** (stated, overridable): a job uses the largest divisor
+of its GPU count that does not exceed the domain size (256 GPUs on NVL72 → 64 per rack on four
+racks, as NVIDIA's Kimi K2 run [S47]; 1,440 → 72 per rack). ``Placement.gpus_per_domain`` in the
+scenario (``--gpus-per-domain``) overrides it.
+
+Shapes are computed arithmetically, never by listing 100,000 GPUs: :meth:`JobPlacement.shape` is
+O(1) for regular groups and O(size) numpy for the rare irregular ones; member lists are built only
+on request (:meth:`JobPlacement.group_gpus`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import gcd
+from functools import cached_property, lru_cache
 
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from topologies.inputs import UserInputError
+from topologies.layout import FabricLayout, fabric_layout
+
+GROUP_KINDS = ("tp", "cp", "dp", "etp", "ep", "expert_dp", "pp", "world")
 
 
 def default_gpus_per_domain(system: SystemSpec, gpus: int) -> int:
-    """Largest divisor of ``gpus`` not exceeding the NVLink domain size."""
+    """Largest divisor of ``gpus`` not exceeding the NVLink domain size (the default policy)."""
     size = system.nvlink.domain_size
     if gpus <= size:
         return gpus
@@ -38,14 +61,22 @@ class JobPlacement:
     ep: int
     etp: int
     pp: int
+    layout: FabricLayout | None = None
 
     @property
     def dp(self) -> int:
+        """Dense data-parallel size (without cp)."""
         return self.gpus // (self.tp * self.cp * self.pp)
 
     @property
     def expert_dp(self) -> int:
+        """Expert data-parallel size."""
         return self.gpus // (self.etp * self.ep * self.pp)
+
+    @property
+    def domains(self) -> int:
+        """NVLink domains the job occupies."""
+        return self.gpus // self.gpus_per_domain
 
     def size_and_stride(self, kind: str) -> tuple[int, int]:
         """(size, stride in rank order) of a group kind."""
@@ -63,24 +94,122 @@ class JobPlacement:
             raise UserInputError(f"unknown group '{kind}'; valid: {', '.join(table)}")
         return table[kind]
 
-    def shape(self, kind: str) -> GroupShape:
-        """How group ``kind`` spans NVLink domains."""
+    def group_count(self, kind: str) -> int:
+        """How many disjoint groups of this kind the job has."""
+        size, _ = self.size_and_stride(kind)
+        return self.gpus // size
+
+    def group_ranks(self, kind: str, index: int = 0) -> list[int]:
+        """Ranks of the ``index``-th group of ``kind`` (groups ordered by their lowest rank)."""
         size, stride = self.size_and_stride(kind)
-        g = self.gpus_per_domain
-        per_domain = gcd(size, g // stride) if stride < g and g % stride == 0 else 1
-        per_domain = max(per_domain, 1)
-        return GroupShape(size=size, ranks_per_domain=per_domain, domains=size // per_domain)
+        count = self.gpus // size
+        if not 0 <= index < count:
+            raise UserInputError(f"group index {index} out of range: {count} '{kind}' groups")
+        block = size * stride  # ranks covered by one tile of groups
+        base = (index // stride) * block + index % stride
+        return [base + k * stride for k in range(size)]
+
+    def group_gpus(self, kind: str, index: int = 0) -> list[int]:
+        """Physical GPU ids of the ``index``-th group of ``kind``."""
+        g, d = self.gpus_per_domain, self._domain_size
+        return [(r // g) * d + r % g for r in self.group_ranks(kind, index)]
+
+    def all_groups(self, kind: str) -> list[list[int]]:
+        """Every group of ``kind`` as GPU-id lists (O(gpus); for small jobs and tests)."""
+        return [self.group_gpus(kind, i) for i in range(self.group_count(kind))]
+
+    @property
+    def _domain_size(self) -> int:
+        return self.layout.domain_size if self.layout is not None else self.gpus_per_domain
+
+    def shape(self, kind: str) -> GroupShape:
+        """How group ``kind`` spans NVLink domains and fabric tiers (cheap, cached)."""
+        size, stride = self.size_and_stride(kind)
+        return _shape(size, stride, self.gpus_per_domain, self.layout)
+
+    @cached_property
+    def shapes(self) -> dict[str, GroupShape]:
+        """Every group kind's shape."""
+        return {k: self.shape(k) for k in GROUP_KINDS}
+
+
+@lru_cache(maxsize=8192)
+def _shape(size: int, stride: int, g: int, layout: FabricLayout | None) -> GroupShape:
+    """Shape of the groups ``base + k*stride`` (k < size) on domains holding ``g`` consecutive ranks.
+
+    Regular cases are closed-form: a tile of groups (``size * stride`` ranks) inside a domain, a
+    stride that is a multiple of ``g`` (one rank per domain), or a stride dividing ``g`` with
+    tiles of whole domains. Otherwise (e.g. tp=16 on 72-GPU racks) groups straddle domains
+    unevenly; every distinct offset of a group against the domain boundaries is evaluated (numpy,
+    at most ``g`` offsets) and the worst group is returned: most domains spanned, then fewest
+    ranks in its least-populated domain.
+    """
+    if size == 1:
+        return GroupShape.single_domain(1)
+    block = size * stride
+    if g % block == 0:
+        return GroupShape.single_domain(size)
+    if stride % g == 0:
+        span, rpd = size, 1
+        extent_domains = (stride * (size - 1)) // g + 1
+        return GroupShape(size=size, ranks_per_domain=1, domains=span,
+                          tiers=layout.tier_for_span(extent_domains) if layout else None)
+    if g % stride == 0 and block % g == 0:
+        rpd = g // stride
+        span = size // rpd
+        return GroupShape(size=size, ranks_per_domain=rpd, domains=span,
+                          tiers=layout.tier_for_span(span) if layout else None)
+    return _irregular_shape(size, stride, g, layout)
+
+
+def _irregular_shape(size: int, stride: int, g: int, layout: FabricLayout | None) -> GroupShape:
+    import numpy as np
+
+    # group bases are tile*block + offset (offset < stride); only their residues mod g matter
+    offsets = np.arange(min(stride, g * 4), dtype=np.int64)
+    tiles = np.arange(min(g, 4096), dtype=np.int64) * (size * stride)
+    residues = np.unique((tiles[:, None] + offsets[None, :]) % g)
+    members = np.arange(size, dtype=np.int64) * stride
+    worst: tuple[int, int, int, bool] | None = None  # (span, -rpd, extent, uniform)
+    for r in residues:
+        doms, counts = np.unique((members + int(r)) // g, return_counts=True)
+        cand = (int(doms.size), -int(counts.min()), int(doms[-1] - doms[0] + 1), bool(counts.min() == counts.max()))
+        if worst is None or cand[:2] > worst[:2]:
+            worst = cand
+    assert worst is not None
+    span, neg_rpd, extent, uniform = worst
+    if span == 1:
+        return GroupShape.single_domain(size)
+    uniform = uniform and size == -neg_rpd * span
+    return GroupShape(size=size, ranks_per_domain=-neg_rpd, domains=span,
+                      tiers=layout.tier_for_span(extent) if layout else None, uniform=uniform)
+
+
+def _check_divisible(gpus: int, tp: int, cp: int, ep: int, etp: int, pp: int) -> None:
+    for name, value in (("tp", tp), ("cp", cp), ("ep", ep), ("etp", etp), ("pp", pp)):
+        if value < 1:
+            raise UserInputError(f"{name} must be >= 1, got {value}")
+    if gpus % (tp * cp * pp):
+        raise UserInputError(f"gpus {gpus} is not divisible by tp*cp*pp = {tp * cp * pp}")
+    if gpus % (etp * ep * pp):
+        raise UserInputError(f"gpus {gpus} is not divisible by etp*ep*pp = {etp * ep * pp}")
 
 
 def place_job(system: SystemSpec, gpus: int, tp: int = 1, cp: int = 1, ep: int = 1, etp: int = 1, pp: int = 1,
               gpus_per_domain: int | None = None) -> JobPlacement:
-    """Place a job; raise UserInputError when the placement is impossible."""
+    """Place a job on ``system``; raise UserInputError (one line) when the placement is impossible."""
+    if gpus < 1:
+        raise UserInputError(f"gpus must be >= 1, got {gpus}")
+    if gpus > system.max_gpus:
+        raise UserInputError(f"gpus {gpus} exceeds the {system.name} limit of {system.max_gpus}")
     g = gpus_per_domain or default_gpus_per_domain(system, gpus)
     if g > system.nvlink.domain_size:
         raise UserInputError(f"gpus_per_domain {g} exceeds the NVLink domain size {system.nvlink.domain_size}")
     if gpus % g:
         raise UserInputError(f"gpus {gpus} is not a multiple of gpus_per_domain {g}")
-    return JobPlacement(gpus=gpus, gpus_per_domain=g, tp=tp, cp=cp, ep=ep, etp=etp, pp=pp)
+    _check_divisible(gpus, tp, cp, ep, etp, pp)
+    layout = fabric_layout(system, gpus, g)
+    return JobPlacement(gpus=gpus, gpus_per_domain=g, tp=tp, cp=cp, ep=ep, etp=etp, pp=pp, layout=layout)
 
 
 def placement_for(scenario) -> JobPlacement:  # noqa: ANN001 - avoids importing workloads here

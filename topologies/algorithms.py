@@ -1,0 +1,297 @@
+"""NCCL-style cost formulas per (collective, algorithm): pure arithmetic on a GroupShape.
+
+Structure follows NCCL's own tuner (``src/graph/tuning.cc``, 2.30.7, reference §5.3 [S27]):
+``time = latency + bytes_on_the_bottleneck / bandwidth``, where
+
+- **latency** = base + per-step latency by link class. Ring all-reduce takes 2(n−1) steps, of
+  which 2(D−1) cross the network (D domains); ring AG/RS take n−1 (D−1 network); tree all-reduce
+  takes 2·((g−1) NVLink + log2(D) network) steps; NVLS a flat 25 µs. Multi-domain ring latency is
+  multiplied by NCCL's 1.4 "plateau" factor. Simple-protocol constants (the defaults of the
+  communication fields of :class:`~topologies.hardware.EfficiencyFactors`).
+- **bandwidth** per GPU and direction on the bottleneck link class: NVLink at the NCCL effective
+  rate (80 % of the link rate on Blackwell, 82 % on Hopper), NVLS additionally × nvlsEfficiency
+  (0.74 Blackwell, 0.85 Hopper), tree × 0.92, NIC at 97 % of line rate. A multi-domain ring runs
+  one channel per NIC, so its bandwidth is min(NVLink, g × NIC) for g ranks per domain [S51] (this
+  reproduces the IB-only GB200 NVL4 → 197 and NVL8 → 394 GB/s of [S54]).
+- **size-dependent efficiency**: bandwidth rises with message size because NCCL splits each
+  rank's chunk over channels and pipeline slots and switches protocol; modelled as the smooth
+  curve x / (x + x_half) of the per-rank chunk x = S/n, with a named x_half per algorithm class
+  (SimAI's measured ratio tables give x_half ≈ 1.5-2.5 MB consistently from 16 to 1,024 GPUs
+  [S51]; the GB200-72 and H100-8 NVLS saturation points give ≈ 3 MB [S29] [S10]).
+
+Bytes per GPU per direction (what the bottleneck link carries), S in nccl-tests convention:
+
+- ring all-reduce 2(n−1)/n·S; ring AG/RS (n−1)/n·S; broadcast S;
+- NVLS all-reduce S(1+1/n): the switch reads every GPU's share (multimem.ld_reduce, S out) and
+  multicasts each reduced share (multimem.st, S in), each GPU also receiving/sending its own 1/n;
+  NVLS AG or RS move S on one direction;
+- tree all-reduce: a chain inside a domain carries S up and S down (2S per GPU); across D ≥ 3
+  domains a double binary tree node sends and receives 2S (S for D = 2), spread over its g NICs;
+- hierarchical: reduce-scatter inside the domain, all-reduce of S/g per GPU across domains (g
+  parallel rails), all-gather inside the domain; the phases add (NCCL synchronises them per chunk,
+  the sum is the conservative bound);
+- all-to-all: (g−1)/n·S over NVLink and (n−g)/n·S over the NIC, concurrently; a GPU cannot borrow
+  other GPUs' NICs for all-to-all [S39].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from math import log2
+
+from topologies.groups import GroupShape
+from topologies.hardware import EfficiencyFactors, SystemSpec
+
+
+@dataclass(frozen=True)
+class Links:
+    """Effective per-GPU rates (bytes/s per direction) and latencies of one system."""
+
+    nvlink_Bps: float  # NCCL effective NVLink per GPU (links × rate × nvlink_bandwidth)
+    nvls_Bps: float  # NVLS effective per GPU (× nvls_bandwidth)
+    alltoall_nvlink_Bps: float  # NVLink rate achieved by all-to-all dispatch/combine
+    nic_Bps: float  # achieved NIC rate per GPU (all NICs of the GPU)
+    nvls: bool
+    oversubscription: float
+    eff: EfficiencyFactors
+
+    def network_Bps(self, shape: GroupShape) -> float:
+        """Per-GPU network rate for a group whose traffic climbs ``shape.fabric_tiers`` tiers.
+
+        Every GPU of a job runs its collective at once, so an oversubscribed leaf tier divides
+        what each GPU gets above the leaf.
+        """
+        return self.nic_Bps / self.oversubscription if shape.fabric_tiers >= 2 else self.nic_Bps
+
+
+@lru_cache(maxsize=256)
+def links_for(system: SystemSpec) -> Links:
+    """The effective link rates of ``system`` (cached per system)."""
+    e, nv, so = system.efficiency, system.nvlink, system.scale_out
+    raw_nvl = nv.gpu_bandwidth_Bps
+    return Links(
+        nvlink_Bps=raw_nvl * e.nvlink_bandwidth,
+        nvls_Bps=raw_nvl * e.nvlink_bandwidth * e.nvls_bandwidth,
+        alltoall_nvlink_Bps=raw_nvl * e.alltoall_bandwidth,
+        nic_Bps=so.nic_bandwidth_Bps * so.nics_per_gpu * e.network_bandwidth,
+        nvls=nv.nvls and nv.switch_chips > 0,
+        oversubscription=so.oversubscription,
+        eff=e,
+    )
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One algorithm's cost: latency + transfer, and the bytes each GPU moves per link class."""
+
+    algorithm: str
+    latency_s: float
+    transfer_s: float
+    nvlink_bytes: float  # per GPU, per direction
+    network_bytes: float  # per GPU, per direction
+
+    @property
+    def time_s(self) -> float:
+        """Total predicted seconds."""
+        return self.latency_s + self.transfer_s
+
+
+def saturation(chunk_bytes: float, half_bytes: float, floor: float = 0.5) -> float:
+    """Size-dependent efficiency max(x / (x + x_half), floor) of a per-rank chunk x (0..1].
+
+    The floor keeps small messages latency-bound: NCCL shrinks chunks for them, so the pipeline
+    fill never costs more than the transfer (``EfficiencyFactors.min_size_efficiency``).
+    """
+    if half_bytes <= 0:
+        return 1.0
+    return max(chunk_bytes / (chunk_bytes + half_bytes), floor)
+
+
+def _ring_bw_Bps(shape: GroupShape, lk: Links) -> float:
+    """Ring bandwidth per GPU: NVLink inside a domain, min(NVLink, g × NIC) across domains."""
+    if shape.domains == 1:
+        return lk.nvlink_Bps
+    return min(lk.nvlink_Bps, shape.ranks_per_domain * lk.network_Bps(shape))
+
+
+def _ring_latency_s(steps: int, inter_steps: int, multi_domain: bool, e: EfficiencyFactors) -> float:
+    lat = (steps - inter_steps) * e.nvlink_step_latency_s + inter_steps * e.network_step_latency_s
+    if multi_domain:
+        lat *= e.ring_plateau_latency_factor
+    return e.collective_base_latency_s + lat
+
+
+def _split_bytes(traffic: float, shape: GroupShape) -> tuple[float, float]:
+    """(NVLink, network) bytes per GPU for ring traffic: D of the n ring hops cross domains."""
+    n, d = shape.size, shape.domains
+    if d == 1:
+        return traffic, 0.0
+    if shape.ranks_per_domain == 1:
+        return 0.0, traffic
+    return traffic * (n - d) / n, traffic * d / n
+
+
+# --------------------------------------------------------------------------- all-reduce
+
+
+def ring_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """Ring all-reduce: 2(n−1) steps, 2(n−1)/n·S per GPU at the ring bandwidth."""
+    n, d, e = shape.size, shape.domains, lk.eff
+    lat = _ring_latency_s(2 * (n - 1), 2 * (d - 1), d > 1, e)
+    traffic = 2 * (n - 1) / n * size_bytes
+    bw = _ring_bw_Bps(shape, lk) * saturation(size_bytes / n, e.ring_half_saturation_bytes, e.min_size_efficiency)
+    nvl, net = _split_bytes(traffic, shape)
+    return Estimate("ring", lat, traffic / bw, nvl, net)
+
+
+def tree_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """Double binary tree across domains with a chain inside each (NCCL Tree, ×0.92 de-rate)."""
+    n, g, d, e = shape.size, shape.ranks_per_domain, shape.domains, lk.eff
+    lat = e.collective_base_latency_s + 2 * ((g - 1) * e.nvlink_tree_step_latency_s
+                                             + log2(d) * e.network_tree_step_latency_s)
+    rates = []
+    if g > 1:
+        rates.append(lk.nvlink_Bps / 2)  # chain: S up and S down on each GPU's NVLink
+    net_factor = 1.0 if d == 2 else 2.0
+    if d > 1:
+        rates.append(g * lk.network_Bps(shape) / net_factor)
+    algbw = e.tree_bandwidth * min(rates) * saturation(size_bytes / n, e.ring_half_saturation_bytes, e.min_size_efficiency)
+    nvl = 2 * size_bytes if g > 1 else 0.0
+    net = net_factor * size_bytes / g if d > 1 else 0.0
+    return Estimate("tree", lat, size_bytes / algbw, nvl, net)
+
+
+def nvls_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """NVLink SHARP inside one domain: S(1+1/n) per direction at the NVLS rate, flat latency."""
+    n, e = shape.size, lk.eff
+    traffic = size_bytes * (1 + 1 / n)
+    bw = lk.nvls_Bps * saturation(size_bytes / n, e.nvls_half_saturation_bytes, e.min_size_efficiency)
+    return Estimate("nvls", e.nvls_latency_s, traffic / bw, traffic, 0.0)
+
+
+def _inter_shape(shape: GroupShape) -> GroupShape:
+    """The per-rail group across domains of a hierarchical collective (one rank per domain)."""
+    return GroupShape(size=shape.domains, ranks_per_domain=1, domains=shape.domains, tiers=shape.tiers)
+
+
+def _best(estimates: list[Estimate]) -> Estimate:
+    return min(estimates, key=lambda est: est.time_s)
+
+
+def intra_all_reduce(size_bytes: float, g: int, lk: Links) -> Estimate:
+    """Fastest of NVLS and ring for an all-reduce over ``g`` ranks of one domain."""
+    inner = GroupShape.single_domain(g)
+    cands = [ring_all_reduce(size_bytes, inner, lk)]
+    if lk.nvls and g > 1:
+        cands.append(nvls_all_reduce(size_bytes, inner, lk))
+    return _best(cands)
+
+
+def hierarchical_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """RS + AG inside each domain (NVLS or ring, as one all-reduce) + ring/tree AR of S/g across."""
+    g = shape.ranks_per_domain
+    intra = intra_all_reduce(size_bytes, g, lk)
+    across = _inter_shape(shape)
+    inter = _best([ring_all_reduce(size_bytes / g, across, lk), tree_all_reduce(size_bytes / g, across, lk)])
+    return Estimate(f"hierarchical({intra.algorithm}+{inter.algorithm})", intra.latency_s + inter.latency_s,
+                    intra.transfer_s + inter.transfer_s, intra.nvlink_bytes, inter.network_bytes)
+
+
+# --------------------------------------------------------------- reduce-scatter / all-gather
+
+
+def ring_gather(size_bytes: float, shape: GroupShape, lk: Links, algorithm: str = "ring") -> Estimate:
+    """Ring reduce-scatter or all-gather: n−1 steps, (n−1)/n·S per GPU."""
+    n, d, e = shape.size, shape.domains, lk.eff
+    lat = _ring_latency_s(n - 1, d - 1, d > 1, e)
+    traffic = (n - 1) / n * size_bytes
+    bw = _ring_bw_Bps(shape, lk) * saturation(size_bytes / n, e.ring_half_saturation_bytes, e.min_size_efficiency)
+    nvl, net = _split_bytes(traffic, shape)
+    return Estimate(algorithm, lat, traffic / bw, nvl, net)
+
+
+def nvls_gather(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """NVLS reduce-scatter (ld_reduce) or all-gather (multicast store): S on one direction."""
+    n, e = shape.size, lk.eff
+    bw = lk.nvls_Bps * saturation(size_bytes / n, e.nvls_half_saturation_bytes, e.min_size_efficiency)
+    return Estimate("nvls", e.nvls_latency_s, size_bytes / bw, size_bytes, 0.0)
+
+
+def pat_gather(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """NCCL PAT (one rank per domain): log2(n) network steps, ring traffic at pat_bandwidth of the NIC."""
+    n, e = shape.size, lk.eff
+    lat = e.collective_base_latency_s + log2(n) * e.network_step_latency_s
+    traffic = (n - 1) / n * size_bytes
+    bw = e.pat_bandwidth * lk.network_Bps(shape) * saturation(size_bytes / n, e.ring_half_saturation_bytes, e.min_size_efficiency)
+    return Estimate("pat", lat, traffic / bw, 0.0, traffic)
+
+
+def hierarchical_gather(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """Reduce-scatter or all-gather inside the domain (NVLS or ring) plus ring of S/g across."""
+    g = shape.ranks_per_domain
+    inner = GroupShape.single_domain(g)
+    cands = [ring_gather(size_bytes, inner, lk)]
+    if lk.nvls and g > 1:
+        cands.append(nvls_gather(size_bytes, inner, lk))
+    intra = _best(cands)
+    inter = ring_gather(size_bytes / g, _inter_shape(shape), lk)
+    return Estimate(f"hierarchical({intra.algorithm}+ring)", intra.latency_s + inter.latency_s,
+                    intra.transfer_s + inter.transfer_s, intra.nvlink_bytes, inter.network_bytes)
+
+
+def direct_gather_v(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """Variable-size all-gather as grouped send/recv: every GPU receives each peer's share directly.
+
+    Latency is the ring all-gather's times ``all_gather_v_latency_factor`` (no pipelining across
+    peers); off-domain shares arrive through the GPU's own NIC (no rail aggregation).
+    """
+    n, g, e = shape.size, shape.ranks_per_domain, lk.eff
+    ring_lat = _ring_latency_s(n - 1, shape.domains - 1, shape.domains > 1, e)
+    lat = e.collective_base_latency_s + (ring_lat - e.collective_base_latency_s) * e.all_gather_v_latency_factor
+    nvl = size_bytes * (g - 1) / n
+    net = size_bytes * (n - g) / n
+    sat = saturation(size_bytes / n, e.ring_half_saturation_bytes, e.min_size_efficiency)
+    t = max(nvl / lk.nvlink_Bps, net / lk.network_Bps(shape) if net else 0.0) / sat
+    return Estimate("direct", lat, t, nvl, net)
+
+
+# ---------------------------------------------------------- broadcast, all-to-all, p2p
+
+
+def ring_broadcast(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """Pipelined chain broadcast: n−1 steps, S through every GPU."""
+    n, d, e = shape.size, shape.domains, lk.eff
+    lat = _ring_latency_s(n - 1, d - 1, d > 1, e)
+    bw = _ring_bw_Bps(shape, lk) * saturation(size_bytes / n, e.ring_half_saturation_bytes, e.min_size_efficiency)
+    nvl, net = _split_bytes(size_bytes, shape)
+    return Estimate("ring", lat, size_bytes / bw, nvl, net)
+
+
+def nvls_broadcast(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """Multicast broadcast inside one domain: the root sends S once, the switch replicates."""
+    e = lk.eff
+    bw = lk.nvls_Bps * saturation(size_bytes / shape.size, e.nvls_half_saturation_bytes, e.min_size_efficiency)
+    return Estimate("nvls", e.nvls_latency_s, size_bytes / bw, size_bytes, 0.0)
+
+
+def direct_all_to_all(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """All-to-all: (g−1)/n·S over NVLink and (n−g)/n·S over the GPU's NIC, concurrently."""
+    n, g, e = shape.size, shape.ranks_per_domain, lk.eff
+    nvl = size_bytes * (g - 1) / n
+    net = size_bytes * (n - g) / n if shape.domains > 1 else 0.0
+    step = e.network_step_latency_s if shape.domains > 1 else e.nvlink_step_latency_s
+    sat = saturation(size_bytes / n, e.alltoall_half_saturation_bytes, e.min_size_efficiency)
+    t = max(nvl / lk.alltoall_nvlink_Bps, net / lk.network_Bps(shape) if net else 0.0) / sat
+    return Estimate("direct", e.collective_base_latency_s + step, t, nvl, net)
+
+
+def direct_send_recv(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """Point-to-point: NVLink inside a domain, the NIC across domains (the slower pair bounds)."""
+    e = lk.eff
+    across = shape.domains > 1
+    bw = lk.network_Bps(shape) if across else lk.nvlink_Bps
+    step = e.network_step_latency_s if across else e.nvlink_step_latency_s
+    t = size_bytes / (bw * saturation(size_bytes, e.ring_half_saturation_bytes, e.min_size_efficiency))
+    return Estimate("direct", e.collective_base_latency_s + step, t,
+                    0.0 if across else size_bytes, size_bytes if across else 0.0)
