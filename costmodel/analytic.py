@@ -10,9 +10,11 @@ Step = parameter-gather head + forward/backward phase (:func:`costmodel.pipeline
   backprop order) and are reduced one after another on the DP stream; what runs past the end of the
   stage's backward is exposed. All stages meet at the gradient-norm synchronisation, then run the
   optimizer step (the plan's critical GPU: Newton-Schulz + element-wise + its TP collectives).
-- Parameter gather: synchronous after the optimizer step, or (``hide_param_gather``) issued per
-  bucket in forward order, one bucket ahead of the next step's first forward, as Megatron's
-  forward pre-hooks do; stages > 0 hide it in the pipeline fill.
+- Parameter gather: synchronous after the optimizer step, or (``hide_param_gather``) queued per
+  bucket in forward order at the end of the optimizer step and waited for by the next step's
+  first forward pass of each chunk; stages > 0 hide it in the pipeline fill. (Megatron dispatches
+  one bucket ahead from forward pre-hooks; prefetching the whole queue is the modelling choice
+  that keeps an overlapped gather never slower than a synchronous one.)
 - Overlapped DP traffic slows concurrent compute by ``overlap_compute_slowdown`` (reported as
   ``other``).
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from costmodel.pipeline import pipeline_time_s
+from costmodel.pipeline import p2p_exposed_s, pipeline_time_s
 from costmodel.report import Breakdown, StepReport
 from costmodel.step_structure import StageCost, StepStructure, build_step_structure
 
@@ -47,7 +49,7 @@ def _grad_done_s(stage: StageCost, end_s: float, overlap: bool) -> float:
         chunk_end[ch.chunk] = t
         t -= ch.bwd.time_s
     busy = 0.0
-    for b in stage.buckets:
+    for b in stage.backward_buckets:
         bwd = stage.chunks[b.chunk].bwd.time_s
         ready = chunk_end[b.chunk] - (1.0 - b.bwd_ready_fraction) * bwd if overlap else end_s
         busy = max(busy, ready) + b.reduce_s
@@ -55,23 +57,21 @@ def _grad_done_s(stage: StageCost, end_s: float, overlap: bool) -> float:
 
 
 def _gather_head_s(stage: StageCost, fill_s: float, pp: int) -> float:
-    """Delay the parameter all-gather (one bucket ahead, forward order) adds to the first forward."""
-    buckets = list(reversed(stage.buckets))
-    if not buckets:
-        return 0.0
-    chunk_start = {}
+    """Delay the hidden parameter all-gather adds to a stage's first forward passes.
+
+    Every bucket's all-gather is queued on the DP stream at the end of the optimizer step, in the
+    order the forward needs them; compute waits at a bucket until its parameters have arrived.
+    """
     t = fill_s
+    chunk_start = {}
     for ch in stage.chunks:
         chunk_start[ch.chunk] = t
         t += pp * ch.fwd.time_s if pp > 1 else ch.fwd.time_s
-    delay = 0.0
-    arrive = buckets[0].gather_s
-    for k, b in enumerate(buckets):
+    delay, arrive = 0.0, 0.0
+    for b in stage.forward_buckets:
+        arrive += b.gather_s
         nominal = chunk_start[b.chunk] + b.fwd_need_fraction * stage.chunks[b.chunk].fwd.time_s
-        start = max(nominal + delay, arrive)
-        delay = start - nominal
-        if k + 1 < len(buckets):
-            arrive = max(start, arrive) + buckets[k + 1].gather_s
+        delay = max(delay, arrive - nominal)
     return delay
 
 
@@ -89,8 +89,7 @@ def analytic_timing(st: StepStructure) -> AnalyticTiming:
         for part in (c.fwd, c.bwd):
             for k, v in part.exposed_by_kind().items():
                 exposed[k] = exposed.get(k, 0.0) + m * v
-    pp_exposed = (2 * (pp - 1) + (2 * (m - 1) if vpp == 1 else 0)) * st.p2p_s if pp > 1 else 0.0
-    exposed["pp"] = pp_exposed
+    exposed["pp"] = p2p_exposed_s(pp, vpp, m, st.p2p_s)
     bubble = max(0.0, t_pipe - compute - sum(exposed.values()))
     # drain: stage s ends its last backward before stage 0 by the chunk backwards and transfers between
     ends, slack = [], 0.0

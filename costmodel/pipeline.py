@@ -61,6 +61,23 @@ def schedule_order(pp: int, vpp: int, microbatches: int, rank: int) -> list[Sche
     return order
 
 
+def p2p_exposed_s(pp: int, vpp: int, microbatches: int, p2p_s: float) -> float:
+    """Seconds the schedule waits on point-to-point transfers of ``p2p_s`` seconds each.
+
+    Interleaved: the first micro-batch's activation crosses all ``pp·vpp - 1`` virtual-stage
+    boundaries in the fill and its gradient again in the drain: ``2 (pp·vpp - 1) p2p_s``.
+    1F1B: the same fill and drain plus, in the steady state, the round trip of the in-flight
+    micro-batches: ``(2 (pp-1) m / pp + 2 (pp-2)) p2p_s`` in total. Both hold (and are checked
+    against the discrete-event schedule) while a transfer is shorter than a chunk's forward pass;
+    longer transfers make the schedule latency-bound and are left to the DES.
+    """
+    if pp <= 1 or p2p_s <= 0:
+        return 0.0
+    if vpp > 1:
+        return 2 * (pp * vpp - 1) * p2p_s
+    return (2 * (pp - 1) * microbatches / pp + 2 * (pp - 2)) * p2p_s
+
+
 def pipeline_time_s(stage_work_s: Sequence[float], chunk_fwd_s: Sequence[float], chunk_bwd_s: Sequence[float],
                     microbatches: int, vpp: int, p2p_s: float) -> float:
     """Closed-form seconds of the forward/backward phase of one step.
@@ -69,16 +86,12 @@ def pipeline_time_s(stage_work_s: Sequence[float], chunk_fwd_s: Sequence[float],
     ``chunk_fwd_s`` / ``chunk_bwd_s``: mean seconds of one chunk's forward / backward per stage;
     ``p2p_s``: one point-to-point transfer. The busiest stage sets the steady state
     (``m · max work``); filling and draining the pipeline adds ``pp - 1`` chunk forwards and
-    backwards plus a transfer each way per stage boundary (the bubble, ``(pp-1)/(vpp·m)`` of the
-    busy time for uniform stages). Without interleaving, 1F1B's steady state also waits for the
-    round trip of every micro-batch's activation and gradient (two transfers per micro-batch).
+    backwards (the bubble: ``(pp-1)/(vpp·m)`` of the busy time for uniform stages) and the
+    transfers of :func:`p2p_exposed_s`.
     """
     pp = len(stage_work_s)
     busiest = max(stage_work_s)
     if pp == 1:
         return microbatches * busiest
-    fill = sum(chunk_fwd_s[:-1]) + sum(chunk_bwd_s[1:]) + 2 * (pp - 1) * p2p_s
-    steady = microbatches * busiest
-    if vpp == 1:
-        steady += 2 * (microbatches - 1) * p2p_s
-    return steady + fill
+    fill = sum(chunk_fwd_s[:-1]) + sum(chunk_bwd_s[1:])
+    return microbatches * busiest + fill + p2p_exposed_s(pp, vpp, microbatches, p2p_s)

@@ -25,7 +25,7 @@ synchronous parameter gather): the mode in which the two engines must agree.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
 from costmodel.compute import operation_time_s
@@ -137,6 +137,16 @@ class StageCost:
     def work_s(self) -> float:
         """Compute-stream seconds per micro-batch (all chunks, forward + backward)."""
         return sum(c.time_s for c in self.chunks)
+
+    @cached_property
+    def forward_buckets(self) -> tuple[BucketCost, ...]:
+        """Buckets in the order the next forward needs their parameters (chunk, then position)."""
+        return tuple(sorted(self.buckets, key=lambda b: (b.chunk, b.fwd_need_fraction)))
+
+    @cached_property
+    def backward_buckets(self) -> tuple[BucketCost, ...]:
+        """Buckets in the order their gradients complete (chunks last to first, then position)."""
+        return tuple(sorted(self.buckets, key=lambda b: (-b.chunk, b.bwd_ready_fraction)))
 
 
 @dataclass(frozen=True)
@@ -351,8 +361,12 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
     return tuple(out)
 
 
-def build_step_structure(scenario: Scenario, overlap: bool = True) -> StepStructure:
-    """The step's structure for ``scenario`` (raises UnsupportedScenario for fsdp > 0)."""
+def build_step_structure(scenario: Scenario, overlap: bool = True, plan: OptimizerPlan | None = None) -> StepStructure:
+    """The step's structure for ``scenario`` (raises UnsupportedScenario for fsdp > 0).
+
+    ``plan``: the scenario's optimizer plan when the caller already has it (the planner shares
+    plans between candidates that differ only in settings the plan does not depend on).
+    """
     from costmodel.engine import UnsupportedScenario
     from costmodel.optimizer.plan import build_optimizer_plan
     from topologies.placement import placement_for
@@ -372,7 +386,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True) -> StepStruct
         f, b, fa, ba = _ops_time(ops, system)
         cf, cb = _layer_comm(scenario, shape, kind, shapes, (fa, ba), overlap)
         per_kind[kind] = (f, b, cf, cb)
-    plan = build_optimizer_plan(scenario)
+    plan = build_optimizer_plan(scenario) if plan is None else plan
     stages = []
     for s in range(p.pp):
         chunks = []

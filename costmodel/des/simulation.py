@@ -14,8 +14,10 @@ backward for the gradient from ``v+1``. The last backward of each chunk is slice
 boundaries, each slice releasing its bucket's reduce-scatter to the DP stream (when
 ``overlap_grad_reduce``). After its schedule a rank waits for its gradients, meets every other
 rank (gradient-norm synchronisation), runs the optimizer step, then gathers parameters
-synchronously or, with ``hide_param_gather``, issues the first bucket's all-gather and lets the
-next step's first forwards issue the rest one bucket ahead.
+synchronously or, with ``hide_param_gather``, queues every bucket's all-gather in forward order
+and lets the next step's first forward of each chunk wait at each bucket for its parameters.
+Passes run as one compute block followed by their collectives, or layer by layer while DP traffic
+is in flight on the rank (so overlapping flows and compute interleave as in the real step).
 """
 
 from __future__ import annotations
@@ -180,8 +182,10 @@ class StepSimulation:
             t0 = self.env.now
             total = bucket.reduce_s if kind == "reduce" else bucket.gather_s
             lat = bucket.reduce_latency_s if kind == "reduce" else bucket.gather_latency_s
-            yield self.net.transfer(max(total - lat, 0.0), self._res(bucket.link, s), lat)
-            self.dp_busy[s] -= 1
+            if total > 0:
+                self.dp_busy[s] += 1
+                yield self.net.transfer(max(total - lat, 0.0), self._res(bucket.link, s), lat)
+                self.dp_busy[s] -= 1
             self._log(s, "dp", f"{'RS grad' if kind == 'reduce' else 'AG param'} c{bucket.chunk} {bucket.group}", t0, "dp", step)
             if done is not None:
                 done.succeed()
@@ -191,7 +195,6 @@ class StepSimulation:
                     self.grad_done[step][s].succeed()
 
     def _reduce(self, s: int, step: int, bucket: BucketCost) -> None:
-        self.dp_busy[s] += 1
         self.queues[s].put(("reduce", step, bucket, None))
 
     def _gather(self, s: int, step: int, k: int) -> simpy.Event:
@@ -199,9 +202,7 @@ class StepSimulation:
         key = (step, s, k)
         if key not in self.params:
             ev = self.params[key] = self.env.event()
-            buckets = self.st.stages[s].buckets
-            self.dp_busy[s] += 1
-            self.queues[s].put(("gather", step, buckets[len(buckets) - 1 - k], ev))
+            self.queues[s].put(("gather", step, self.st.stages[s].forward_buckets[k], ev))
         return self.params[key]
 
     # ------------------------------------------------------------------ a rank
@@ -215,7 +216,7 @@ class StepSimulation:
         for i, p in enumerate(order):
             if p.kind == "F":
                 first_f.setdefault(p.chunk, i)
-        fwd_buckets = list(reversed(stage.buckets))
+        fwd_buckets = stage.forward_buckets
         for step in range(self.steps):
             if stage.buckets == ():
                 self.grad_done[step][s].succeed()
@@ -246,7 +247,7 @@ class StepSimulation:
                     if v > 0:
                         self._send(s, (v - 1) % pp, ("B", step, p.microbatch, v - 1), step)
             if not st.overlap_grad_reduce:
-                for b in stage.buckets:
+                for b in stage.backward_buckets:
                     self._reduce(s, step, b)
             yield from self._wait(s, self.grad_done[step][s], "dp_grad", step)
             t0 = env.now
@@ -266,14 +267,13 @@ class StepSimulation:
             if not st.hide_param_gather:
                 for k in range(len(fwd_buckets)):
                     yield from self._wait(s, self._gather(s, step, k), "dp_param", step)
-            elif step + 1 < self.steps and fwd_buckets:
-                self._gather(s, step + 1, 0)
+            elif step + 1 < self.steps:
+                for k in range(len(fwd_buckets)):  # prefetch every bucket, in forward order
+                    self._gather(s, step + 1, k)
             self.rank_end[step][s] = env.now
 
     def _param_waiter(self, s: int, step: int, k: int):  # noqa: ANN202
         def wait() -> Ev:
-            if k + 1 < len(self.st.stages[s].buckets):
-                self._gather(s, step, k + 1)  # one bucket ahead, as Megatron's forward pre-hook
             yield from self._wait(s, self._gather(s, step, k), "dp_param", step)
         return wait
 
