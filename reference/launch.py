@@ -1,0 +1,222 @@
+"""Launchers: local forked processes (gloo over tcp://127.0.0.1) and the ``torchrun`` entry.
+
+Local: :func:`launch_local` forks ``world_size`` children (each sets one intra-op thread first,
+which fork needs once the parent has used OpenMP), supervises them, and on any failure — a rank
+that raises, dies or outlives ``timeout_s`` — terminates every child and raises
+:class:`ReferenceRunError` with one line. Nothing hangs: process-group init and collectives carry
+the same timeout, and the parent kills what is left.
+
+torchrun: ``torchrun --nproc-per-node N -m reference.launch --world-size N ... --out run.json``
+(env:// rendezvous, ``--backend gloo`` or ``nccl``); rank 0 gathers the ranks' outputs and writes
+the MeasuredRun JSON. Without torchrun's environment, ``python -m reference.launch`` runs locally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from topologies.inputs import UserInputError
+
+
+class ReferenceRunError(RuntimeError):
+    """A reference run failed (a rank raised, died or timed out); ``str`` is one line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return f"{type(err).__name__}: {text[:400]}"
+
+
+def _child(cfg: Any, rank: int, init_method: str, outdir: str) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    code = 0
+    try:
+        from reference.runner import run_rank
+
+        out = run_rank(cfg, rank, cfg.world_size, init_method, "gloo")
+        torch.save(out, Path(outdir) / f"rank{rank}.pt")
+    except BaseException as err:  # noqa: BLE001 - report anything, then exit
+        Path(outdir, f"rank{rank}.err").write_text(_one_line(err), encoding="utf-8")
+        code = 1
+    os._exit(code)
+
+
+_PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote worker")
+
+
+def _describe_failure(failed: list[tuple[int, int]], outdir: str) -> str:
+    """One line naming the root cause: a rank that died, else one whose error is not a peer's echo."""
+    messages = {r: Path(outdir, f"rank{r}.err").read_text(encoding="utf-8")
+                for r, _ in failed if Path(outdir, f"rank{r}.err").exists()}
+    died = [(r, c) for r, c in failed if r not in messages]
+    if died:
+        r, c = died[0]
+        what = f"killed by signal {-c}" if c < 0 else f"exited with code {c}"
+        main = f"rank {r} died ({what})"
+    else:
+        own = [r for r in messages if not any(p in messages[r] for p in _PEER_ERRORS)]
+        r = own[0] if own else failed[0][0]
+        main = f"rank {r} failed: {messages[r]}"
+    others = len(failed) - 1
+    return f"reference run failed: {main}" + (f" (and {others} other rank(s) failed)" if others else "")
+
+
+def _stop(procs: list[Any]) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 3.0
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(2.0)
+
+
+def _supervise(procs: list[Any], outdir: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        codes = [p.exitcode for p in procs]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            time.sleep(0.3)  # let peers that saw the failure report it too
+            codes = [p.exitcode for p in procs]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            raise ReferenceRunError(_describe_failure(failed, outdir))
+        if all(c == 0 for c in codes):
+            return
+        if time.monotonic() > deadline:
+            running = [r for r, c in enumerate(codes) if c is None]
+            raise ReferenceRunError(f"reference run timed out after {timeout_s:g} s (ranks still running: {running})")
+        time.sleep(0.01)
+
+
+def launch_local(cfg: Any) -> list[Any]:
+    """Run ``cfg`` on ``cfg.world_size`` forked gloo processes; return their RankOutputs."""
+    import multiprocessing as mp
+
+    import torch
+
+    if cfg.backend != "gloo":
+        raise UserInputError("local runs use the gloo backend; use torchrun for nccl")
+    ctx = mp.get_context("fork")
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    with tempfile.TemporaryDirectory(prefix="muonsim-ref-") as outdir:
+        procs = [ctx.Process(target=_child, args=(cfg, r, init_method, outdir)) for r in range(cfg.world_size)]
+        try:
+            for p in procs:
+                p.start()
+            _supervise(procs, outdir, cfg.timeout_s)
+        finally:
+            _stop(procs)
+        return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(cfg.world_size)]
+
+
+# ----- python -m reference.launch -----
+
+def _parse_failure(text: str) -> dict[str, Any]:
+    parts = text.split(":")
+    if not 1 <= len(parts) <= 3:
+        raise UserInputError(f"inject_failure '{text}' must be RANK[:STEP[:exit|hang|raise]]")
+    try:
+        out: dict[str, Any] = {"rank": int(parts[0])}
+        if len(parts) > 1:
+            out["step"] = int(parts[1])
+    except ValueError:
+        raise UserInputError(f"inject_failure '{text}' must be RANK[:STEP[:exit|hang|raise]]") from None
+    if len(parts) > 2:
+        out["mode"] = parts[2]
+    return out
+
+
+def _parse_custom(text: str) -> list[list[float]]:
+    try:
+        tuples = [[float(v) for v in t.split(",")] for t in text.split(";") if t.strip()]
+    except ValueError:
+        tuples = []
+    if not tuples or any(len(t) != 3 for t in tuples):
+        raise UserInputError(f"custom_coefficients '{text}' must look like 'a,b,c;a,b,c' (three numbers per tuple)")
+    return tuples
+
+
+def config_from_strings(values: dict[str, str | None]) -> Any:
+    """Build a RunConfig from flag strings (CLI / argparse); one-line UserInputError on problems."""
+    from reference.config import make_config
+
+    data: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
+    if "inject_failure" in data:
+        data["inject_failure"] = _parse_failure(str(data["inject_failure"]))
+    if "custom_coefficients" in data:
+        data["custom_coefficients"] = _parse_custom(str(data["custom_coefficients"]))
+    return make_config(**data)
+
+
+def _argparser() -> argparse.ArgumentParser:
+    from reference.config import RunConfig
+
+    parser = argparse.ArgumentParser(prog="python -m reference.launch",
+                                     description="Run the muonsim reference backend (local or under torchrun).")
+    for name, field in RunConfig.model_fields.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=field.description)
+    parser.add_argument("--out", required=True, help="MeasuredRun JSON to write")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code (2 bad arguments, 1 failed run)."""
+    args = vars(_argparser().parse_args(argv))
+    out = Path(args.pop("out"))
+    try:
+        cfg = config_from_strings(args)
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            return _torchrun(cfg, out)
+        from reference.api import run_reference
+
+        result = run_reference(cfg)
+    except UserInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except ReferenceRunError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    result.write_json(out)
+    print(result.summary_line())
+    return 0
+
+
+def _torchrun(cfg: Any, out: Path) -> int:
+    from reference.api import assemble
+    from reference.runner import run_rank
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != cfg.world_size:
+        raise UserInputError(f"--world-size {cfg.world_size} does not match torchrun's WORLD_SIZE {world}")
+    outputs = run_rank(cfg, rank, world, "env://", cfg.backend, gather=True)
+    if rank == 0:
+        result = assemble(cfg, outputs)
+        result.write_json(out)
+        print(result.summary_line())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""The distributed optimizers on one rank: element-wise AdamW, layer-wise Muon, replicated.
+
+* :class:`ElementWise` — Megatron's ``DistributedOptimizer`` (§3): padded buckets, reduce-scatter
+  of gradients, AdamW on this rank's equal shard (parameter boundaries ignored), all-gather.
+* :class:`LayerWiseLegacy` — gradients all-reduced (plain DDP buckets), whole parameters (Muon
+  *and* AdamW ones) owned by one dp rank each, variable-size all-gather of the owned parameters.
+* :class:`LayerWiseCurrent` — Muon parameters in shard-aligned layer-wise buckets (reduce-scatter,
+  equal all-gather), the other parameters on an element-wise AdamW.
+* :class:`Replicated` — DDP all-reduce and the full optimizer on every rank (no gather).
+
+Master weights and optimizer state are fp32 and exist only for what a rank updates; model
+parameters live in the bucket buffers in the model dtype. Dense parameters reduce over ``dp``,
+expert parameters over ``expert_dp``; Muon's tensor-parallel Newton–Schulz runs through the
+orthogonaliser (:mod:`reference.tp_ns`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from reference.buffers import FlatBucket
+from reference.config import RunConfig
+from reference.grid import GridCoords
+from reference.instrument import Comm, Pending, PhaseClock
+from reference.layout import (
+    BucketLayout,
+    LayoutItem,
+    assign_whole_params,
+    ddp_buckets,
+    layer_wise_buckets,
+    padding_overhead,
+    with_owners,
+)
+from reference.muon_math import (
+    AdamHyper,
+    MatrixInfo,
+    MuonHyper,
+    Orthogonalizer,
+    adamw_step,
+    muon_apply,
+    muon_prepare,
+    orthogonalize_param,
+)
+from reference.workload import ParamSpec
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+GROUP_KINDS = ("dp", "expert_dp")
+
+
+def matrix_info(spec: ParamSpec) -> MatrixInfo:
+    """What the Muon step needs to know about a 2-D parameter."""
+    return MatrixInfo(
+        name=spec.name, global_shape=spec.global_shape, shard_dim=spec.shard_dim,  # type: ignore[arg-type]
+        shards=spec.shards, tp_group=spec.shard_group or "tp", qkv_groups=spec.qkv_groups, qkv_split=spec.qkv_split,
+    )
+
+
+def layout_items(specs: Sequence[ParamSpec]) -> list[LayoutItem]:
+    """Layout items in backprop order (reverse definition order)."""
+    return [LayoutItem(s.name, s.local_numel, s.ns_cost) for s in sorted(specs, key=lambda s: -s.order)]
+
+
+@dataclass
+class _State:
+    master: torch.Tensor
+    buf: torch.Tensor | None = None  # Muon momentum
+    m: torch.Tensor | None = None  # Adam first moment
+    v: torch.Tensor | None = None  # Adam second moment
+
+
+class DistOptimizer:
+    """Common machinery: buckets, group sizes and ranks, per-parameter Muon / AdamW updates."""
+
+    reduce_op = "all_reduce"
+    gather_op: str | None = None
+
+    def __init__(self, cfg: RunConfig, specs: Sequence[ParamSpec], init: dict[str, torch.Tensor],
+                 coords: GridCoords, comm: Comm, clock: PhaseClock, ortho: Orthogonalizer,
+                 muon: MuonHyper, adam: AdamHyper, device: torch.device) -> None:
+        self.cfg, self.coords, self.comm, self.clock, self.ortho = cfg, coords, comm, clock, ortho
+        self.muon, self.adam, self.device = muon, adam, device
+        self.specs = {s.name: s for s in specs}
+        self.init = init
+        self.state: dict[str, _State] = {}
+        self.flat_state: dict[int, _State] = {}
+        self.buckets: list[FlatBucket] = []
+        self.layouts: dict[str, list[BucketLayout]] = {}
+        self.build()
+
+    # ----- groups -----
+    def group_size(self, kind: str) -> int:
+        return self.coords.dp if kind == "dp" else self.coords.expert_dp
+
+    def group_rank(self, kind: str) -> int:
+        return self.coords.dp_rank if kind == "dp" else self.coords.expert_dp_rank
+
+    def specs_of(self, kind: str, optimizer: str | None = None) -> list[ParamSpec]:
+        return [s for s in self.specs.values() if s.dp_group == kind and optimizer in (None, s.optimizer)]
+
+    def add_buckets(self, tag: str, kind: str, layouts: list[BucketLayout]) -> None:
+        self.layouts[f"{tag}:{kind}"] = layouts
+        for layout in layouts:
+            self.buckets.append(FlatBucket.create(
+                len(self.buckets), layout, kind, self.specs, self.init, DTYPES[self.cfg.param_dtype],
+                DTYPES[self.cfg.grad_dtype], self.device))
+
+    def build(self) -> None:
+        raise NotImplementedError
+
+    # ----- per step -----
+    def forward_order(self) -> list[FlatBucket]:
+        """Buckets in the order the forward pass first needs them."""
+        return sorted(self.buckets, key=lambda b: min(self.specs[n].order for n in b.names()))
+
+    def backprop_order(self) -> list[FlatBucket]:
+        return sorted(self.buckets, key=lambda b: -max(self.specs[n].order for n in b.names()))
+
+    def zero_grads(self) -> None:
+        for b in self.buckets:
+            b.gbuf.zero_()
+
+    def reduce_grads(self) -> None:
+        for b in self.backprop_order():
+            kind = b.group
+            if self.reduce_op == "all_reduce":
+                b.all_reduce_grads(self.comm, self.group_size(kind))
+            else:
+                b.reduce_scatter_grads(self.comm, self.group_rank(kind), self.group_size(kind))
+
+    def step(self, step: int) -> None:
+        raise NotImplementedError
+
+    def start_param_gather(self, async_op: bool) -> list[tuple[FlatBucket, Pending]]:
+        """Launch the parameter gather per bucket in forward order (waited now unless async)."""
+        if self.gather_op is None:
+            return []
+        out = []
+        for b in self.forward_order():
+            rank = self.group_rank(b.group)
+            if self.gather_op == "all_gather":
+                out.append((b, b.all_gather_params(self.comm, rank, async_op)))
+            else:
+                out.append((b, b.all_gather_v_params(self.comm, rank, async_op)))
+        return out
+
+    # ----- updates -----
+    def _param_state(self, bucket: FlatBucket, name: str) -> _State:
+        if name not in self.state:
+            master = bucket.param(name).to(torch.float32).clone()
+            st = _State(master)
+            if self.specs[name].optimizer == "muon":
+                st.buf = torch.zeros_like(master)
+            else:
+                st.m, st.v = torch.zeros_like(master), torch.zeros_like(master)
+            self.state[name] = st
+        return self.state[name]
+
+    def update_param(self, bucket: FlatBucket, name: str, step: int) -> None:
+        """Muon or AdamW on one whole (local-shard) parameter; writes the model copy."""
+        st = self._param_state(bucket, name)
+        g = bucket.grad(name).to(torch.float32)
+        if self.specs[name].optimizer == "muon":
+            assert st.buf is not None
+            u = muon_prepare(st.master, g, st.buf, self.muon)
+            with self.clock.phase("newton_schulz"):
+                o = orthogonalize_param(u, matrix_info(self.specs[name]), self.ortho)
+            muon_apply(st.master, o, self.muon)
+        else:
+            assert st.m is not None and st.v is not None
+            adamw_step(st.master, g, st.m, st.v, step, self.adam)
+        bucket.param(name).copy_(st.master)
+
+    def update_shard(self, bucket: FlatBucket, step: int) -> None:
+        """AdamW on this rank's equal shard of an element-wise bucket; writes the model copy."""
+        lo, hi = bucket.layout.shard_range(self.group_rank(bucket.group))
+        if bucket.uid not in self.flat_state:
+            master = bucket.pbuf[lo:hi].to(torch.float32).clone()
+            self.flat_state[bucket.uid] = _State(master, m=torch.zeros_like(master), v=torch.zeros_like(master))
+        st = self.flat_state[bucket.uid]
+        assert st.m is not None and st.v is not None
+        adamw_step(st.master, bucket.gbuf[lo:hi].to(torch.float32), st.m, st.v, step, self.adam)
+        bucket.pbuf[lo:hi].copy_(st.master)
+
+    def for_each_owned(self, fn: Callable[[FlatBucket, str], None], owned: Callable[[FlatBucket, str], bool]) -> None:
+        """Apply ``fn`` to owned parameters in definition order (identical on all TP peers)."""
+        where = {n: b for b in self.buckets for n in b.names()}
+        for name in sorted(where, key=lambda n: self.specs[n].order):
+            if owned(where[name], name):
+                fn(where[name], name)
+
+    def padding_overhead(self) -> float:
+        return padding_overhead([b.layout for b in self.buckets])
+
+    def owned_names(self) -> list[str]:
+        """Parameters whose whole update this rank computes (empty for element-wise shards)."""
+        return sorted(self.state)
+
+
+class ElementWise(DistOptimizer):
+    """AdamW on Megatron's element-wise distributed optimizer."""
+
+    reduce_op = "reduce_scatter"
+    gather_op = "all_gather"
+
+    def build(self) -> None:
+        for kind in GROUP_KINDS:
+            items = layout_items(self.specs_of(kind))
+            size = self.group_size(kind)
+            self.add_buckets("element_wise", kind, ddp_buckets(items, size, self.cfg.bucket_size_for(size), True))
+
+    def step(self, step: int) -> None:
+        for b in self.buckets:
+            self.update_shard(b, step)
+
+
+class Replicated(DistOptimizer):
+    """Plain DDP: all-reduce, then every rank updates every parameter."""
+
+    def build(self) -> None:
+        for kind in GROUP_KINDS:
+            size = self.group_size(kind)
+            items = layout_items(self.specs_of(kind))
+            self.add_buckets("ddp", kind, ddp_buckets(items, size, self.cfg.bucket_size_for(size), False))
+
+    def step(self, step: int) -> None:
+        self.for_each_owned(lambda b, n: self.update_param(b, n, step), lambda b, n: True)
+
+
+class LayerWiseLegacy(DistOptimizer):
+    """Legacy layer-wise Muon: all-reduce, whole-parameter owners, variable-size all-gather."""
+
+    gather_op = "all_gather_v"
+
+    def build(self) -> None:
+        strategy = self.cfg.resolved_load_balance
+        for kind in GROUP_KINDS:
+            size = self.group_size(kind)
+            specs = self.specs_of(kind)
+            if not specs:
+                continue
+            # all sub-optimizers' params: the Muon group, then the AdamW group, each in definition order
+            ordered = sorted(specs, key=lambda s: (s.optimizer != "muon", s.order))
+            owners = assign_whole_params([LayoutItem(s.name, s.local_numel, s.ns_cost) for s in ordered],
+                                         size, strategy)
+            layouts = ddp_buckets(layout_items(specs), size, self.cfg.bucket_size_for(size), False)
+            self.add_buckets("legacy", kind, [with_owners(bl, owners) for bl in layouts])
+
+    def step(self, step: int) -> None:
+        self.for_each_owned(lambda b, n: self.update_param(b, n, step),
+                            lambda b, n: b.slots[n].owner == self.group_rank(b.group))
+
+
+class LayerWiseCurrent(DistOptimizer):
+    """Current layer-wise Muon: shard-aligned buckets per buffer, reduce-scatter, equal all-gather."""
+
+    reduce_op = "reduce_scatter"
+    gather_op = "all_gather"
+
+    def build(self) -> None:
+        strategy = self.cfg.resolved_load_balance
+        self.lw_uids: set[int] = set()
+        for kind in GROUP_KINDS:
+            size = self.group_size(kind)
+            bucket_size = self.cfg.bucket_size_for(size)
+            first = len(self.buckets)
+            muon_items = layout_items(self.specs_of(kind, "muon"))
+            self.add_buckets("layer_wise", kind, layer_wise_buckets(muon_items, size, bucket_size, strategy))
+            self.lw_uids.update(range(first, len(self.buckets)))
+            adam_items = layout_items(self.specs_of(kind, "adamw"))
+            self.add_buckets("element_wise", kind, ddp_buckets(adam_items, size, bucket_size, True))
+
+    def step(self, step: int) -> None:
+        self.for_each_owned(
+            lambda b, n: self.update_param(b, n, step),
+            lambda b, n: b.uid in self.lw_uids and b.slots[n].owner == self.group_rank(b.group))
+        for b in self.buckets:
+            if b.uid not in self.lw_uids:
+                self.update_shard(b, step)
+
+
+def optimizer_class(cfg: RunConfig) -> type[DistOptimizer]:
+    """The optimizer runtime for ``cfg``'s distribution (and layer-wise layout)."""
+    dist = cfg.resolved_distribution
+    if dist == "element_wise":
+        return ElementWise
+    if dist == "replicated":
+        return Replicated
+    return LayerWiseLegacy if cfg.layout == "legacy" else LayerWiseCurrent
