@@ -115,7 +115,9 @@ def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSetting
                 continue
             numel = np.concatenate([buf.numel for buf in bufs])
             cost = np.concatenate([buf.cost for buf in bufs])
-            owner = lay.whole_param_owner(numel, cost, grid.size(group), strategy)
+            owner = np.empty(len(numel), dtype=np.int64)
+            order = _sub_optimizer_order(bufs)
+            owner[order] = lay.whole_param_owner(numel[order], cost[order], grid.size(group), strategy)
             at = 0
             for buf in bufs:
                 n = len(buf.numel)
@@ -123,6 +125,19 @@ def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSetting
                 b.step_whole(buf, np.arange(n), owner[at:at + n])
                 at += n
     return b.finish(rank_work)
+
+
+def _sub_optimizer_order(bufs: list) -> np.ndarray:
+    """Positions (in the concatenated backprop-order buffers) in the order the legacy assignment sees
+    them: the Muon group, then the AdamW group, each in definition order (chunk 0 first)."""
+    at, definition = 0, []
+    for buf in bufs:
+        n = len(buf.numel)
+        definition.append(np.arange(at + n - 1, at - 1, -1))
+        at += n
+    order = np.concatenate(definition)
+    muon = np.concatenate([buf.muon for buf in bufs])[order]
+    return np.concatenate([order[muon], order[~muon]])
 
 
 def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings) -> tuple[str, ...]:  # noqa: ANN001

@@ -131,6 +131,10 @@ class StageOptimizerPlan:
             calls += expert.calls_of(gpu // (self.etp * self.ep))
         return merge_calls(calls)
 
+    def collectives_by_rank(self) -> dict[int, list[CollectiveCall]]:
+        """Merged collective list of each rank class, keyed by its first GPU (``RankWork.rank``)."""
+        return {r.rank: self.gpu_collectives(r.rank) for r in self.ranks}
+
     def owned_tensors(self, gpu: int) -> list[str]:
         """Names of the Muon items GPU ``gpu`` steps (layer-wise ownership)."""
         out: list[str] = []
