@@ -17,8 +17,23 @@ if TYPE_CHECKING:
     from workloads.scenario import Scenario
 
 
+_MEMORY_CACHE: dict[tuple, tuple[Any, Any, tuple[MemoryReport | None, list[str]]]] = {}
+
+
 def memory_report(scenario: Scenario) -> tuple[MemoryReport | None, list[str]]:
-    """The per-GPU memory of ``scenario`` (None and a warning until workloads.memory exists)."""
+    """The per-GPU memory of ``scenario`` (memoised per scenario: the planner asks many times)."""
+    key = (scenario.config, id(scenario.model), id(scenario.system))
+    hit = _MEMORY_CACHE.get(key)
+    if hit is not None and hit[0] is scenario.model and hit[1] is scenario.system:
+        return hit[2][0], list(hit[2][1])
+    out = _memory_report(scenario)
+    if len(_MEMORY_CACHE) > 4096:
+        _MEMORY_CACHE.clear()
+    _MEMORY_CACHE[key] = (scenario.model, scenario.system, out)
+    return out[0], list(out[1])
+
+
+def _memory_report(scenario: Scenario) -> tuple[MemoryReport | None, list[str]]:
     try:
         from workloads.memory import memory_breakdown
     except ImportError:

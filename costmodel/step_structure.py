@@ -77,11 +77,11 @@ class PassCost:
     compute_s: float
     comm: tuple[CommBlock, ...] = ()
 
-    @property
+    @cached_property
     def exposed_comm_s(self) -> float:
         return sum(c.exposed_s for c in self.comm)
 
-    @property
+    @cached_property
     def time_s(self) -> float:
         """Seconds on the compute stream: compute + exposed layer communication."""
         return self.compute_s + self.exposed_comm_s
@@ -101,7 +101,7 @@ class ChunkCost:
     fwd: PassCost
     bwd: PassCost
 
-    @property
+    @cached_property
     def time_s(self) -> float:
         return self.fwd.time_s + self.bwd.time_s
 
@@ -133,7 +133,7 @@ class StageCost:
     optimizer_compute_s: float
     optimizer_tp_s: float
 
-    @property
+    @cached_property
     def work_s(self) -> float:
         """Compute-stream seconds per micro-batch (all chunks, forward + backward)."""
         return sum(c.time_s for c in self.chunks)
@@ -198,12 +198,24 @@ def _layer_ops(model: ModelSpec, shape: RankShape, kind: str, recompute: str, mo
     return layer_operations(model, shape, kind == "moe", recompute, modules)
 
 
+_COLL_CACHE: dict[tuple, tuple[SystemSpec, tuple[float, float]]] = {}
+_KIND_CACHE: dict[tuple, tuple[ModelSpec, SystemSpec, tuple]] = {}
+_CACHE_LIMIT = 20000
+
+
 def _coll(op: str, size: float, shape: GroupShape, system: SystemSpec) -> tuple[float, float]:
-    """(time s, latency s) of one collective; latency = the time of a one-byte call."""
+    """(time s, latency s) of one collective; latency = the time of a one-byte call (memoised)."""
     if shape.size <= 1 or size <= 0:
         return 0.0, 0.0
+    key = (op, size, shape, id(system))
+    hit = _COLL_CACHE.get(key)
+    if hit is not None and hit[0] is system:
+        return hit[1]
     t = collective_time_s(op, size, shape, system)
     lat = min(collective_time_s(op, 1.0, shape, system), t)
+    if len(_COLL_CACHE) > _CACHE_LIMIT:
+        _COLL_CACHE.clear()
+    _COLL_CACHE[key] = (system, (t, lat))  # the entry keeps ``system`` alive, so its id stays unique
     return t, lat
 
 
@@ -322,14 +334,12 @@ def _chunk_items(scenario: Scenario) -> list[list[str]]:
     """Layer kinds of every virtual stage (index chunk * pp + stage)."""
     model, p = scenario.model, scenario.par
     counts = scenario.virtual_stage_layers
+    first_moe = model.moe.first_dense_layers if model.moe is not None else model.num_layers
     items: list[list[str]] = []
     layer = 0
     for n in counts:
-        kinds = []
-        for _ in range(n):
-            kinds.append("moe" if model.is_moe_layer(layer) else "dense")
-            layer += 1
-        items.append(kinds)
+        items.append(["moe" if i >= first_moe else "dense" for i in range(layer, layer + n)])
+        layer += n
     items[0].insert(0, "embedding")
     items[-1].extend(["mtp"] * model.mtp_layers)
     items[-1].append("output")
@@ -347,8 +357,9 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
         groups[(b.chunk, b.dp_group)] = groups.get((b.chunk, b.dp_group), 0) + b.numel
     seen: dict[tuple[int, str], int] = {}
     out = []
+    group_shapes = {g: placement.shape(g) for g in {b.dp_group for b in sp.buckets}}
     for b in sorted(sp.buckets, key=lambda x: x.order):
-        shape = placement.shape(b.dp_group)
+        shape = group_shapes[b.dp_group]
         if shape.size != b.group_size:
             shape = GroupShape.single_domain(b.group_size) if b.group_size <= shape.ranks_per_domain else shape
         red = _coll(b.reduce_op, b.grad_bytes, shape, system)
@@ -382,10 +393,19 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     items = _chunk_items(scenario)
     per_kind: dict[str, tuple[float, float, tuple[CommBlock, ...], tuple[CommBlock, ...]]] = {}
     for kind in sorted({k for kinds in items for k in kinds}):
+        key = (id(model), id(system), shape, kind, recompute, modules, tuple(shapes.values()), overlap,
+               p.uses_sequence_parallel, p.recompute_modules)
+        hit = _KIND_CACHE.get(key)
+        if hit is not None and hit[0] is model and hit[1] is system:
+            per_kind[kind] = hit[2]
+            continue
         ops = _layer_ops(model, shape, kind, recompute, modules)
         f, b, fa, ba = _ops_time(ops, system)
         cf, cb = _layer_comm(scenario, shape, kind, shapes, (fa, ba), overlap)
         per_kind[kind] = (f, b, cf, cb)
+        if len(_KIND_CACHE) > _CACHE_LIMIT:
+            _KIND_CACHE.clear()
+        _KIND_CACHE[key] = (model, system, per_kind[kind])  # identity-checked: ids cannot be reused
     plan = build_optimizer_plan(scenario) if plan is None else plan
     stages = []
     for s in range(p.pp):
