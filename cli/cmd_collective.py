@@ -1,9 +1,145 @@
-"""`muonsim collective` (not implemented yet)."""
+"""``muonsim collective`` (nccl-tests-style cost table) and ``muonsim topology`` (fabric summary)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from cli.common import CliError, print_json, user_errors, write_text_atomically
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str, what: str = "size") -> float:
+    """Bytes from '4G', '512MB', '1GiB', '1e9' or '4096' (GB = 1e9 bytes; GiB = 2^30)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise CliError(f"{what} '{text}' is not a size; use bytes or a unit, e.g. 4096, 512M, 4GB, 1GiB")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value < 0:
+        raise CliError(f"{what} must be >= 0")
+    return value
+
+
+def size_sweep(min_bytes: float, max_bytes: float, factor: float) -> list[float]:
+    """Sizes from min to max multiplying by ``factor`` (nccl-tests ``-b -e -f``)."""
+    if factor <= 1:
+        raise CliError(f"--step-factor must be > 1, got {factor}")
+    if min_bytes <= 0 or max_bytes < min_bytes:
+        raise CliError(f"need 0 < --min-size <= --max-size, got {min_bytes:g} and {max_bytes:g}")
+    sizes, s = [], min_bytes
+    while s <= max_bytes * (1 + 1e-9) and len(sizes) < 200:
+        sizes.append(s)
+        s *= factor
+    return sizes
+
+
+def _fmt_size(b: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if b >= scale:
+            return f"{b / scale:g} {unit}"
+    return f"{b:g} B"
 
 
 def register(app: typer.Typer) -> None:
-    """Nothing registered yet."""
+    """Add the ``collective`` and ``topology`` commands."""
+    app.command("collective")(collective)
+    app.command("topology")(topology)
+
+
+def _place(system: str, gpus: int, tp: int, pp: int, cp: int, ep: int, etp: int, gpus_per_domain: int | None):  # noqa: ANN202
+    from topologies.hardware import load_system
+    from topologies.placement import place_job
+
+    sys_spec = load_system(system)
+    return sys_spec, place_job(sys_spec, gpus, tp=tp, cp=cp, ep=ep, etp=etp, pp=pp, gpus_per_domain=gpus_per_domain)
+
+
+@user_errors
+def collective(
+    op: Annotated[str, typer.Argument(help="all_reduce, reduce_scatter, all_gather, all_gather_v, broadcast, all_to_all, send_recv")],
+    system: Annotated[str, typer.Option("--system", help="system: catalogue name or YAML file")] = "gb300-nvl72",
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs in the job")] = 72,
+    size: Annotated[str | None, typer.Option("--size", help="one size (bytes, or 512M, 4GB, 1GiB)")] = None,
+    min_size: Annotated[str | None, typer.Option("--min-size", help="sweep start (default 1KB)")] = None,
+    max_size: Annotated[str | None, typer.Option("--max-size", help="sweep end (default 8GB)")] = None,
+    step_factor: Annotated[float, typer.Option("--step-factor", help="sweep multiplier")] = 2.0,
+    group: Annotated[str, typer.Option("--group", help="tp, cp, dp, etp, ep, expert_dp, pp or world")] = "world",
+    algorithm: Annotated[str | None, typer.Option("--algorithm", help="force ring, tree, nvls, hierarchical, pat or direct")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="tensor parallel size (shapes the groups)")] = 1,
+    pp: Annotated[int, typer.Option("--pp", help="pipeline parallel size")] = 1,
+    cp: Annotated[int, typer.Option("--cp", help="context parallel size")] = 1,
+    ep: Annotated[int, typer.Option("--ep", help="expert parallel size")] = 1,
+    etp: Annotated[int, typer.Option("--etp", help="expert tensor parallel size")] = 1,
+    gpus_per_domain: Annotated[int | None, typer.Option("--gpus-per-domain", help="GPUs used per NVLink domain")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Predicted cost of a collective over a size sweep, as nccl-tests prints it (algbw, busbw)."""
+    from topologies.collectives import OPS, collective_cost
+
+    if op not in OPS:
+        raise CliError(f"unknown collective '{op}'; valid: {', '.join(OPS)}")
+    if size is not None and (min_size is not None or max_size is not None):
+        raise CliError("give either --size or --min-size/--max-size, not both")
+    sizes = [parse_size(size)] if size is not None else size_sweep(
+        parse_size(min_size or "1KB", "--min-size"), parse_size(max_size or "8GB", "--max-size"), step_factor)
+    sys_spec, placement = _place(system, gpus, tp, pp, cp, ep, etp, gpus_per_domain)
+    shape = placement.shape(group)
+    rows = [collective_cost(op, s, shape, sys_spec, algorithm) for s in sizes]
+    if json_out:
+        print_json({
+            "op": op, "system": sys_spec.name, "gpus": gpus, "group": group, "group_size": shape.size,
+            "domains": shape.domains, "ranks_per_domain": shape.ranks_per_domain, "tiers": shape.fabric_tiers,
+            "results": [{"size_bytes": r.size_bytes, "time_s": r.time_s, "algbw_Bps": r.algbw_Bps,
+                         "busbw_Bps": r.busbw_Bps, "algorithm": r.algorithm, "detail": r.detail} for r in rows],
+        })
+        return
+    typer.echo(f"# {op} on {sys_spec.name}: group '{group}' of {shape.size} ranks over {shape.domains} NVLink "
+               f"domain(s), {shape.ranks_per_domain} per domain, fabric tiers crossed {shape.fabric_tiers}")
+    typer.echo(f"# {'size (B)':>14} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}  algorithm")
+    for r in rows:
+        typer.echo(f"  {r.size_bytes:>14.0f} {r.time_s * 1e6:>12.2f} {r.algbw_Bps / 1e9:>13.2f} "
+                   f"{r.busbw_Bps / 1e9:>13.2f}  {r.detail}")
+
+
+@user_errors
+def topology(
+    system: Annotated[str, typer.Option("--system", help="system: catalogue name or YAML file")] = "gb300-nvl72",
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs in the job")] = 72,
+    gpus_per_domain: Annotated[int | None, typer.Option("--gpus-per-domain", help="GPUs used per NVLink domain")] = None,
+    html: Annotated[Path | None, typer.Option("--html", help="write a plotly picture of (a representative part of) the fabric")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Summarise the fabric under a job: GPUs, domains, switches per tier, bisection, NIC rails."""
+    from topologies.fabric import fabric_summary
+
+    sys_spec, placement = _place(system, gpus, 1, 1, 1, 1, 1, gpus_per_domain)
+    summary = fabric_summary(placement.layout, sys_spec)
+    if html is not None:
+        from topologies.fabric_plot import fabric_figure_html
+
+        write_text_atomically(html, fabric_figure_html(placement.layout, sys_spec))
+        summary["html"] = str(html)
+    if json_out:
+        print_json(summary)
+        return
+    s = summary
+    lines = [
+        f"{sys_spec.display_name or sys_spec.name}: {s['gpus']} GPUs on {s['domains']} NVLink domain(s) of "
+        f"{s['domain_size']} ({s['gpus_per_domain']} used per domain)",
+        f"  NVLink: {s['nvlink_gpu_Bps'] / 1e9:g} GB/s/dir per GPU, {s['nvlink_switch_chips']} switch chips, "
+        f"NVLS {'yes' if s['nvls'] else 'no'}, domain bisection {s['nvlink_domain_bisection_Bps'] / 1e12:.1f} TB/s/dir",
+        f"  NICs: {s['nics']} x {s['nic_Bps'] * 8 / 1e9:g} Gb/s on {s['rails']} rails "
+        f"({s['nics_per_rail_per_domain']} per rail per domain), {s['planes']} plane(s)",
+        f"  switches (radix {s['switch_radix']}, {s['tiers']} tiers, oversubscription {s['oversubscription']:g}:1): "
+        f"{s['leaves']} leaf, {s['spines']} spine, {s['cores']} core; a leaf reaches {s['domains_per_leaf']} domain(s) "
+        f"of its rail, a pod {s['domains_per_pod']}",
+        f"  scale-out bisection: {s['network_bisection_Bps'] / 1e12:.2f} TB/s/dir",
+    ]
+    if html is not None:
+        lines.append(f"  wrote {html}")
+    typer.echo("\n".join(lines))

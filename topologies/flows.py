@@ -1,0 +1,363 @@
+"""The flows of a collective on concrete GPUs: (path edges, bytes) per flow plus edge capacities.
+
+This is what the discrete-event engine needs to share links between concurrent collectives. The
+flows live on an **aggregated route view** of the fabric (no networkx needed, cheap to build):
+
+- ``("gpu", g)`` ↔ ``("nvsw", d)``: a GPU's NVLink to its domain's switch chips as one edge
+  (NVLink traffic is striped over all chips, so the chips act as one switch of summed rate);
+- ``("gpu", g)`` ↔ ``("nic", g)``: the GPU's NIC(s) (PCIe / C2C);
+- ``("nic", g)`` ↔ ``("leaf", rail, i)``: NIC ports of all planes into the leaf of its rail;
+- ``("leaf", rail, i)`` ↔ ``("spines", pod)``: a leaf's up-links to its pod's spines;
+- ``("spines", pod)`` ↔ ``("cores",)``: a pod's spine up-links to the core tier.
+
+Capacities are nominal (bytes/s per direction). Each :class:`Phase` states the efficiency that
+applies per link class (``nvlink``, ``network``) so that ``load / (capacity × efficiency)`` on the
+busiest edge reproduces the analytic transfer time of :mod:`topologies.collectives`;
+:meth:`FlowSet.time_s` does exactly that. Off-domain traffic is routed rail-aligned the way NCCL's
+PXN does: over NVLink to the GPU on the destination's rail, then through that GPU's NIC.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from topologies import algorithms as alg
+from topologies.collectives import CollectiveCost, collective_cost
+from topologies.groups import GroupShape
+from topologies.hardware import SystemSpec
+from topologies.inputs import UserInputError
+from topologies.layout import FabricLayout
+
+Node = tuple
+Edge = tuple[Node, Node]
+PAIRWISE_LIMIT = 128  # all-to-all groups above this are aggregated per destination domain
+
+
+@dataclass(frozen=True)
+class Flow:
+    """``bytes`` from ``src`` to ``dst`` along ``path`` (a tuple of directed edges)."""
+
+    src: Node
+    dst: Node
+    bytes: float
+    path: tuple[Edge, ...]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Flows that run together; phases of a collective run one after another."""
+
+    name: str
+    flows: tuple[Flow, ...]
+    latency_s: float
+    efficiency: dict[str, float]  # per link class: nvlink, network
+
+    def edge_bytes(self) -> dict[Edge, float]:
+        """Bytes carried per directed edge."""
+        load: dict[Edge, float] = defaultdict(float)
+        for f in self.flows:
+            for e in f.path:
+                load[e] += f.bytes
+        return dict(load)
+
+
+@dataclass(frozen=True)
+class FlowSet:
+    """A collective on concrete GPUs: its phases of flows and the capacities of the edges used."""
+
+    op: str
+    size_bytes: float
+    gpus: tuple[int, ...]
+    cost: CollectiveCost
+    phases: tuple[Phase, ...]
+    capacities_Bps: dict[Edge, float] = field(repr=False)
+    link_class: dict[Edge, str] = field(repr=False)
+
+    @property
+    def flows(self) -> tuple[Flow, ...]:
+        """Every flow of every phase."""
+        return tuple(f for p in self.phases for f in p.flows)
+
+    def effective_capacity_Bps(self, edge: Edge, phase: Phase) -> float:
+        """Capacity of ``edge`` × the phase's efficiency for its link class (bytes/s)."""
+        return self.capacities_Bps[edge] * phase.efficiency.get(self.link_class[edge], 1.0)
+
+    def phase_transfer_s(self, phase: Phase, extra_load: dict[Edge, float] | None = None) -> tuple[float, Edge | None]:
+        """(seconds, bottleneck edge) of one phase's transfer on its busiest edge."""
+        load = phase.edge_bytes()
+        if extra_load:
+            for e, b in extra_load.items():
+                if e in load:
+                    load[e] += b
+        best, where = 0.0, None
+        for e, b in load.items():
+            t = b / self.effective_capacity_Bps(e, phase)
+            if t > best:
+                best, where = t, e
+        return best, where
+
+    def time_s(self) -> float:
+        """Seconds of the collective replayed on its flows alone (latency + busiest edge per phase)."""
+        return sum(p.latency_s + self.phase_transfer_s(p)[0] for p in self.phases)
+
+
+# ------------------------------------------------------------------------------ route view
+
+
+class RouteView:
+    """Aggregated routes and edge capacities of a job's fabric (see the module docstring)."""
+
+    def __init__(self, layout: FabricLayout, system: SystemSpec) -> None:
+        self.layout, self.system = layout, system
+        self.capacities: dict[Edge, float] = {}
+        self.link_class: dict[Edge, str] = {}
+
+    def _edge(self, u: Node, v: Node, bps: float, cls: str) -> Edge:
+        e = (u, v)
+        if e not in self.capacities:
+            self.capacities[e] = bps
+            self.link_class[e] = cls
+        return e
+
+    def nvlink_hop(self, a: int, b: int) -> tuple[Edge, Edge]:
+        """GPU a → its domain's switch → GPU b (same domain)."""
+        lay = self.layout
+        d = a // lay.domain_size
+        bw = lay.nvlink_gpu_Bps
+        return (self._edge(("gpu", a), ("nvsw", d), bw, "nvlink"), self._edge(("nvsw", d), ("gpu", b), bw, "nvlink"))
+
+    def to_switch(self, a: int) -> Edge:
+        """GPU → its NVLink switch (NVLS traffic)."""
+        return self._edge(("gpu", a), ("nvsw", a // self.layout.domain_size), self.layout.nvlink_gpu_Bps, "nvlink")
+
+    def from_switch(self, a: int) -> Edge:
+        """NVLink switch → GPU (NVLS traffic)."""
+        return self._edge(("nvsw", a // self.layout.domain_size), ("gpu", a), self.layout.nvlink_gpu_Bps, "nvlink")
+
+    def route(self, a: int, b: int) -> tuple[Edge, ...]:
+        """Edges from GPU a to GPU b: NVLink inside a domain; PXN + rail + fat tree across."""
+        lay = self.layout
+        da, sa = divmod(a, lay.domain_size)
+        db, sb = divmod(b, lay.domain_size)
+        if da == db:
+            return self.nvlink_hop(a, b)
+        path: list[Edge] = []
+        proxy = lay.gpu_id(da, sb)  # the GPU of a's domain on b's rail
+        if proxy != a:
+            path.extend(self.nvlink_hop(a, proxy))
+        nic_Bps = lay.nic_Bps * lay.nics_per_gpu
+        port_Bps = lay.port_Bps * lay.planes * lay.nics_per_gpu
+        rail, la = lay.leaf_of(da, sb)
+        _, lb = lay.leaf_of(db, sb)
+        leaf_a, leaf_b = ("leaf", rail, la), ("leaf", rail, lb)
+        path.append(self._edge(("gpu", proxy), ("nic", proxy), nic_Bps, "network"))
+        path.append(self._edge(("nic", proxy), leaf_a, port_Bps, "network"))
+        if leaf_a != leaf_b:
+            up_Bps = lay.leaf_up_ports * lay.port_Bps * lay.planes
+            pa, pb = lay.pod_of(da), lay.pod_of(db)
+            path.append(self._edge(leaf_a, ("spines", pa), up_Bps, "network"))
+            if pa != pb:
+                pod_up = (lay.spines_per_plane // max(1, -(-lay.domains // lay.domains_per_pod))) * (lay.radix // 2) * lay.port_Bps * lay.planes
+                path.append(self._edge(("spines", pa), ("cores",), pod_up, "network"))
+                path.append(self._edge(("cores",), ("spines", pb), pod_up, "network"))
+            path.append(self._edge(("spines", pb), leaf_b, up_Bps, "network"))
+        path.append(self._edge(leaf_b, ("nic", b), port_Bps, "network"))
+        path.append(self._edge(("nic", b), ("gpu", b), nic_Bps, "network"))
+        return tuple(path)
+
+    def flow(self, a: int, b: int, nbytes: float) -> Flow:
+        """A GPU-to-GPU flow along its route."""
+        return Flow(("gpu", a), ("gpu", b), nbytes, self.route(a, b))
+
+
+# ------------------------------------------------------------------------- flow patterns
+
+
+def _by_domain(gpus: list[int], domain_size: int) -> list[list[int]]:
+    groups: dict[int, list[int]] = defaultdict(list)
+    for gpu in sorted(gpus):
+        groups[gpu // domain_size].append(gpu)
+    return [groups[d] for d in sorted(groups)]
+
+
+def ring_flows(view: RouteView, gpus: list[int], traffic: float) -> list[Flow]:
+    """Ring flows carrying ``traffic`` bytes per GPU.
+
+    Across domains with g ranks each, g rotated rings (channels) share the traffic: channel c
+    enters every domain at its c-th member, so each GPU's NIC carries traffic/g and every
+    intra-domain hop the rest, as NCCL's multi-channel rings do.
+    """
+    doms = _by_domain(gpus, view.layout.domain_size)
+    if len(doms) == 1 or len({len(d) for d in doms}) != 1 or len(doms[0]) == 1:
+        order = [g for d in doms for g in d]
+        return [view.flow(order[i], order[(i + 1) % len(order)], traffic) for i in range(len(order))]
+    g = len(doms[0])
+    flows = []
+    for di, members in enumerate(doms):
+        nxt = doms[(di + 1) % len(doms)]
+        for j in range(g):
+            flows.append(view.flow(members[j], members[(j + 1) % g], traffic * (g - 1) / g))
+            flows.append(view.flow(members[j], nxt[(j + 1) % g], traffic / g))
+    return flows
+
+
+def nvls_flows(view: RouteView, gpus: list[int], out_bytes: float, in_bytes: float) -> list[Flow]:
+    """NVLS: every GPU sends ``out_bytes`` to and receives ``in_bytes`` from its NVLink switch."""
+    flows = []
+    for gpu in gpus:
+        up, down = view.to_switch(gpu), view.from_switch(gpu)
+        flows.append(Flow(up[0], up[1], out_bytes, (up,)))
+        flows.append(Flow(down[0], down[1], in_bytes, (down,)))
+    return flows
+
+
+def tree_flows(view: RouteView, gpus: list[int], size_bytes: float) -> list[Flow]:
+    """Chain inside each domain (S up and S down) plus a binary tree of domains per rank slot."""
+    doms = _by_domain(gpus, view.layout.domain_size)
+    flows = []
+    for members in doms:
+        for a, b in zip(members, members[1:], strict=False):
+            flows += [view.flow(a, b, size_bytes), view.flow(b, a, size_bytes)]
+    if len(doms) > 1:
+        g = min(len(d) for d in doms)
+        share = size_bytes / g
+        for child in range(1, len(doms)):
+            parent = (child - 1) // 2
+            for j in range(g):
+                a, b = doms[child][j], doms[parent][j]
+                flows += [view.flow(a, b, share), view.flow(b, a, share)]
+    return flows
+
+
+def pairwise_flows(view: RouteView, gpus: list[int], per_pair: float) -> list[Flow]:
+    """Every GPU sends ``per_pair`` bytes to every other (all-to-all, grouped send/recv)."""
+    if len(gpus) <= PAIRWISE_LIMIT:
+        return [view.flow(a, b, per_pair) for a in gpus for b in gpus if a != b]
+    doms = _by_domain(gpus, view.layout.domain_size)
+    flows = []
+    for da in doms:
+        for a in da:
+            for db in doms:
+                if db is da:
+                    flows += [view.flow(a, b, per_pair) for b in da if b != a]
+                else:  # aggregated: everything for domain db through the same-slot GPU there
+                    target = db[da.index(a) % len(db)]
+                    flows.append(view.flow(a, target, per_pair * len(db)))
+    return flows
+
+
+# ------------------------------------------------------------------------------- entry point
+
+
+def _eff(e, sat: float, nvlink: float = 1.0, network: float | None = None) -> dict[str, float]:  # noqa: ANN001
+    return {"nvlink": e.nvlink_bandwidth * nvlink * sat,
+            "network": (e.network_bandwidth if network is None else network) * sat}
+
+
+def shape_of_gpus(gpus: list[int], layout: FabricLayout) -> GroupShape:
+    """The GroupShape of an explicit GPU list (domains, fewest ranks in a domain, tiers)."""
+    doms = _by_domain(gpus, layout.domain_size)
+    n = len(gpus)
+    if len(doms) == 1:
+        return GroupShape.single_domain(n)
+    ids = [d[0] // layout.domain_size for d in doms]
+    tiers = max(layout.tier_between_domains(min(ids), max(ids) - min(ids) + 1), 1)
+    rpd = min(len(d) for d in doms)
+    return GroupShape(size=n, ranks_per_domain=rpd, domains=len(doms), tiers=tiers,
+                      uniform=rpd * len(doms) == n)
+
+
+def collective_flows(op: str, size_bytes: float, gpus: list[int], layout: FabricLayout, system: SystemSpec,
+                     algorithm: str | None = None, shape: GroupShape | None = None) -> FlowSet:
+    """The flows of ``op`` on the GPUs ``gpus`` (physical ids, in rank order) of a job's fabric.
+
+    The algorithm is the one :func:`collective_cost` picks for the group's shape (or ``algorithm``).
+    Returns a :class:`FlowSet`; ``FlowSet.capacities_Bps`` are the edges the flows use.
+    """
+    gpus = list(gpus)
+    if len(set(gpus)) != len(gpus) or any(not 0 <= g < layout.physical_gpus for g in gpus):
+        raise UserInputError(f"GPU ids must be distinct and in 0..{layout.physical_gpus - 1}")
+    shape = shape or shape_of_gpus(gpus, layout)
+    cost = collective_cost(op, size_bytes, shape, system, algorithm)
+    view = RouteView(layout, system)
+    e, n, S = system.efficiency, len(gpus), float(size_bytes)
+    phases: list[Phase] = []
+    ring_sat = alg.saturation(S / max(n, 1), e.ring_half_saturation_bytes, e.min_size_efficiency)
+    nvls_sat = alg.saturation(S / max(n, 1), e.nvls_half_saturation_bytes, e.min_size_efficiency)
+    name = cost.algorithm
+    if name == "none":
+        pass
+    elif op == "send_recv":
+        flows = [view.flow(a, b, S) for a, b in zip(gpus, gpus[1:], strict=False)]
+        phases.append(Phase("p2p", tuple(flows), cost.latency_s, _eff(e, alg.saturation(S, e.ring_half_saturation_bytes, e.min_size_efficiency))))
+    elif op in ("all_to_all", "all_gather_v"):
+        sat = alg.saturation(S / n, e.alltoall_half_saturation_bytes if op == "all_to_all" else e.ring_half_saturation_bytes, e.min_size_efficiency)
+        nvl = e.alltoall_bandwidth / e.nvlink_bandwidth if op == "all_to_all" else 1.0
+        phases.append(Phase(name, tuple(pairwise_flows(view, gpus, S / n)), cost.latency_s, _eff(e, sat, nvlink=nvl)))
+    elif name == "hierarchical":
+        phases += _hierarchical_phases(op, S, gpus, shape, view, system)
+    else:
+        phases.append(_flat_phase(op, name, S, gpus, view, cost.latency_s, e, ring_sat, nvls_sat))
+    return FlowSet(op=op, size_bytes=S, gpus=tuple(gpus), cost=cost, phases=tuple(phases),
+                   capacities_Bps=view.capacities, link_class=view.link_class)
+
+
+def _flat_phase(op: str, name: str, S: float, gpus: list[int], view: RouteView, latency_s: float,  # noqa: PLR0913
+                e, ring_sat: float, nvls_sat: float) -> Phase:  # noqa: ANN001
+    n = len(gpus)
+    if name == "nvls":
+        out_in = {"all_reduce": (S * (1 + 1 / n),) * 2, "reduce_scatter": (S, S / n),
+                  "all_gather": (S / n, S), "broadcast": (S, S)}[op]
+        flows = nvls_flows(view, gpus, *out_in)
+        return Phase("nvls", tuple(flows), latency_s, _eff(e, nvls_sat, nvlink=e.nvls_bandwidth))
+    if name == "tree":
+        return Phase("tree", tuple(tree_flows(view, gpus, S)), latency_s,
+                     _eff(e, ring_sat * e.tree_bandwidth))
+    traffic = {"all_reduce": 2 * (n - 1) / n * S, "broadcast": S}.get(op, (n - 1) / n * S)
+    if name == "pat":
+        return Phase("pat", tuple(ring_flows(view, gpus, traffic)), latency_s,
+                     _eff(e, ring_sat, network=e.network_bandwidth * e.pat_bandwidth))
+    return Phase("ring", tuple(ring_flows(view, gpus, traffic)), latency_s, _eff(e, ring_sat))
+
+
+def _hierarchical_phases(op: str, S: float, gpus: list[int], shape: GroupShape, view: RouteView,
+                         system: SystemSpec) -> list[Phase]:
+    """Intra-domain phase (NVLS or ring on S) then per-slot phase across domains (S/g), or reverse."""
+    e = system.efficiency
+    lk = alg.links_for(system)
+    doms = _by_domain(gpus, view.layout.domain_size)
+    g = shape.ranks_per_domain
+    across = alg._inter_shape(shape)
+    if op == "all_reduce":
+        intra = alg.intra_all_reduce(S, g, lk)
+        inter = min((alg.ring_all_reduce(S / g, across, lk), alg.tree_all_reduce(S / g, across, lk)), key=lambda x: x.time_s)
+        intra_op = "all_reduce"
+    else:
+        est = alg.hierarchical_gather(S, shape, lk)
+        inner = GroupShape.single_domain(g)
+        cands = [alg.ring_gather(S, inner, lk)] + ([alg.nvls_gather(S, inner, lk)] if lk.nvls else [])
+        intra = min(cands, key=lambda x: x.time_s)
+        inter = alg.ring_gather(S / g, across, lk)
+        intra_op = op
+        assert est.time_s > 0
+    sat_ring_in = alg.saturation(S / g, e.ring_half_saturation_bytes, e.min_size_efficiency)
+    sat_nvls_in = alg.saturation(S / g, e.nvls_half_saturation_bytes, e.min_size_efficiency)
+    intra_flows: list[Flow] = []
+    for members in doms:
+        ph = _flat_phase(intra_op, intra.algorithm, S, members, view, intra.latency_s, e, sat_ring_in, sat_nvls_in)
+        intra_flows += ph.flows
+    intra_phase = Phase(f"intra-{intra.algorithm}", tuple(intra_flows), intra.latency_s, ph.efficiency)
+    Sg = S / g
+    sat_x = alg.saturation(Sg / shape.domains, e.ring_half_saturation_bytes, e.min_size_efficiency)
+    inter_flows: list[Flow] = []
+    for j in range(min(len(d) for d in doms)):
+        column = [d[j] for d in doms]
+        if inter.algorithm == "tree":
+            inter_flows += tree_flows(view, column, Sg)
+        else:
+            traffic = (2 if op == "all_reduce" else 1) * (shape.domains - 1) / shape.domains * Sg
+            inter_flows += ring_flows(view, column, traffic)
+    inter_eff = _eff(e, sat_x * (e.tree_bandwidth if inter.algorithm == "tree" else 1.0))
+    inter_phase = Phase(f"inter-{inter.algorithm}", tuple(inter_flows), inter.latency_s, inter_eff)
+    return [inter_phase, intra_phase] if op == "all_gather" else [intra_phase, inter_phase]
