@@ -126,11 +126,13 @@ class RunConfig(BaseModel):
     def resolved_adam_lr(self) -> float:
         return self.adam_lr if self.adam_lr is not None else self.lr
 
-    def bucket_size_for(self, group_size: int) -> int:
-        """Bucket size in elements for a buffer reduced over ``group_size`` ranks."""
+    @property
+    def bucket_elements(self) -> int:
+        """Bucket size in elements: given, or Megatron's max(40e6, 1e6·dp) with the dense dp for
+        every buffer (expert buffers included, as DDP computes it once)."""
         if self.bucket_size is not None:
             return self.bucket_size
-        return max(40_000_000, 1_000_000 * group_size)
+        return max(40_000_000, 1_000_000 * self.dp)
 
 
 def make_config(**values: Any) -> RunConfig:

@@ -58,9 +58,14 @@ def matrix_info(spec: ParamSpec) -> MatrixInfo:
     )
 
 
+def layout_item(spec: ParamSpec) -> LayoutItem:
+    """A parameter as the layouts see it: local elements and cost (max·min² for Muon, else numel)."""
+    return LayoutItem(spec.name, spec.local_numel, spec.ns_cost if spec.optimizer == "muon" else spec.local_numel)
+
+
 def layout_items(specs: Sequence[ParamSpec]) -> list[LayoutItem]:
     """Layout items in backprop order (reverse definition order)."""
-    return [LayoutItem(s.name, s.local_numel, s.ns_cost) for s in sorted(specs, key=lambda s: -s.order)]
+    return [layout_item(s) for s in sorted(specs, key=lambda s: -s.order)]
 
 
 @dataclass
@@ -209,7 +214,7 @@ class ElementWise(DistOptimizer):
         for kind in GROUP_KINDS:
             items = layout_items(self.specs_of(kind))
             size = self.group_size(kind)
-            self.add_buckets("element_wise", kind, ddp_buckets(items, size, self.cfg.bucket_size_for(size), True))
+            self.add_buckets("element_wise", kind, ddp_buckets(items, size, self.cfg.bucket_elements, True))
 
     def step(self, step: int) -> None:
         for b in self.buckets:
@@ -223,7 +228,7 @@ class Replicated(DistOptimizer):
         for kind in GROUP_KINDS:
             size = self.group_size(kind)
             items = layout_items(self.specs_of(kind))
-            self.add_buckets("ddp", kind, ddp_buckets(items, size, self.cfg.bucket_size_for(size), False))
+            self.add_buckets("ddp", kind, ddp_buckets(items, size, self.cfg.bucket_elements, False))
 
     def step(self, step: int) -> None:
         self.for_each_owned(lambda b, n: self.update_param(b, n, step), lambda b, n: True)
@@ -243,9 +248,8 @@ class LayerWiseLegacy(DistOptimizer):
                 continue
             # all sub-optimizers' params: the Muon group, then the AdamW group, each in definition order
             ordered = sorted(specs, key=lambda s: (s.optimizer != "muon", s.order))
-            owners = assign_whole_params([LayoutItem(s.name, s.local_numel, s.ns_cost) for s in ordered],
-                                         size, strategy)
-            layouts = ddp_buckets(layout_items(specs), size, self.cfg.bucket_size_for(size), False)
+            owners = assign_whole_params([layout_item(s) for s in ordered], size, strategy)
+            layouts = ddp_buckets(layout_items(specs), size, self.cfg.bucket_elements, False)
             self.add_buckets("legacy", kind, [with_owners(bl, owners) for bl in layouts])
 
     def step(self, step: int) -> None:
@@ -264,7 +268,7 @@ class LayerWiseCurrent(DistOptimizer):
         self.lw_uids: set[int] = set()
         for kind in GROUP_KINDS:
             size = self.group_size(kind)
-            bucket_size = self.cfg.bucket_size_for(size)
+            bucket_size = self.cfg.bucket_elements
             first = len(self.buckets)
             muon_items = layout_items(self.specs_of(kind, "muon"))
             self.add_buckets("layer_wise", kind, layer_wise_buckets(muon_items, size, bucket_size, strategy))

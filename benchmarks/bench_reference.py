@@ -1,0 +1,51 @@
+"""Reference backend figures on this machine: Newton–Schulz GFLOP/s and phase times of 2-rank runs.
+
+Usage: ``python benchmarks/bench_reference.py [--shapes small] [--steps 4] [--world-size 2]``.
+Prints one block per configuration: step time, per-phase times (mean per step over the timed
+steps, max over ranks) and Newton–Schulz FLOPs / GFLOP/s per rank. Gloo on loopback measures
+semantics and byte counts; its times say nothing about NVLink or InfiniBand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+CONFIGS = {
+    "muon layer-wise current, bf16 NS": dict(optimizer="muon", layout="current", matmul_precision="bf16"),
+    "muon layer-wise current, fp32 NS": dict(optimizer="muon", layout="current", matmul_precision="fp32"),
+    "muon layer-wise legacy, bf16 NS": dict(optimizer="muon", layout="legacy", matmul_precision="bf16"),
+    "adamw element-wise": dict(optimizer="adamw"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="small")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--forward-tokens", type=int, default=256)
+    args = parser.parse_args()
+
+    from reference.api import run_reference
+
+    for title, extra in CONFIGS.items():
+        t = time.perf_counter()
+        r = run_reference(dict(world_size=args.world_size, shapes=args.shapes, steps=args.steps,
+                               forward_tokens=args.forward_tokens, check=False, **extra))
+        wall = time.perf_counter() - t
+        print(f"== {title}: world {args.world_size}, shapes {args.shapes}, {args.steps} steps "
+              f"(first is warm-up), wall {wall:.1f} s")
+        print(f"   step time            {r.step_time_s * 1e3:9.2f} ms")
+        for phase, secs in r.phase_times_s.items():
+            print(f"   {phase:<20} {secs * 1e3:9.2f} ms")
+        for rank in sorted(r.ns_flops_by_rank):
+            flops, rate = r.ns_flops_by_rank[rank], r.ns_gflops_per_s_by_rank[rank]
+            if flops:
+                print(f"   rank {rank}: Newton-Schulz {flops / 1e9:.3f} GFLOP/step at {rate:.1f} GFLOP/s")
+        moved = sum(c.bytes * c.count for c in r.collectives)
+        print(f"   collectives on rank 0: {sum(c.count for c in r.collectives)} calls, {moved / 1e6:.2f} MB (nccl-tests size)")
+
+
+if __name__ == "__main__":
+    main()
