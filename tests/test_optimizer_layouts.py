@@ -51,10 +51,9 @@ def test_ping_pong_order() -> None:
     assert owner.tolist() == [0, 0, 1, 1]
 
 
-def test_none_is_contiguous_equal_numel_ranges() -> None:
-    owner = lay.whole_param_owner(np.array([10, 10, 10, 10, 10, 10]), np.zeros(6), 3, "none")
-    assert owner.tolist() == [0, 0, 1, 1, 2, 2]
-    assert np.all(np.diff(owner) >= 0)
+def test_none_deals_layout_order_round_robin() -> None:
+    owner = lay.whole_param_owner(np.array([10, 30, 10, 50, 10, 10]), np.zeros(6), 3, "none")
+    assert owner.tolist() == [0, 1, 2, 0, 1, 2]
 
 
 def _brute_force_makespan(costs: list[float], m: int) -> float:

@@ -23,9 +23,6 @@ CASES = [
     dict(world_size=4, tp=2, etp=2, optimizer="muon", layout="legacy", load_balance="lpt", tp_mode="distributed"),
     dict(world_size=4, tp=2, etp=1, optimizer="muon", distribution="replicated"),
 ]
-NONE_DIVERGES = pytest.mark.xfail(strict=True, reason=(
-    "load_balance none: the optimizer brief cuts layout order into equal-numel contiguous ranges, the "
-    "reference assigns round-robin; the two definitions are to be reconciled"))
 
 
 def _check(case: dict) -> None:
@@ -48,6 +45,5 @@ def test_plan_collectives_equal_reference(case: dict) -> None:
     _check(case)
 
 
-@NONE_DIVERGES
 def test_load_balance_none_definitions_agree() -> None:
     _check(dict(world_size=4, tp=2, etp=2, optimizer="muon", load_balance="none"))

@@ -12,7 +12,7 @@ non-2-D parameters). Outputs are bucket spans and owner arrays; nothing here kno
   an element-wise bucket.
 * :func:`whole_param_owner`: legacy layer-wise ownership of whole parameters: ``ping_pong``
   (stable ascending sort by numel, owners 0,1,…,d−1,d−1,…,0,0,1,…), ``lpt`` (descending cost,
-  least-loaded rank) or ``none`` (layout order cut into equal-numel contiguous ranges).
+  least-loaded rank) or ``none`` (layout order dealt round-robin: no balancing).
 * :func:`layer_wise_buckets`: the current layout (``_compute_per_buffer_param_layout``): chunking,
   per-chunk assignment (LPT by cost with the 1.3× cap and loads persisting across chunks), 64-aligned
   starts, shard padding to lcm(64, lcm(d,128)/d); a parameter never crosses a shard boundary.
@@ -98,13 +98,9 @@ def ping_pong_owner(count: int, d: int) -> np.ndarray:
     return np.where(cycle % 2 == 0, pos, d - 1 - pos)
 
 
-def contiguous_owner(numel: np.ndarray, d: int) -> np.ndarray:
-    """No balancing: layout order cut into ``d`` contiguous runs of about equal numel."""
-    total = int(numel.sum())
-    if total == 0:
-        return np.zeros(len(numel), dtype=np.int64)
-    mid = np.cumsum(numel) - numel / 2.0
-    return np.minimum((mid * d / total).astype(np.int64), d - 1)
+def round_robin_owner(count: int, d: int) -> np.ndarray:
+    """No balancing: the ``count`` items in layout order dealt round-robin, 0, 1, ..., d-1, 0, 1, ..."""
+    return np.arange(count, dtype=np.int64) % d
 
 
 def lpt_owner(cost: np.ndarray, d: int, loads: np.ndarray | None = None) -> np.ndarray:
@@ -127,7 +123,7 @@ def whole_param_owner(numel: np.ndarray, cost: np.ndarray, d: int, strategy: str
     if strategy == "lpt":
         return lpt_owner(cost.astype(np.float64), d)
     if strategy == "none":
-        return contiguous_owner(numel, d)
+        return round_robin_owner(len(numel), d)
     raise ValueError(f"unknown load balance {strategy!r}; valid: {', '.join(STRATEGIES)}")
 
 
@@ -162,7 +158,7 @@ def _assign_chunk(numel: np.ndarray, cost: np.ndarray, d: int, loads: np.ndarray
         owner[order] = ping_pong_owner(n, d)
     elif strategy == "none":
         order = np.arange(n)
-        owner[:] = contiguous_owner(numel, d)
+        owner[:] = round_robin_owner(n, d)
     else:
         raise ValueError(f"unknown load balance {strategy!r}; valid: {', '.join(STRATEGIES)}")
     for i in order.tolist():
