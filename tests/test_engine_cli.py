@@ -53,3 +53,29 @@ def test_predict_writes_nothing_on_error(run_cli, tmp_path) -> None:
     assert res.exit_code == 2 and not out.exists()
     res = run_cli("predict", "--html", str(tmp_path / "missing" / "r.html"))
     assert res.exit_code == 2 and "does not exist" in res.stderr
+
+
+def test_predict_applies_a_calibration_profile(run_cli, tmp_path) -> None:
+    prof = tmp_path / "cal.yaml"
+    prof.write_text("name: test\nsystems:\n  gb300-nvl72:\n    factors: {gemm_fp8: 0.9, grouped_gemm: 1.0}\n")
+    base = json.loads(run_cli("predict", "--json").stdout)
+    res = run_cli("predict", "--json", "--calibration", str(prof))
+    assert res.exit_code == 0, res.output
+    cal = json.loads(res.stdout)
+    assert cal["step_time_s"] < base["step_time_s"]
+    assert "test" in cal["calibration"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("systems:\n  gb300-nvl72:\n    factors: {gemm_fp9: 0.9}\n")
+    res = run_cli("predict", "--calibration", str(bad))
+    assert res.exit_code == 2 and "gemm_fp9" in res.stderr
+
+
+def test_predict_reads_a_scenario_file(run_cli, tmp_path) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text("model: llama3-8b\ngpus: 8\nprecision: fp8-cs\nparallelism: {tp: 1, pp: 1, global_batch_size: 128,"
+                 " micro_batch_size: 2, seq_length: 8192}\noptimizer: {kind: adamw}\n")
+    res = run_cli("predict", str(f), "--json", "--engine", "des")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["scenario"]["model"] == "llama3-8b" and data["engine"] == "des"
+    assert data["breakdown_s"]["pipeline_bubble"] == 0.0
