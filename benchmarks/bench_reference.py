@@ -20,6 +20,7 @@ CONFIGS = {
 
 
 def main() -> None:
+    """Run each configuration once and print its figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="small")
     parser.add_argument("--steps", type=int, default=4)

@@ -74,6 +74,7 @@ class RunResult:
         tmp.replace(path)
 
     def summary_line(self) -> str:
+        """One line: step time (ms), collectives per step, best NS GFLOP/s, checks."""
         ns = max(self.ns_gflops_per_s_by_rank.values(), default=0.0)
         return (f"step {self.step_time_s * 1e3:.2f} ms, {sum(c.count for c in self.collectives)} collectives/step "
                 f"on rank 0, NS {ns:.1f} GFLOP/s, checks: {json.dumps(self.checks, default=str)}")

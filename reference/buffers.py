@@ -54,6 +54,7 @@ class FlatBucket:
         return self.gbuf[s.start: s.end].view(self.specs[name].local_shape)
 
     def names(self) -> list[str]:
+        """Parameter names in bucket (backprop) order."""
         return [s.name for s in self.layout.slots]
 
     # ----- collectives -----

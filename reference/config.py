@@ -103,6 +103,7 @@ class RunConfig(BaseModel):
     # ----- derived -----
     @property
     def dp(self) -> int:
+        """Data-parallel size: world_size / tp."""
         return self.world_size // self.tp
 
     @property
@@ -112,18 +113,21 @@ class RunConfig(BaseModel):
 
     @property
     def resolved_distribution(self) -> Distribution:
+        """The distribution, defaulted from the optimizer."""
         if self.distribution is not None:
             return self.distribution
         return "element_wise" if self.optimizer == "adamw" else "layer_wise"
 
     @property
     def resolved_load_balance(self) -> LoadBalance:
+        """The load balance, defaulted from the layout."""
         if self.load_balance is not None:
             return self.load_balance
         return "lpt" if self.layout == "current" else "ping_pong"
 
     @property
     def resolved_adam_lr(self) -> float:
+        """AdamW learning rate (defaults to the Muon lr)."""
         return self.adam_lr if self.adam_lr is not None else self.lr
 
     @property

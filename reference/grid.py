@@ -22,26 +22,32 @@ class GridCoords:
 
     @property
     def dp(self) -> int:
+        """Data-parallel size."""
         return self.world_size // self.tp
 
     @property
     def tp_rank(self) -> int:
+        """Rank within the tensor-parallel group."""
         return self.rank % self.tp
 
     @property
     def dp_rank(self) -> int:
+        """Rank within the data-parallel group."""
         return self.rank // self.tp
 
     @property
     def etp_rank(self) -> int:
+        """Rank within the expert tensor-parallel group."""
         return self.rank % self.etp
 
     @property
     def expert_dp_rank(self) -> int:
+        """Rank within the expert data-parallel group."""
         return self.rank // self.etp
 
     @property
     def expert_dp(self) -> int:
+        """Expert data-parallel size (ep = 1)."""
         return self.world_size // self.etp
 
 

@@ -54,6 +54,11 @@ class Pending:
         self._record, self._work, self._t0, self._finish, self._sync = record, work, t0, finish, sync
         self.done = False
 
+    @property
+    def blocked_s(self) -> float:
+        """Seconds the caller has spent blocked on this collective so far."""
+        return self._record.blocked_s
+
     def wait(self) -> float:
         """Block until complete; returns the seconds spent blocked here."""
         if self.done:
@@ -165,9 +170,11 @@ class PhaseClock:
         self.steps: list[dict[str, float]] = []
 
     def new_step(self) -> None:
+        """Start accumulating a new step."""
         self.steps.append(defaultdict(float))
 
     def add(self, phase: str, seconds: float) -> None:
+        """Add ``seconds`` to ``phase`` of the current step."""
         self.steps[-1][phase] += seconds
 
     @contextmanager
@@ -190,9 +197,11 @@ class NsCounter:
     seconds: list[float] = field(default_factory=list)
 
     def new_step(self) -> None:
+        """Start counting a new step."""
         self.flops.append(0.0)
         self.seconds.append(0.0)
 
     def add(self, flops: float, seconds: float) -> None:
+        """Add one Newton-Schulz call: FLOPs and wall seconds."""
         self.flops[-1] += flops
         self.seconds[-1] += seconds

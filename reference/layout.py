@@ -47,6 +47,7 @@ class Slot:
 
     @property
     def end(self) -> int:
+        """One past the last element (bucket-relative)."""
         return self.start + self.numel
 
 
@@ -62,10 +63,12 @@ class BucketLayout:
 
     @property
     def shard_numel(self) -> int:
+        """Elements of one rank's equal shard."""
         return self.numel // self.dp
 
     @property
     def used_numel(self) -> int:
+        """Parameter elements (padding excluded)."""
         return sum(s.numel for s in self.slots)
 
     def shard_range(self, rank: int) -> tuple[int, int]:
@@ -73,6 +76,7 @@ class BucketLayout:
         return rank * self.shard_numel, (rank + 1) * self.shard_numel
 
     def owned_slots(self, rank: int) -> list[Slot]:
+        """Slots whose whole parameter ``rank`` owns."""
         return [s for s in self.slots if s.owner == rank]
 
 

@@ -97,15 +97,19 @@ class DistOptimizer:
 
     # ----- groups -----
     def group_size(self, kind: str) -> int:
+        """Ranks in this rank's ``dp`` or ``expert_dp`` group."""
         return self.coords.dp if kind == "dp" else self.coords.expert_dp
 
     def group_rank(self, kind: str) -> int:
+        """This rank's index in its ``dp`` or ``expert_dp`` group."""
         return self.coords.dp_rank if kind == "dp" else self.coords.expert_dp_rank
 
     def specs_of(self, kind: str, optimizer: str | None = None) -> list[ParamSpec]:
+        """Parameters reduced over ``kind`` (optionally only those on ``optimizer``)."""
         return [s for s in self.specs.values() if s.dp_group == kind and optimizer in (None, s.optimizer)]
 
     def add_buckets(self, tag: str, kind: str, layouts: list[BucketLayout]) -> None:
+        """Allocate buffers for ``layouts`` (recorded under ``tag:kind``)."""
         self.layouts[f"{tag}:{kind}"] = layouts
         for layout in layouts:
             self.buckets.append(FlatBucket.create(
@@ -113,6 +117,7 @@ class DistOptimizer:
                 DTYPES[self.cfg.grad_dtype], self.device))
 
     def build(self) -> None:
+        """Lay out the buffers (per distribution)."""
         raise NotImplementedError
 
     # ----- per step -----
@@ -121,13 +126,16 @@ class DistOptimizer:
         return sorted(self.buckets, key=lambda b: min(self.specs[n].order for n in b.names()))
 
     def backprop_order(self) -> list[FlatBucket]:
+        """Buckets in the order backprop completes them."""
         return sorted(self.buckets, key=lambda b: -max(self.specs[n].order for n in b.names()))
 
     def zero_grads(self) -> None:
+        """Zero every gradient buffer (padding included)."""
         for b in self.buckets:
             b.gbuf.zero_()
 
     def reduce_grads(self) -> None:
+        """Reduce every bucket's gradients (mean over its dp group), backprop order."""
         for b in self.backprop_order():
             kind = b.group
             if self.reduce_op == "all_reduce":
@@ -136,6 +144,7 @@ class DistOptimizer:
                 b.reduce_scatter_grads(self.comm, self.group_rank(kind), self.group_size(kind))
 
     def step(self, step: int) -> None:
+        """Update what this rank owns (``step`` counts from 1)."""
         raise NotImplementedError
 
     def start_param_gather(self, async_op: bool) -> list[tuple[FlatBucket, Pending]]:
@@ -197,6 +206,7 @@ class DistOptimizer:
                 fn(where[name], name)
 
     def padding_overhead(self) -> float:
+        """Padded over parameter elements, minus one, over all buckets."""
         return padding_overhead([b.layout for b in self.buckets])
 
     def owned_names(self) -> list[str]:

@@ -6,7 +6,8 @@ Per step (all phases timed per rank, seconds):
                  parameter is used, the pending gather of its bucket is waited (``exposed_wait``);
 ``backward``     stand-in matmuls (two per parameter, reverse order) and the synthetic gradients;
 ``grad_reduce``  reduce-scatter or all-reduce per bucket (backprop order);
-``optimizer``    the update (``newton_schulz`` is the part spent orthogonalising, TP comm included);
+``optimizer``    the update (``newton_schulz`` is the part spent orthogonalising, TP comm included;
+                 ``ns_comm`` is the time blocked in those TP collectives);
 ``param_gather`` launching the parameter gather (async when hiding) or doing it (then also
                  counted as ``exposed_wait``).
 
@@ -107,9 +108,11 @@ class StandIn:
                     self.acts[d] = (torch.randn(tokens, d, generator=gen) * 0.1).to(dtype=dtype, device=device)
 
     def matrices(self) -> list[str]:
+        """2-D parameters in definition order."""
         return [n for n in self.order if len(self.opt.specs[n].local_shape) == 2]
 
     def forward(self, clock: PhaseClock, pending: dict[int, Pending]) -> None:
+        """x·Wᵀ per matrix, waiting each bucket's pending gather first (phases forward, exposed_wait)."""
         compute = 0.0
         for name in self.matrices():
             bucket = self.where[name]
@@ -125,6 +128,7 @@ class StandIn:
         clock.add("forward", compute)
 
     def backward(self) -> None:
+        """Two matmuls per matrix in reverse order (dgrad and wgrad stand-ins)."""
         for name in reversed(self.matrices()):
             w = self.where[name].param(name)
             gy = self.acts[w.shape[0]]
@@ -192,6 +196,9 @@ def train(cfg: RunConfig, coords: GridCoords, groups: dict[str, Group], device: 
         else:
             clock.add("exposed_wait", time.perf_counter() - t)
         step_times.append(time.perf_counter() - t0)
+        tp_comm = [r.blocked_s for r in comm.records if r.step == step and r.call.phase.startswith("ns_")]
+        if tp_comm:
+            clock.add("ns_comm", sum(tp_comm))  # TP collectives inside newton_schulz
     for p in pending.values():
         p.wait()
     return RankOutput(

@@ -97,16 +97,17 @@ class TensorParallelNS(FullMatrixNS):
         transpose = info.shard_dim == 0  # orient so that the sharded dim is the column dim
         x = (u.mT if transpose else u).to(torch.float32)
         sumsq = (x * x).sum().reshape(1)
-        self.comm.all_reduce(sumsq, kind, "ns_norm")
+        comm_s = self.comm.all_reduce(sumsq, kind, "ns_norm").blocked_s
         x = x / sumsq.sqrt().clamp(min=h.eps)[0]
 
         def gram_reduce(a: torch.Tensor) -> torch.Tensor:
+            nonlocal comm_s
             a = a.contiguous()
-            self.comm.all_reduce(a, kind, "ns_gram")
+            comm_s += self.comm.all_reduce(a, kind, "ns_gram").blocked_s
             return a
 
         out = newton_schulz_iterations(x, h.schedule.for_steps(h.ns_steps), h.precision, gram_reduce)
-        if self.counter is not None:
+        if self.counter is not None:  # compute only: the Gram all-reduce waits are not NS FLOP time
             flops = distributed_flops(x.shape[0], x.shape[1], h.ns_steps, h.schedule.is_cubic)
-            self.counter.add(flops, time.perf_counter() - tick)
+            self.counter.add(flops, time.perf_counter() - tick - comm_s)
         return (out.mT if transpose else out).contiguous()

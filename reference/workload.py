@@ -87,10 +87,12 @@ class ParamSpec:
 
     @property
     def is_expert(self) -> bool:
+        """Reduced over the expert data-parallel group."""
         return self.dp_group == "expert_dp"
 
     @property
     def local_shape(self) -> tuple[int, ...]:
+        """Shape of this rank's tensor-parallel shard."""
         if self.shard_dim is None:
             return self.global_shape
         shape = list(self.global_shape)
@@ -99,6 +101,7 @@ class ParamSpec:
 
     @property
     def local_numel(self) -> int:
+        """Elements of the local shard."""
         n = 1
         for d in self.local_shape:
             n *= d
