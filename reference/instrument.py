@@ -24,6 +24,9 @@ import torch.distributed as dist
 from workloads.comm import CollectiveCall
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+# torch >= 2.13 names; older releases only have the *_tensor spellings
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ class Comm:
             out.copy_(inp)
             return self._done()
         rec = self._record("reduce_scatter", kind, inp.dtype, inp.numel() * inp.element_size(), phase)
-        return self._issue(rec, lambda a: dist.reduce_scatter_single(out, inp, group=g.pg, async_op=a), async_op)
+        return self._issue(rec, lambda a: _REDUCE_SCATTER(out, inp, group=g.pg, async_op=a), async_op)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, kind: str, phase: str,
                    async_op: bool = False) -> Pending:
@@ -137,7 +140,7 @@ class Comm:
             out.copy_(inp)
             return self._done()
         rec = self._record("all_gather", kind, out.dtype, out.numel() * out.element_size(), phase)
-        return self._issue(rec, lambda a: dist.all_gather_single(out, inp, group=g.pg, async_op=a), async_op)
+        return self._issue(rec, lambda a: _ALL_GATHER(out, inp, group=g.pg, async_op=a), async_op)
 
     def all_gather_v(self, inp: torch.Tensor, sizes: list[int], kind: str, phase: str,
                      on_done: Callable[[list[torch.Tensor]], None], async_op: bool = False) -> Pending:
@@ -158,7 +161,7 @@ class Comm:
         def finish() -> None:
             on_done([recv[r * width: r * width + n] for r, n in enumerate(sizes)])
 
-        return self._issue(rec, lambda a: dist.all_gather_single(recv, send, group=g.pg, async_op=a),
+        return self._issue(rec, lambda a: _ALL_GATHER(recv, send, group=g.pg, async_op=a),
                            async_op, finish)
 
 

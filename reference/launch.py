@@ -110,8 +110,22 @@ def _supervise(procs: list[Any], outdir: str, timeout_s: float) -> None:
         time.sleep(0.01)
 
 
-def launch_local(cfg: Any) -> list[Any]:
-    """Run ``cfg`` on ``cfg.world_size`` forked gloo processes; return their RankOutputs."""
+def launch_local(cfg: Any, attempts: int = 2) -> list[Any]:
+    """Run ``cfg`` on ``cfg.world_size`` forked gloo processes; return their RankOutputs.
+
+    A run whose rendezvous port was taken between choosing and binding it is retried once on a
+    new port; every other failure raises ReferenceRunError at once.
+    """
+    for attempt in range(attempts):
+        try:
+            return _launch_once(cfg)
+        except ReferenceRunError as err:
+            if attempt + 1 == attempts or "address already in use" not in str(err).lower():
+                raise
+    raise AssertionError("unreachable")
+
+
+def _launch_once(cfg: Any) -> list[Any]:
     import multiprocessing as mp
 
     import torch
@@ -185,9 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (2 bad arguments, 1 failed run)."""
     args = vars(_argparser().parse_args(argv))
     out = Path(args.pop("out"))
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if under_torchrun and args.get("world_size") is None:
+        args["world_size"] = os.environ["WORLD_SIZE"]
     try:
         cfg = config_from_strings(args)
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        if under_torchrun:
             return _torchrun(cfg, out)
         from reference.api import run_reference
 

@@ -46,3 +46,40 @@ def test_failed_run_exits_1_with_one_line_and_writes_nothing(run_cli, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "rank 0 failed: RuntimeError: injected failure" in lines[0]
     assert not out.exists()
+
+
+def _torchrun_rank(rank: int, port: int, out: str) -> None:
+    import os
+
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    from reference.launch import main
+
+    os._exit(main(["--steps", "2", "--tp", "2", "--tp-mode", "distributed", "--out", out]))
+
+
+def test_launch_module_under_torchrun_environment(tmp_path):
+    """The torchrun entry (env:// rendezvous, rank 0 gathers and writes), with ranks forked here."""
+    import multiprocessing as mp
+
+    from reference.launch import free_port
+
+    out = tmp_path / "tr.json"
+    ctx = mp.get_context("fork")
+    port = free_port()
+    procs = [ctx.Process(target=_torchrun_rank, args=(r, port, str(out))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        if p.is_alive():
+            p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]
+    run = MeasuredRun.model_validate(json.loads(out.read_text()))
+    assert run.tp == 2 and run.muon_tp_mode == "distributed" and run.num_gpus == 2
+    assert {c["phase"] for c in run.collectives} == {"ns_norm", "ns_gram", "grad_reduce", "param_gather"}
+    # dp = 1: only the experts (etp = 1, so expert_dp = 2) reduce and gather over data parallel
+    assert {c["group"] for c in run.collectives if c["phase"] in ("grad_reduce", "param_gather")} == {"expert_dp"}
