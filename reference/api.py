@@ -60,7 +60,9 @@ class RunResult:
             muon_tp_mode=cfg.tp_mode if cfg.optimizer == "muon" else None,
             muon_ns_steps=cfg.ns_steps if cfg.optimizer == "muon" else None,
             overlap_param_gather=cfg.hide_param_gather,
-            notes=f"layout={cfg.layout} load_balance={cfg.resolved_load_balance} shapes={cfg.shapes}",
+            notes=(f"layout={cfg.layout} load_balance={cfg.resolved_load_balance} shapes={cfg.shapes} "
+                   f"params={cfg.param_dtype} grads={cfg.grad_dtype} ns_matmul={cfg.matmul_precision} "
+                   f"backend={cfg.backend}"),
             phase_times_s=self.phase_times_s,
             collectives=[c.to_dict() for c in self.collectives],
             extra={"checks": self.checks, **self.extra, "config": cfg.model_dump(mode="json")},
