@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from costmodel.compute import operation_time_s
 from costmodel.optimizer.plan_types import OptimizerPlan
-from topologies.collectives import collective_time_s
+from topologies.collectives import collective_cost
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from workloads.operations import (
@@ -198,25 +198,32 @@ def _layer_ops(model: ModelSpec, shape: RankShape, kind: str, recompute: str, mo
     return layer_operations(model, shape, kind == "moe", recompute, modules)
 
 
-_COLL_CACHE: dict[tuple, tuple[SystemSpec, tuple[float, float]]] = {}
+_COLL_CACHE: dict[tuple, tuple[SystemSpec, tuple[float, float, str]]] = {}
 _KIND_CACHE: dict[tuple, tuple[ModelSpec, SystemSpec, tuple]] = {}
 _CACHE_LIMIT = 20000
+_NO_COMM = (0.0, 0.0, "nvlink")
 
 
-def _coll(op: str, size: float, shape: GroupShape, system: SystemSpec) -> tuple[float, float]:
-    """(time s, latency s) of one collective; latency = the time of a one-byte call (memoised)."""
+def _coll(op: str, size: float, shape: GroupShape, system: SystemSpec) -> tuple[float, float, str]:
+    """(time s, latency s, bottleneck link) of one collective (memoised).
+
+    The link is the one whose per-GPU bytes take longer at its rate: NVLink or the NIC.
+    """
     if shape.size <= 1 or size <= 0:
-        return 0.0, 0.0
+        return _NO_COMM
     key = (op, size, shape, id(system))
     hit = _COLL_CACHE.get(key)
     if hit is not None and hit[0] is system:
         return hit[1]
-    t = collective_time_s(op, size, shape, system)
-    lat = min(collective_time_s(op, 1.0, shape, system), t)
+    cost = collective_cost(op, size, shape, system)
+    nvl_Bps = system.nvlink.gpu_bandwidth_Bps
+    net_Bps = system.scale_out.nic_bandwidth_Bps * system.scale_out.nics_per_gpu
+    link = "network" if cost.network_bytes_per_gpu / net_Bps > cost.nvlink_bytes_per_gpu / nvl_Bps else "nvlink"
+    out = (cost.time_s, min(cost.latency_s, cost.time_s), link)
     if len(_COLL_CACHE) > _CACHE_LIMIT:
         _COLL_CACHE.clear()
-    _COLL_CACHE[key] = (system, (t, lat))  # the entry keeps ``system`` alive, so its id stays unique
-    return t, lat
+    _COLL_CACHE[key] = (system, out)  # the entry keeps ``system`` alive, so its id stays unique
+    return out
 
 
 def _link(shape: GroupShape) -> str:
@@ -227,10 +234,16 @@ def _link(shape: GroupShape) -> str:
 class _CommAcc:
     time_s: float = 0.0
     latency_s: float = 0.0
+    by_link: dict[str, float] = field(default_factory=dict)
 
-    def add(self, t: tuple[float, float], count: float = 1.0) -> None:
+    def add(self, t: tuple[float, float, str], count: float = 1.0) -> None:
         self.time_s += t[0] * count
         self.latency_s += t[1] * count
+        self.by_link[t[2]] = self.by_link.get(t[2], 0.0) + t[0] * count
+
+    @property
+    def link(self) -> str:
+        return max(self.by_link, key=lambda k: self.by_link[k]) if self.by_link else "nvlink"
 
 
 def _layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str, GroupShape],
@@ -296,9 +309,9 @@ def _layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[st
                 acc.add(_coll("reduce_scatter", gathered, etps, system))
     if full_recompute:
         for k in COMM_KINDS:
-            bwd[k].add((fwd[k].time_s, fwd[k].latency_s))
+            bwd[k].add((fwd[k].time_s, fwd[k].latency_s, fwd[k].link))
     elif moe_recompute:
-        bwd["ep"].add((fwd["ep"].time_s, fwd["ep"].latency_s))
+        bwd["ep"].add((fwd["ep"].time_s, fwd["ep"].latency_s, fwd["ep"].link))
     tp_hidden = system.efficiency.tp_comm_overlap if overlap else 0.0
 
     def blocks(acc: dict[str, _CommAcc], attn: float) -> tuple[CommBlock, ...]:
@@ -312,7 +325,7 @@ def _layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[st
                 frac = 1.0 - tp_hidden
             elif overlap and k == "cp":
                 frac = max(0.0, a.time_s - attn) / a.time_s
-            out.append(CommBlock(k, a.time_s, a.latency_s, _link(shapes[k]), frac))
+            out.append(CommBlock(k, a.time_s, a.latency_s, a.link, frac))
         return tuple(out)
 
     return blocks(fwd, attn_s[0]), blocks(bwd, attn_s[1])
@@ -363,11 +376,11 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
         if shape.size != b.group_size:
             shape = GroupShape.single_domain(b.group_size) if b.group_size <= shape.ranks_per_domain else shape
         red = _coll(b.reduce_op, b.grad_bytes, shape, system)
-        gat = _coll(b.gather_op, b.param_bytes, shape, system) if b.gather_op else (0.0, 0.0)
+        gat = _coll(b.gather_op, b.param_bytes, shape, system) if b.gather_op else _NO_COMM
         key = (b.chunk, b.dp_group)
         seen[key] = seen.get(key, 0) + b.numel
         frac = seen[key] / groups[key] if groups[key] else 1.0
-        out.append(BucketCost(b.chunk, b.dp_group, red[0], gat[0], _link(shape), frac if overlap else 1.0,
+        out.append(BucketCost(b.chunk, b.dp_group, red[0], gat[0], red[2], frac if overlap else 1.0,
                               red[1], gat[1]))
     return tuple(out)
 
@@ -428,7 +441,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     pps = shapes["pp"]
     p2p_bytes = float(shape.sp_tokens * model.hidden_size * ACT_BYTES)
     pair = GroupShape(2, 2, 1) if pps.intra_domain else GroupShape(2, 1, 2)
-    p2p, p2p_lat = _coll("send_recv", p2p_bytes, pair, system) if p.pp > 1 else (0.0, 0.0)
+    p2p, p2p_lat, _ = _coll("send_recv", p2p_bytes, pair, system) if p.pp > 1 else _NO_COMM
     opt = scenario.optimizer
     return StepStructure(
         pp=p.pp, vpp=p.vpp, microbatches=scenario.num_microbatches, stages=tuple(stages),

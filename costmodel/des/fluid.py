@@ -81,36 +81,31 @@ class FluidNetwork:
         self.capacity = capacity or {}
         self.contention = contention
         self.flows: list[Flow] = []
+        self.users: dict[str, set[Flow]] = {}
         self._last_s = 0.0
         self._wake: simpy.Event = env.event()
         env.process(self._scheduler())
-
-    def active_on(self, resource_prefix: str) -> bool:
-        """Whether any active flow crosses a resource whose name starts with ``resource_prefix``."""
-        return any(r.startswith(resource_prefix) for f in self.flows for r in f.resources)
 
     def transfer(self, volume_s: float, resources: tuple[str, ...], latency_s: float = 0.0,
                  **tags: Any) -> simpy.Event:
         """Start a flow of ``volume_s`` link-seconds after ``latency_s``; the event fires when done."""
         done = self.env.event()
         if latency_s > 0:
-            self.env.process(self._delayed(volume_s, resources, latency_s, done, tags))
+            self.env.timeout(latency_s).callbacks.append(lambda _: self._add(volume_s, resources, done, tags))
         else:
             self._add(volume_s, resources, done, tags)
         return done
-
-    def _delayed(self, volume_s: float, resources: tuple[str, ...], latency_s: float, done: simpy.Event,
-                 tags: dict[str, Any]) -> Generator[simpy.Event, Any, None]:
-        yield self.env.timeout(latency_s)
-        self._add(volume_s, resources, done, tags)
 
     def _add(self, volume_s: float, resources: tuple[str, ...], done: simpy.Event, tags: dict[str, Any]) -> None:
         if volume_s <= DONE_EPS_S:
             done.succeed()
             return
         self._advance()
-        self.flows.append(Flow(volume_s, resources, done, remaining=volume_s, start_s=self.env.now, tags=tags))
-        self._allocate()
+        flow = Flow(volume_s, resources, done, remaining=volume_s, start_s=self.env.now, tags=tags)
+        self.flows.append(flow)
+        for r in resources:
+            self.users.setdefault(r, set()).add(flow)
+        self._allocate(resources)
         if not self._wake.triggered:
             self._wake.succeed()
 
@@ -121,12 +116,31 @@ class FluidNetwork:
                 f.remaining -= f.rate * dt
         self._last_s = self.env.now
 
-    def _allocate(self) -> None:
+    def _component(self, resources: Iterable[str]) -> set[Flow]:
+        """Every active flow connected (through shared resources) to ``resources``."""
+        seen_r: set[str] = set()
+        todo = list(resources)
+        flows: set[Flow] = set()
+        while todo:
+            r = todo.pop()
+            if r in seen_r:
+                continue
+            seen_r.add(r)
+            for f in self.users.get(r, ()):
+                if f not in flows:
+                    flows.add(f)
+                    todo.extend(f.resources)
+        return flows
+
+    def _allocate(self, touched: Iterable[str]) -> None:
+        """Re-plan the rates of the flows affected by a change on ``touched`` resources (max-min
+        allocations decompose over connected components, so the others keep their rates)."""
+        comp = self._component(touched)
         if not self.contention:
-            for f in self.flows:
+            for f in comp:
                 f.rate = min((self.capacity.get(r, 1.0) for r in f.resources), default=1.0)
             return
-        for f, rate in max_min_rates(self.flows, self.capacity).items():
+        for f, rate in max_min_rates(comp, self.capacity).items():
             f.rate = rate
 
     def _scheduler(self) -> Generator[simpy.Event, Any, None]:
@@ -142,7 +156,13 @@ class FluidNetwork:
             self._advance()
             finished = [f for f in self.flows if f.remaining <= DONE_EPS_S * max(1.0, f.volume)]
             if finished:
-                self.flows = [f for f in self.flows if f not in finished]
-                self._allocate()
+                done = set(finished)
+                self.flows = [f for f in self.flows if f not in done]
+                touched = set()
+                for f in finished:
+                    for r in f.resources:
+                        self.users[r].discard(f)
+                        touched.add(r)
+                self._allocate(touched)
                 for f in finished:
                     f.done.succeed()
