@@ -20,6 +20,7 @@ ENGINES = ("analytic", "des")
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``predict`` to the app."""
     app.command("predict")(predict)
 
 

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class AnalyticTiming:
+    """Step seconds, its breakdown, optimizer-related exposed/hidden seconds, forward/backward phase."""
+
     step_time_s: float
     breakdown: Breakdown
     optimizer_exposed_s: float

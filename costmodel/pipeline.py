@@ -23,6 +23,8 @@ Pass = Literal["F", "B"]
 
 @dataclass(frozen=True)
 class ScheduledPass:
+    """One forward ("F") or backward ("B") pass of a micro-batch through one chunk."""
+
     kind: Pass
     microbatch: int
     chunk: int

@@ -67,6 +67,7 @@ class CommBlock:
 
     @property
     def exposed_s(self) -> float:
+        """Seconds on the critical path."""
         return self.time_s * self.exposed_fraction
 
 
@@ -79,6 +80,7 @@ class PassCost:
 
     @cached_property
     def exposed_comm_s(self) -> float:
+        """Seconds of exposed layer communication."""
         return sum(c.exposed_s for c in self.comm)
 
     @cached_property
@@ -87,6 +89,7 @@ class PassCost:
         return self.compute_s + self.exposed_comm_s
 
     def exposed_by_kind(self) -> dict[str, float]:
+        """Exposed seconds by collective kind (tp, cp, ep)."""
         out: dict[str, float] = {}
         for c in self.comm:
             out[c.kind] = out.get(c.kind, 0.0) + c.exposed_s
@@ -95,6 +98,8 @@ class PassCost:
 
 @dataclass(frozen=True)
 class ChunkCost:
+    """One virtual chunk of one stage: its layers' forward and backward pass per micro-batch."""
+
     stage: int
     chunk: int
     layers: int
@@ -103,6 +108,7 @@ class ChunkCost:
 
     @cached_property
     def time_s(self) -> float:
+        """Compute-stream seconds of forward + backward."""
         return self.fwd.time_s + self.bwd.time_s
 
 
@@ -127,6 +133,8 @@ class BucketCost:
 
 @dataclass(frozen=True)
 class StageCost:
+    """One pipeline stage's representative GPU: chunks, DP buckets, optimizer-step seconds."""
+
     stage: int
     chunks: tuple[ChunkCost, ...]
     buckets: tuple[BucketCost, ...]  # backprop order

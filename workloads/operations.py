@@ -92,10 +92,12 @@ class LayerOps:
 
     @property
     def forward_flops(self) -> float:
+        """FLOPs of the forward operations."""
         return sum(o.flops for o in self.forward)
 
     @property
     def backward_flops(self) -> float:
+        """FLOPs of the backward operations (including recomputed forward work)."""
         return sum(o.flops for o in self.backward)
 
 
@@ -139,9 +141,11 @@ class _Builder:
                                   fwd_flops * ATTENTION_BWD_FLOPS_RATIO, 2 * io_bytes))
 
     def norm(self, name: str, tokens: int, width: int) -> None:
+        """An RMSNorm over ``tokens`` x ``width`` BF16 values (read + write)."""
         self.elementwise(name, "layernorm", 2.0 * tokens * width * ACT_BYTES)
 
     def build(self, recompute: str, modules: tuple[str, ...]) -> LayerOps:
+        """The layer's operations, with recomputed forward work prepended to the backward."""
         replay: list[Operation] = []
         if recompute == "full":
             replay = list(self.fwd)

@@ -24,6 +24,8 @@ DONE_EPS_S = 1e-12  # a flow with less than this many link-seconds left is compl
 
 @dataclass(eq=False)
 class Flow:
+    """An active transfer: volume and remaining work in link-seconds, rate in link-seconds/s."""
+
     volume: float
     resources: tuple[str, ...]
     done: simpy.Event

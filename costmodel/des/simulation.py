@@ -39,6 +39,8 @@ LINK_PREFIX = {"nvlink": "nvl", "network": "net"}
 
 @dataclass(frozen=True)
 class RawEvent:
+    """A recorded timeline interval (seconds) of one rank's stream."""
+
     rank: int
     stream: str
     name: str
@@ -50,6 +52,8 @@ class RawEvent:
 
 @dataclass
 class DesResult:
+    """What a simulation produced: step end times (s), per-rank attribution (s), the timeline."""
+
     step_ends_s: list[float]  # per step: when the last rank finished it
     rank_ends_s: list[list[float]]  # [step][rank]
     attribution: list[list[dict[str, float]]]  # [step][rank] seconds by kind
