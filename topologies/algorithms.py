@@ -25,8 +25,9 @@ Bytes per GPU per direction (what the bottleneck link carries), S in nccl-tests 
 - NVLS all-reduce S(1+1/n): the switch reads every GPU's share (multimem.ld_reduce, S out) and
   multicasts each reduced share (multimem.st, S in), each GPU also receiving/sending its own 1/n;
   NVLS AG or RS move S on one direction;
-- tree all-reduce: a chain inside a domain carries S up and S down (2S per GPU); across D ≥ 3
-  domains a double binary tree node sends and receives 2S (S for D = 2), spread over its g NICs;
+- tree all-reduce: a chain inside a domain carries S up and S down (2S per GPU); across domains
+  the busiest node of a double binary tree sends and receives (tree degree)·S/2 (S for D = 2,
+  1.5·S for D = 3, up to 2S), spread over its g NICs;
 - hierarchical: reduce-scatter inside the domain, all-reduce of S/g per GPU across domains (g
   parallel rails), all-gather inside the domain; the phases add (NCCL synchronises them per chunk,
   the sum is the conservative bound);
@@ -145,6 +146,34 @@ def ring_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate
     return Estimate("ring", lat, traffic / bw, nvl, net)
 
 
+@lru_cache(maxsize=2048)
+def double_binary_tree(domains: int) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+    """The two (parent, child) edge lists of a double binary tree over ``domains`` nodes.
+
+    Tree 1 is the heap tree (parent of i is (i−1)//2); tree 2 mirrors it (i ↔ D−1−i), so leaves of
+    one tree are inner nodes of the other, as in NCCL's double binary tree; each carries half the data.
+    """
+    t1 = tuple(((i - 1) // 2, i) for i in range(1, domains))
+    t2 = tuple((domains - 1 - p, domains - 1 - c) for p, c in t1)
+    return t1, t2
+
+
+@lru_cache(maxsize=2048)
+def tree_network_factor(domains: int) -> float:
+    """Bytes the busiest node sends per direction, in units of S: (its tree degree) × S/2.
+
+    1 for 2 domains, 1.5 for 3, up to 2 for large trees (SimAI's tree/ring ratios ×2 and ×4/3 [S51]).
+    """
+    if domains < 2:
+        return 0.0
+    degree = [0] * domains
+    for tree in double_binary_tree(domains):
+        for p, c in tree:
+            degree[p] += 1
+            degree[c] += 1
+    return max(degree) / 2
+
+
 def tree_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
     """Double binary tree across domains with a chain inside each (NCCL Tree, ×0.92 de-rate)."""
     n, g, d, e = shape.size, shape.ranks_per_domain, shape.domains, lk.eff
@@ -153,7 +182,7 @@ def tree_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate
     rates = []
     if g > 1:
         rates.append(lk.nvlink_Bps / 2)  # chain: S up and S down on each GPU's NVLink
-    net_factor = 1.0 if d == 2 else 2.0
+    net_factor = tree_network_factor(d)
     if d > 1:
         rates.append(g * lk.network_Bps(shape) / net_factor)
     algbw = e.tree_bandwidth * min(rates) * saturation(size_bytes / n, e.ring_half_saturation_bytes, e.min_size_efficiency)

@@ -213,7 +213,11 @@ def nvls_flows(view: RouteView, gpus: list[int], out_bytes: float, in_bytes: flo
 
 
 def tree_flows(view: RouteView, gpus: list[int], size_bytes: float) -> list[Flow]:
-    """Chain inside each domain (S up and S down) plus a binary tree of domains per rank slot."""
+    """Chain inside each domain (S up and S down) plus a double binary tree of domains per slot.
+
+    Each of the two trees carries half the data: S/(2g) each way on every tree edge for each of
+    the g rank slots (the slots' trees run in parallel on their own rails).
+    """
     doms = _by_domain(gpus, view.layout.domain_size)
     flows = []
     for members in doms:
@@ -221,12 +225,12 @@ def tree_flows(view: RouteView, gpus: list[int], size_bytes: float) -> list[Flow
             flows += [view.flow(a, b, size_bytes), view.flow(b, a, size_bytes)]
     if len(doms) > 1:
         g = min(len(d) for d in doms)
-        share = size_bytes / g
-        for child in range(1, len(doms)):
-            parent = (child - 1) // 2
-            for j in range(g):
-                a, b = doms[child][j], doms[parent][j]
-                flows += [view.flow(a, b, share), view.flow(b, a, share)]
+        share = size_bytes / g / 2
+        for tree in alg.double_binary_tree(len(doms)):
+            for parent, child in tree:
+                for j in range(g):
+                    a, b = doms[child][j], doms[parent][j]
+                    flows += [view.flow(a, b, share), view.flow(b, a, share)]
     return flows
 
 

@@ -149,6 +149,9 @@ class SystemSpec(_Strict):
     def _check(self) -> SystemSpec:
         if self.nvlink.nvls and self.nvlink.switch_chips < 1:
             raise ValueError("nvls requires NVLink switch chips")
+        nics = self.nvlink.domain_size * self.scale_out.nics_per_gpu  # fabric check (topologies.layout)
+        if self.scale_out.rails is not None and nics % self.scale_out.rails:
+            raise ValueError(f"scale_out.rails {self.scale_out.rails} must divide the {nics} NICs of an NVLink domain")
         return self
 
     def peak_flops_per_s(self, precision: Precision | str) -> float:

@@ -20,9 +20,11 @@ world       gpus                         1
 Ranks fill ``gpus_per_domain`` slots of each NVLink domain in order (:mod:`topologies.layout`).
 
 **Policy for jobs that do not fill domains** (stated, overridable): a job uses the largest divisor
-of its GPU count that does not exceed the domain size (256 GPUs on NVL72 → 64 per rack on four
-racks, as NVIDIA's Kimi K2 run [S47]; 1,440 → 72 per rack). ``Placement.gpus_per_domain`` in the
-scenario (``--gpus-per-domain``) overrides it.
+of its GPU count that does not exceed the domain size and is a multiple of the model-parallel block
+(tp·cp, and etp·ep when that fits a domain) so that those groups never straddle domains; without
+such a divisor, the largest divisor. 256 GPUs on NVL72 → 64 per rack on four racks (NVIDIA's Kimi
+K2 run [S47]); 1,440 → 72; 100,000 with tp=8 → 40 (50 would split tp groups across racks).
+``Placement.gpus_per_domain`` in the scenario (``--gpus-per-domain``) overrides it.
 
 Shapes are computed arithmetically, never by listing 100,000 GPUs: :meth:`JobPlacement.shape` is
 O(1) for regular groups and O(size) numpy for the rare irregular ones; member lists are built only
@@ -42,12 +44,29 @@ from topologies.layout import FabricLayout, fabric_layout
 GROUP_KINDS = ("tp", "cp", "dp", "etp", "ep", "expert_dp", "pp", "world")
 
 
-def default_gpus_per_domain(system: SystemSpec, gpus: int) -> int:
-    """Largest divisor of ``gpus`` not exceeding the NVLink domain size (the default policy)."""
+def default_gpus_per_domain(system: SystemSpec, gpus: int, block: int = 1) -> int:
+    """The default policy: GPUs a job uses per NVLink domain.
+
+    The largest divisor of ``gpus`` not exceeding the domain size, preferring multiples of
+    ``block`` (the model-parallel block that should not straddle domains, e.g. tp·cp) when one exists.
+    """
     size = system.nvlink.domain_size
     if gpus <= size:
         return gpus
-    return max(d for d in range(1, size + 1) if gpus % d == 0)
+    divisors = [d for d in range(1, size + 1) if gpus % d == 0]
+    aligned = [d for d in divisors if d % block == 0]
+    return max(aligned or divisors)
+
+
+def _policy_block(domain_size: int, tp: int, cp: int, ep: int, etp: int) -> int:
+    """Block that rack boundaries should respect: tp·cp, and the expert block etp·ep when it fits."""
+    from math import lcm
+
+    block = tp * cp if tp * cp <= domain_size else 1
+    expert = etp * ep
+    if expert <= domain_size and lcm(block, expert) <= domain_size:
+        block = lcm(block, expert)
+    return block
 
 
 @dataclass(frozen=True)
@@ -202,12 +221,13 @@ def place_job(system: SystemSpec, gpus: int, tp: int = 1, cp: int = 1, ep: int =
         raise UserInputError(f"gpus must be >= 1, got {gpus}")
     if gpus > system.max_gpus:
         raise UserInputError(f"gpus {gpus} exceeds the {system.name} limit of {system.max_gpus}")
-    g = gpus_per_domain or default_gpus_per_domain(system, gpus)
+    _check_divisible(gpus, tp, cp, ep, etp, pp)
+    block = _policy_block(system.nvlink.domain_size, tp, cp, ep, etp)
+    g = gpus_per_domain or default_gpus_per_domain(system, gpus, block)
     if g > system.nvlink.domain_size:
         raise UserInputError(f"gpus_per_domain {g} exceeds the NVLink domain size {system.nvlink.domain_size}")
     if gpus % g:
         raise UserInputError(f"gpus {gpus} is not a multiple of gpus_per_domain {g}")
-    _check_divisible(gpus, tp, cp, ep, etp, pp)
     layout = fabric_layout(system, gpus, g)
     return JobPlacement(gpus=gpus, gpus_per_domain=g, tp=tp, cp=cp, ep=ep, etp=etp, pp=pp, layout=layout)
 
