@@ -84,13 +84,17 @@ def links_for(system: SystemSpec) -> Links:
 
 @dataclass(frozen=True)
 class Estimate:
-    """One algorithm's cost: latency + transfer, and the bytes each GPU moves per link class."""
+    """One algorithm's cost: latency + transfer, bytes per GPU per link class, and the fraction of
+    each class's nominal rate it achieves at this size (what the flow view needs to replay it)."""
 
     algorithm: str
     latency_s: float
     transfer_s: float
     nvlink_bytes: float  # per GPU, per direction
     network_bytes: float  # per GPU, per direction
+    nvlink_eff: float = 1.0  # achieved / nominal NVLink rate
+    network_eff: float = 1.0  # achieved / nominal NIC rate
+    parts: tuple[Estimate, ...] = ()  # hierarchical: the phases, in execution order
 
     @property
     def time_s(self) -> float:
@@ -107,6 +111,12 @@ def saturation(chunk_bytes: float, half_bytes: float, floor: float = 0.5) -> flo
     if half_bytes <= 0:
         return 1.0
     return max(chunk_bytes / (chunk_bytes + half_bytes), floor)
+
+
+def _sat(chunk_bytes: float, e: EfficiencyFactors, kind: str = "ring") -> float:
+    half = {"ring": e.ring_half_saturation_bytes, "nvls": e.nvls_half_saturation_bytes,
+            "alltoall": e.alltoall_half_saturation_bytes}[kind]
+    return saturation(chunk_bytes, half, e.min_size_efficiency)
 
 
 def _ring_bw_Bps(shape: GroupShape, lk: Links) -> float:
@@ -133,17 +143,32 @@ def _split_bytes(traffic: float, shape: GroupShape) -> tuple[float, float]:
     return traffic * (n - d) / n, traffic * d / n
 
 
+def _ring(name: str, traffic: float, steps: int, inter_steps: int, size_bytes: float, shape: GroupShape,
+          lk: Links) -> Estimate:
+    """A ring-family estimate: ``traffic`` bytes per GPU over ``steps`` ring steps."""
+    e = lk.eff
+    sat = _sat(size_bytes / shape.size, e)
+    lat = _ring_latency_s(steps, inter_steps, shape.domains > 1, e)
+    nvl, net = _split_bytes(traffic, shape)
+    return Estimate(name, lat, traffic / (_ring_bw_Bps(shape, lk) * sat), nvl, net,
+                    e.nvlink_bandwidth * sat, e.network_bandwidth * sat)
+
+
+def _nvls(traffic: float, size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """An NVLS estimate: ``traffic`` bytes per GPU on its busier NVLink direction, flat latency."""
+    e = lk.eff
+    sat = _sat(size_bytes / shape.size, e, "nvls")
+    return Estimate("nvls", e.nvls_latency_s, traffic / (lk.nvls_Bps * sat), traffic, 0.0,
+                    e.nvlink_bandwidth * e.nvls_bandwidth * sat, e.network_bandwidth * sat)
+
+
 # --------------------------------------------------------------------------- all-reduce
 
 
 def ring_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
     """Ring all-reduce: 2(n−1) steps, 2(n−1)/n·S per GPU at the ring bandwidth."""
-    n, d, e = shape.size, shape.domains, lk.eff
-    lat = _ring_latency_s(2 * (n - 1), 2 * (d - 1), d > 1, e)
-    traffic = 2 * (n - 1) / n * size_bytes
-    bw = _ring_bw_Bps(shape, lk) * saturation(size_bytes / n, e.ring_half_saturation_bytes, e.min_size_efficiency)
-    nvl, net = _split_bytes(traffic, shape)
-    return Estimate("ring", lat, traffic / bw, nvl, net)
+    n, d = shape.size, shape.domains
+    return _ring("ring", 2 * (n - 1) / n * size_bytes, 2 * (n - 1), 2 * (d - 1), size_bytes, shape, lk)
 
 
 @lru_cache(maxsize=2048)
@@ -185,21 +210,19 @@ def tree_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate
     net_factor = tree_network_factor(d)
     if d > 1:
         rates.append(g * lk.network_Bps(shape) / net_factor)
-    algbw = e.tree_bandwidth * min(rates) * saturation(size_bytes / n, e.ring_half_saturation_bytes, e.min_size_efficiency)
+    eff = e.tree_bandwidth * _sat(size_bytes / n, e)
     nvl = 2 * size_bytes if g > 1 else 0.0
     net = net_factor * size_bytes / g if d > 1 else 0.0
-    return Estimate("tree", lat, size_bytes / algbw, nvl, net)
+    return Estimate("tree", lat, size_bytes / (min(rates) * eff), nvl, net,
+                    e.nvlink_bandwidth * eff, e.network_bandwidth * eff)
 
 
 def nvls_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
     """NVLink SHARP inside one domain: S(1+1/n) per direction at the NVLS rate, flat latency."""
-    n, e = shape.size, lk.eff
-    traffic = size_bytes * (1 + 1 / n)
-    bw = lk.nvls_Bps * saturation(size_bytes / n, e.nvls_half_saturation_bytes, e.min_size_efficiency)
-    return Estimate("nvls", e.nvls_latency_s, traffic / bw, traffic, 0.0)
+    return _nvls(size_bytes * (1 + 1 / shape.size), size_bytes, shape, lk)
 
 
-def _inter_shape(shape: GroupShape) -> GroupShape:
+def inter_shape(shape: GroupShape) -> GroupShape:
     """The per-rail group across domains of a hierarchical collective (one rank per domain)."""
     return GroupShape(size=shape.domains, ranks_per_domain=1, domains=shape.domains, tiers=shape.tiers)
 
@@ -208,43 +231,48 @@ def _best(estimates: list[Estimate]) -> Estimate:
     return min(estimates, key=lambda est: est.time_s)
 
 
-def intra_all_reduce(size_bytes: float, g: int, lk: Links) -> Estimate:
-    """Fastest of NVLS and ring for an all-reduce over ``g`` ranks of one domain."""
-    inner = GroupShape.single_domain(g)
-    cands = [ring_all_reduce(size_bytes, inner, lk)]
-    if lk.nvls and g > 1:
-        cands.append(nvls_all_reduce(size_bytes, inner, lk))
-    return _best(cands)
+def hierarchical_parts(op: str, size_bytes: float, shape: GroupShape, lk: Links) -> tuple[Estimate, Estimate]:
+    """(phase inside each domain on S, phase across domains on S/g per rail), in execution order.
+
+    All-reduce: NVLS or ring all-reduce inside (= reduce-scatter + all-gather on the domain's
+    links) then ring or tree across; reduce-scatter: inside first; all-gather: across first.
+    """
+    g = shape.ranks_per_domain
+    inner, across = GroupShape.single_domain(g), inter_shape(shape)
+    if op == "all_reduce":
+        intra = _best([ring_all_reduce(size_bytes, inner, lk)] + ([nvls_all_reduce(size_bytes, inner, lk)] if lk.nvls else []))
+        inter = _best([ring_all_reduce(size_bytes / g, across, lk), tree_all_reduce(size_bytes / g, across, lk)])
+        return intra, inter
+    intra = _best([ring_gather(size_bytes, inner, lk)] + ([nvls_gather(size_bytes, inner, lk)] if lk.nvls else []))
+    inter = ring_gather(size_bytes / g, across, lk)
+    return (inter, intra) if op == "all_gather" else (intra, inter)
+
+
+def _hierarchical(op: str, size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    first, second = hierarchical_parts(op, size_bytes, shape, lk)
+    intra, inter = (second, first) if op == "all_gather" else (first, second)
+    return Estimate(f"hierarchical({intra.algorithm}+{inter.algorithm})", first.latency_s + second.latency_s,
+                    first.transfer_s + second.transfer_s, intra.nvlink_bytes, inter.network_bytes,
+                    parts=(first, second))
 
 
 def hierarchical_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
     """RS + AG inside each domain (NVLS or ring, as one all-reduce) + ring/tree AR of S/g across."""
-    g = shape.ranks_per_domain
-    intra = intra_all_reduce(size_bytes, g, lk)
-    across = _inter_shape(shape)
-    inter = _best([ring_all_reduce(size_bytes / g, across, lk), tree_all_reduce(size_bytes / g, across, lk)])
-    return Estimate(f"hierarchical({intra.algorithm}+{inter.algorithm})", intra.latency_s + inter.latency_s,
-                    intra.transfer_s + inter.transfer_s, intra.nvlink_bytes, inter.network_bytes)
+    return _hierarchical("all_reduce", size_bytes, shape, lk)
 
 
 # --------------------------------------------------------------- reduce-scatter / all-gather
 
 
-def ring_gather(size_bytes: float, shape: GroupShape, lk: Links, algorithm: str = "ring") -> Estimate:
+def ring_gather(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
     """Ring reduce-scatter or all-gather: n−1 steps, (n−1)/n·S per GPU."""
-    n, d, e = shape.size, shape.domains, lk.eff
-    lat = _ring_latency_s(n - 1, d - 1, d > 1, e)
-    traffic = (n - 1) / n * size_bytes
-    bw = _ring_bw_Bps(shape, lk) * saturation(size_bytes / n, e.ring_half_saturation_bytes, e.min_size_efficiency)
-    nvl, net = _split_bytes(traffic, shape)
-    return Estimate(algorithm, lat, traffic / bw, nvl, net)
+    n, d = shape.size, shape.domains
+    return _ring("ring", (n - 1) / n * size_bytes, n - 1, d - 1, size_bytes, shape, lk)
 
 
 def nvls_gather(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
     """NVLS reduce-scatter (ld_reduce) or all-gather (multicast store): S on one direction."""
-    n, e = shape.size, lk.eff
-    bw = lk.nvls_Bps * saturation(size_bytes / n, e.nvls_half_saturation_bytes, e.min_size_efficiency)
-    return Estimate("nvls", e.nvls_latency_s, size_bytes / bw, size_bytes, 0.0)
+    return _nvls(size_bytes, size_bytes, shape, lk)
 
 
 def pat_gather(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
@@ -252,21 +280,19 @@ def pat_gather(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
     n, e = shape.size, lk.eff
     lat = e.collective_base_latency_s + log2(n) * e.network_step_latency_s
     traffic = (n - 1) / n * size_bytes
-    bw = e.pat_bandwidth * lk.network_Bps(shape) * saturation(size_bytes / n, e.ring_half_saturation_bytes, e.min_size_efficiency)
-    return Estimate("pat", lat, traffic / bw, 0.0, traffic)
+    eff = e.pat_bandwidth * _sat(size_bytes / n, e)
+    return Estimate("pat", lat, traffic / (lk.network_Bps(shape) * eff), 0.0, traffic,
+                    e.nvlink_bandwidth * eff, e.network_bandwidth * eff)
 
 
-def hierarchical_gather(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
-    """Reduce-scatter or all-gather inside the domain (NVLS or ring) plus ring of S/g across."""
-    g = shape.ranks_per_domain
-    inner = GroupShape.single_domain(g)
-    cands = [ring_gather(size_bytes, inner, lk)]
-    if lk.nvls and g > 1:
-        cands.append(nvls_gather(size_bytes, inner, lk))
-    intra = _best(cands)
-    inter = ring_gather(size_bytes / g, _inter_shape(shape), lk)
-    return Estimate(f"hierarchical({intra.algorithm}+ring)", intra.latency_s + inter.latency_s,
-                    intra.transfer_s + inter.transfer_s, intra.nvlink_bytes, inter.network_bytes)
+def hierarchical_reduce_scatter(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """Reduce-scatter inside each domain (NVLS or ring) then ring reduce-scatter of S/g across."""
+    return _hierarchical("reduce_scatter", size_bytes, shape, lk)
+
+
+def hierarchical_all_gather(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """Ring all-gather of S/g across domains then all-gather inside each (NVLS or ring)."""
+    return _hierarchical("all_gather", size_bytes, shape, lk)
 
 
 def direct_gather_v(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
@@ -280,9 +306,9 @@ def direct_gather_v(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate
     lat = e.collective_base_latency_s + (ring_lat - e.collective_base_latency_s) * e.all_gather_v_latency_factor
     nvl = size_bytes * (g - 1) / n
     net = size_bytes * (n - g) / n
-    sat = saturation(size_bytes / n, e.ring_half_saturation_bytes, e.min_size_efficiency)
+    sat = _sat(size_bytes / n, e)
     t = max(nvl / lk.nvlink_Bps, net / lk.network_Bps(shape) if net else 0.0) / sat
-    return Estimate("direct", lat, t, nvl, net)
+    return Estimate("direct", lat, t, nvl, net, e.nvlink_bandwidth * sat, e.network_bandwidth * sat)
 
 
 # ---------------------------------------------------------- broadcast, all-to-all, p2p
@@ -290,18 +316,13 @@ def direct_gather_v(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate
 
 def ring_broadcast(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
     """Pipelined chain broadcast: n−1 steps, S through every GPU."""
-    n, d, e = shape.size, shape.domains, lk.eff
-    lat = _ring_latency_s(n - 1, d - 1, d > 1, e)
-    bw = _ring_bw_Bps(shape, lk) * saturation(size_bytes / n, e.ring_half_saturation_bytes, e.min_size_efficiency)
-    nvl, net = _split_bytes(size_bytes, shape)
-    return Estimate("ring", lat, size_bytes / bw, nvl, net)
+    n, d = shape.size, shape.domains
+    return _ring("ring", size_bytes, n - 1, d - 1, size_bytes, shape, lk)
 
 
 def nvls_broadcast(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
     """Multicast broadcast inside one domain: the root sends S once, the switch replicates."""
-    e = lk.eff
-    bw = lk.nvls_Bps * saturation(size_bytes / shape.size, e.nvls_half_saturation_bytes, e.min_size_efficiency)
-    return Estimate("nvls", e.nvls_latency_s, size_bytes / bw, size_bytes, 0.0)
+    return _nvls(size_bytes, size_bytes, shape, lk)
 
 
 def direct_all_to_all(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
@@ -310,9 +331,10 @@ def direct_all_to_all(size_bytes: float, shape: GroupShape, lk: Links) -> Estima
     nvl = size_bytes * (g - 1) / n
     net = size_bytes * (n - g) / n if shape.domains > 1 else 0.0
     step = e.network_step_latency_s if shape.domains > 1 else e.nvlink_step_latency_s
-    sat = saturation(size_bytes / n, e.alltoall_half_saturation_bytes, e.min_size_efficiency)
+    sat = _sat(size_bytes / n, e, "alltoall")
     t = max(nvl / lk.alltoall_nvlink_Bps, net / lk.network_Bps(shape) if net else 0.0) / sat
-    return Estimate("direct", e.collective_base_latency_s + step, t, nvl, net)
+    return Estimate("direct", e.collective_base_latency_s + step, t, nvl, net,
+                    e.alltoall_bandwidth * sat, e.network_bandwidth * sat)
 
 
 def direct_send_recv(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
@@ -321,6 +343,7 @@ def direct_send_recv(size_bytes: float, shape: GroupShape, lk: Links) -> Estimat
     across = shape.domains > 1
     bw = lk.network_Bps(shape) if across else lk.nvlink_Bps
     step = e.network_step_latency_s if across else e.nvlink_step_latency_s
-    t = size_bytes / (bw * saturation(size_bytes, e.ring_half_saturation_bytes, e.min_size_efficiency))
-    return Estimate("direct", e.collective_base_latency_s + step, t,
-                    0.0 if across else size_bytes, size_bytes if across else 0.0)
+    sat = _sat(size_bytes, e)
+    return Estimate("direct", e.collective_base_latency_s + step, size_bytes / (bw * sat),
+                    0.0 if across else size_bytes, size_bytes if across else 0.0,
+                    e.nvlink_bandwidth * sat, e.network_bandwidth * sat)

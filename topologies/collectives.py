@@ -10,7 +10,8 @@ Public API (stable; the step engines call it):
   pure arithmetic and cached (no graph). The analytic engine calls it ~100 times per scenario.
 - :func:`collective_cost`: the same with details (:class:`CollectiveCost`: algorithm chosen,
   algbw/busbw as nccl-tests reports them, bytes per GPU per link class, every candidate's time).
-- :func:`eligible_algorithms`, :func:`bus_factor`, :data:`OPS`, :data:`ALGORITHMS`.
+- :func:`eligible_algorithms`, :func:`algorithm_estimate`, :func:`bus_factor`, :data:`OPS`,
+  :data:`ALGORITHMS`.
 
 Algorithms: ``ring``, ``tree`` (all-reduce), ``nvls`` (one NVLink domain with NVLink SHARP),
 ``hierarchical`` (NVLS or ring inside domains + ring/tree across), ``pat`` (AG/RS with one rank per
@@ -98,7 +99,7 @@ def _candidates(op: str, shape: GroupShape, lk: alg.Links) -> dict[str, Formula]
         if nvls_ok:
             c["nvls"] = alg.nvls_gather
         if hier_ok:
-            c["hierarchical"] = alg.hierarchical_gather
+            c["hierarchical"] = alg.hierarchical_all_gather if op == "all_gather" else alg.hierarchical_reduce_scatter
         if d > 1 and g == 1:
             c["pat"] = alg.pat_gather
         return c
@@ -157,6 +158,16 @@ def collective_cost(op: str, size_bytes: float, shape: GroupShape, system: Syste
         nvlink_bytes_per_gpu=est.nvlink_bytes, network_bytes_per_gpu=est.network_bytes,
         candidates=tuple((k, v.time_s) for k, v in ests.items()),
     )
+
+
+def algorithm_estimate(op: str, size_bytes: float, shape: GroupShape, system: SystemSpec,
+                       algorithm: str) -> alg.Estimate:
+    """The :class:`~topologies.algorithms.Estimate` of one eligible algorithm (phases, efficiencies)."""
+    _check(op, size_bytes, algorithm)
+    formulas = _candidates(op, shape, alg.links_for(system))
+    if algorithm not in formulas:
+        raise UserInputError(f"algorithm '{algorithm}' cannot run {op} on this group; eligible: {', '.join(formulas)}")
+    return formulas[algorithm](float(size_bytes), shape, alg.links_for(system))
 
 
 def collective_time_s(op: str, size_bytes: float, shape: GroupShape, system: SystemSpec,

@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from topologies import algorithms as alg
-from topologies.collectives import CollectiveCost, collective_cost
+from topologies.collectives import CollectiveCost, algorithm_estimate, collective_cost
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from topologies.inputs import UserInputError
@@ -254,11 +254,6 @@ def pairwise_flows(view: RouteView, gpus: list[int], per_pair: float) -> list[Fl
 # ------------------------------------------------------------------------------- entry point
 
 
-def _eff(e, sat: float, nvlink: float = 1.0, network: float | None = None) -> dict[str, float]:  # noqa: ANN001
-    return {"nvlink": e.nvlink_bandwidth * nvlink * sat,
-            "network": (e.network_bandwidth if network is None else network) * sat}
-
-
 def shape_of_gpus(gpus: list[int], layout: FabricLayout) -> GroupShape:
     """The GroupShape of an explicit GPU list (domains, fewest ranks in a domain, tiers)."""
     doms = _by_domain(gpus, layout.domain_size)
@@ -272,11 +267,33 @@ def shape_of_gpus(gpus: list[int], layout: FabricLayout) -> GroupShape:
                       uniform=rpd * len(doms) == n)
 
 
+def _pattern(op: str, name: str, S: float, gpus: list[int], view: RouteView) -> list[Flow]:
+    """Flows of one flat (non-hierarchical) algorithm on ``gpus``."""
+    n = len(gpus)
+    if op == "send_recv":
+        return [view.flow(a, b, S) for a, b in zip(gpus, gpus[1:], strict=False)]
+    if op in ("all_to_all", "all_gather_v"):
+        return pairwise_flows(view, gpus, S / n)
+    if name == "nvls":
+        out_in = {"all_reduce": (S * (1 + 1 / n),) * 2, "reduce_scatter": (S, S / n),
+                  "all_gather": (S / n, S), "broadcast": (S, S)}[op]
+        return nvls_flows(view, gpus, *out_in)
+    if name == "tree":
+        return tree_flows(view, gpus, S)
+    traffic = {"all_reduce": 2 * (n - 1) / n * S, "broadcast": S}.get(op, (n - 1) / n * S)
+    return ring_flows(view, gpus, traffic)  # ring and pat
+
+
+def _phase(est: alg.Estimate, flows: list[Flow]) -> Phase:
+    return Phase(est.algorithm, tuple(flows), est.latency_s, {"nvlink": est.nvlink_eff, "network": est.network_eff})
+
+
 def collective_flows(op: str, size_bytes: float, gpus: list[int], layout: FabricLayout, system: SystemSpec,
                      algorithm: str | None = None, shape: GroupShape | None = None) -> FlowSet:
     """The flows of ``op`` on the GPUs ``gpus`` (physical ids, in rank order) of a job's fabric.
 
-    The algorithm is the one :func:`collective_cost` picks for the group's shape (or ``algorithm``).
+    The algorithm is the one :func:`collective_cost` picks for the group's shape (or ``algorithm``);
+    its :class:`~topologies.algorithms.Estimate` gives each phase's latency and link efficiencies.
     Returns a :class:`FlowSet`; ``FlowSet.capacities_Bps`` are the edges the flows use.
     """
     gpus = list(gpus)
@@ -285,83 +302,32 @@ def collective_flows(op: str, size_bytes: float, gpus: list[int], layout: Fabric
     shape = shape or shape_of_gpus(gpus, layout)
     cost = collective_cost(op, size_bytes, shape, system, algorithm)
     view = RouteView(layout, system)
-    e, n, S = system.efficiency, len(gpus), float(size_bytes)
+    S = float(size_bytes)
     phases: list[Phase] = []
-    ring_sat = alg.saturation(S / max(n, 1), e.ring_half_saturation_bytes, e.min_size_efficiency)
-    nvls_sat = alg.saturation(S / max(n, 1), e.nvls_half_saturation_bytes, e.min_size_efficiency)
-    name = cost.algorithm
-    if name == "none":
-        pass
-    elif op == "send_recv":
-        flows = [view.flow(a, b, S) for a, b in zip(gpus, gpus[1:], strict=False)]
-        phases.append(Phase("p2p", tuple(flows), cost.latency_s, _eff(e, alg.saturation(S, e.ring_half_saturation_bytes, e.min_size_efficiency))))
-    elif op in ("all_to_all", "all_gather_v"):
-        sat = alg.saturation(S / n, e.alltoall_half_saturation_bytes if op == "all_to_all" else e.ring_half_saturation_bytes, e.min_size_efficiency)
-        nvl = e.alltoall_bandwidth / e.nvlink_bandwidth if op == "all_to_all" else 1.0
-        phases.append(Phase(name, tuple(pairwise_flows(view, gpus, S / n)), cost.latency_s, _eff(e, sat, nvlink=nvl)))
-    elif name == "hierarchical":
-        phases += _hierarchical_phases(op, S, gpus, shape, view, system)
-    else:
-        phases.append(_flat_phase(op, name, S, gpus, view, cost.latency_s, e, ring_sat, nvls_sat))
+    if cost.algorithm != "none":
+        est = algorithm_estimate(op, S, shape, system, cost.algorithm)
+        if est.parts:
+            phases = _hierarchical_phases(op, S, gpus, shape, est, view)
+        else:
+            phases = [_phase(est, _pattern(op, cost.algorithm, S, gpus, view))]
     return FlowSet(op=op, size_bytes=S, gpus=tuple(gpus), cost=cost, phases=tuple(phases),
                    capacities_Bps=view.capacities, link_class=view.link_class)
 
 
-def _flat_phase(op: str, name: str, S: float, gpus: list[int], view: RouteView, latency_s: float,  # noqa: PLR0913
-                e, ring_sat: float, nvls_sat: float) -> Phase:  # noqa: ANN001
-    n = len(gpus)
-    if name == "nvls":
-        out_in = {"all_reduce": (S * (1 + 1 / n),) * 2, "reduce_scatter": (S, S / n),
-                  "all_gather": (S / n, S), "broadcast": (S, S)}[op]
-        flows = nvls_flows(view, gpus, *out_in)
-        return Phase("nvls", tuple(flows), latency_s, _eff(e, nvls_sat, nvlink=e.nvls_bandwidth))
-    if name == "tree":
-        return Phase("tree", tuple(tree_flows(view, gpus, S)), latency_s,
-                     _eff(e, ring_sat * e.tree_bandwidth))
-    traffic = {"all_reduce": 2 * (n - 1) / n * S, "broadcast": S}.get(op, (n - 1) / n * S)
-    if name == "pat":
-        return Phase("pat", tuple(ring_flows(view, gpus, traffic)), latency_s,
-                     _eff(e, ring_sat, network=e.network_bandwidth * e.pat_bandwidth))
-    return Phase("ring", tuple(ring_flows(view, gpus, traffic)), latency_s, _eff(e, ring_sat))
-
-
-def _hierarchical_phases(op: str, S: float, gpus: list[int], shape: GroupShape, view: RouteView,
-                         system: SystemSpec) -> list[Phase]:
-    """Intra-domain phase (NVLS or ring on S) then per-slot phase across domains (S/g), or reverse."""
-    e = system.efficiency
-    lk = alg.links_for(system)
+def _hierarchical_phases(op: str, S: float, gpus: list[int], shape: GroupShape, est: alg.Estimate,
+                         view: RouteView) -> list[Phase]:
+    """The intra-domain phase (on S, per domain) and the per-rail phase across domains (on S/g)."""
     doms = _by_domain(gpus, view.layout.domain_size)
-    g = shape.ranks_per_domain
-    across = alg._inter_shape(shape)
-    if op == "all_reduce":
-        intra = alg.intra_all_reduce(S, g, lk)
-        inter = min((alg.ring_all_reduce(S / g, across, lk), alg.tree_all_reduce(S / g, across, lk)), key=lambda x: x.time_s)
-        intra_op = "all_reduce"
-    else:
-        est = alg.hierarchical_gather(S, shape, lk)
-        inner = GroupShape.single_domain(g)
-        cands = [alg.ring_gather(S, inner, lk)] + ([alg.nvls_gather(S, inner, lk)] if lk.nvls else [])
-        intra = min(cands, key=lambda x: x.time_s)
-        inter = alg.ring_gather(S / g, across, lk)
-        intra_op = op
-        assert est.time_s > 0
-    sat_ring_in = alg.saturation(S / g, e.ring_half_saturation_bytes, e.min_size_efficiency)
-    sat_nvls_in = alg.saturation(S / g, e.nvls_half_saturation_bytes, e.min_size_efficiency)
-    intra_flows: list[Flow] = []
-    for members in doms:
-        ph = _flat_phase(intra_op, intra.algorithm, S, members, view, intra.latency_s, e, sat_ring_in, sat_nvls_in)
-        intra_flows += ph.flows
-    intra_phase = Phase(f"intra-{intra.algorithm}", tuple(intra_flows), intra.latency_s, ph.efficiency)
-    Sg = S / g
-    sat_x = alg.saturation(Sg / shape.domains, e.ring_half_saturation_bytes, e.min_size_efficiency)
+    g, d = shape.ranks_per_domain, shape.domains
+    first, second = est.parts
+    intra, inter = (second, first) if op == "all_gather" else (first, second)
+    intra_flows = [f for members in doms for f in _pattern(op, intra.algorithm, S, members, view)]
     inter_flows: list[Flow] = []
-    for j in range(min(len(d) for d in doms)):
-        column = [d[j] for d in doms]
+    for j in range(g):
+        column = [members[j] for members in doms]
         if inter.algorithm == "tree":
-            inter_flows += tree_flows(view, column, Sg)
+            inter_flows += tree_flows(view, column, S / g)
         else:
-            traffic = (2 if op == "all_reduce" else 1) * (shape.domains - 1) / shape.domains * Sg
-            inter_flows += ring_flows(view, column, traffic)
-    inter_eff = _eff(e, sat_x * (e.tree_bandwidth if inter.algorithm == "tree" else 1.0))
-    inter_phase = Phase(f"inter-{inter.algorithm}", tuple(inter_flows), inter.latency_s, inter_eff)
-    return [inter_phase, intra_phase] if op == "all_gather" else [intra_phase, inter_phase]
+            inter_flows += ring_flows(view, column, (2 if op == "all_reduce" else 1) * (d - 1) / d * S / g)
+    phases = {id(intra): _phase(intra, intra_flows), id(inter): _phase(inter, inter_flows)}
+    return [phases[id(first)], phases[id(second)]]
