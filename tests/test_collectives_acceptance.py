@@ -3,6 +3,20 @@
 Every figure cites its source. Defaults are NCCL's constants and §5.5's saturation points; nothing
 here is fitted. Figures the model misses by more than 10 % are marked ``xfail(strict=True)`` with
 the measured and predicted values, so a model change that fixes (or breaks) them is noticed.
+
+Derivation of the 20-rack flat ring (GB200, 1,440 GPUs, NCCL Simple, reference §5.3 [S27]):
+MNNVL makes each rack one NCCL node, so n = 1,440 ranks on D = 20 nodes of g = 72.
+
+- latency: 2(n−1) = 2,878 steps, 2(D−1) = 38 across IB: 8.4 µs + 2,840 × 3.4 µs + 38 × 14 µs
+  = 10.20 ms, × 1.4 (multi-node ring "plateau") = 14.28 ms;
+- bandwidth: min(NVLink 900 × 0.80 = 720 GB/s, g × NIC = 72 × 48.5 GB/s) = 720 GB/s, times the size
+  efficiency of the per-rank chunk S/n: 8 GB → 5.56 MB → 5.56 / (5.56 + 2) = 0.735 → 529 GB/s;
+- transfer: 2·1,439/1,440 × 8 GB / 529 GB/s = 30.2 ms; total 44.5 ms → algbw 180, busbw 359.5 GB/s
+  (measured 381: −5.7 %). At 16 GB the chunk is 11.1 MB (0.847): 52.4 + 14.3 ms → busbw 480 (+18 %).
+
+The tuner does not pick that ring: NVLS inside each rack plus a ring of S/72 per rail across racks
+moves far less data over the slow hops (~716 GB/s at 8 GB, 763 at 16 GB), which is what this fabric
+allows; the measured NCCL 2.26 run reached about half of it.
 """
 
 from __future__ import annotations
