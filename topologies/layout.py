@@ -197,7 +197,7 @@ def fabric_layout(system: SystemSpec, gpus: int, gpus_per_domain: int) -> Fabric
     else:
         leaves_per_rail = domains * ceil(nprd / down)
     leaves = rails * leaves_per_rail
-    if tiers == 1 or domains == 1 and leaves <= 1:
+    if tiers == 1 or (domains == 1 and leaves <= 1):
         spines = cores = 0
     elif tiers == 2:
         spines, cores = ceil(leaves * up / k), 0
