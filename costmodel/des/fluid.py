@@ -85,6 +85,7 @@ class FluidNetwork:
         self.flows: list[Flow] = []
         self.users: dict[str, set[Flow]] = {}
         self._last_s = 0.0
+        self._version = 0
         self._wake: simpy.Event = env.event()
         env.process(self._scheduler())
 
@@ -145,16 +146,21 @@ class FluidNetwork:
         for f, rate in max_min_rates(comp, self.capacity).items():
             f.rate = rate
 
+    def _ring(self, version: int) -> None:
+        """Timer callback: wake the scheduler if no change re-planned since the timer was set."""
+        if version == self._version and not self._wake.triggered:
+            self._wake.succeed()
+
     def _scheduler(self) -> Generator[simpy.Event, Any, None]:
         """Wake at the next completion (or when a flow arrives), finish flows, re-plan the rates."""
         while True:
-            if not self.flows:
-                self._wake = self.env.event()
-                yield self._wake
-                continue
-            dt = min(f.remaining / f.rate for f in self.flows)
             self._wake = self.env.event()
-            yield self.env.timeout(max(dt, 0.0)) | self._wake
+            if self.flows:
+                dt = min(f.remaining / f.rate for f in self.flows)
+                self._version += 1
+                version = self._version
+                self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _, v=version: self._ring(v))
+            yield self._wake
             self._advance()
             finished = [f for f in self.flows if f.remaining <= DONE_EPS_S * max(1.0, f.volume)]
             if finished:

@@ -140,17 +140,26 @@ class StepSimulation:
             acc["compute"] += dur
             acc["other"] += slow
             self._log(s, "compute", name, t0, "compute", step)
+        exposed: dict[str, list[tuple[str, float, float]]] = {}
         for blk in cost.comm:
             vol = max(blk.time_s - blk.latency_s, 0.0) * frac
-            res = self._res(blk.link, s)
             hidden = 1.0 - blk.exposed_fraction
             if hidden > 0:
-                self.net.transfer(vol * hidden, res, 0.0)
+                self.net.transfer(vol * hidden, self._res(blk.link, s), 0.0)
             if blk.exposed_fraction > 0:
-                t0 = env.now
-                yield self.net.transfer(vol * blk.exposed_fraction, res, blk.latency_s * frac * blk.exposed_fraction)
-                acc[blk.kind] += env.now - t0
-                self._log(s, blk.kind, f"{blk.kind} {name}", t0, blk.kind, step)
+                exposed.setdefault(blk.link, []).append(
+                    (blk.kind, vol * blk.exposed_fraction, blk.latency_s * frac * blk.exposed_fraction))
+        for link, parts in exposed.items():  # back-to-back collectives on one link: one flow
+            t0 = env.now
+            yield self.net.transfer(sum(v for _, v, _ in parts), self._res(link, s), sum(lat for _, _, lat in parts))
+            took, alone = env.now - t0, sum(v + lat for _, v, lat in parts)
+            t = t0
+            for kind, v, lat in parts:  # split the measured time by each collective's share
+                share = took * (v + lat) / alone if alone > 0 else 0.0
+                acc[kind] += share
+                if self.record:
+                    self.events.append(RawEvent(s, kind, f"{kind} {name}", t, share, kind, step))
+                t += share
 
     def _run_pass(self, s: int, cost: PassCost, name: str, step: int, layers: int,
                   cuts: list[tuple[float, str, Any]] | None = None) -> Ev:
