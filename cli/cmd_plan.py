@@ -1,9 +1,167 @@
-"""`muonsim plan` (not implemented yet)."""
+"""``muonsim plan``: which parallel layout and optimizer choices are fastest and still fit in memory?
+
+Searched settings (tp, pp, vpp, cp, ep, etp, mbs, recompute, optimizer, distribution, layout,
+tp-mode, load-balance, hide-param-gather) given as flags are *pins*: comma lists restrict the
+search (``--pp 4,8``), ``--min-X`` / ``--max-X`` bound the numeric ones (``--max-tp 8``). The other
+scenario flags (model, system, gpus, gbs, seq, precision, ...) and the optional scenario file set
+the base scenario; the base with the single-valued pins applied is the *reference* scenario,
+ranked among the plans. See :mod:`costmodel.planner` for the search.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+from cli.common import CliError, print_json, user_errors, with_scenario_flags, write_text_atomically
+
+BOUND_FLAGS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")
+EXIT_INTERRUPTED = 130
 
 
 def register(app: typer.Typer) -> None:
-    """Nothing registered yet."""
+    """Add ``plan`` to the app."""
+    app.command("plan")(plan)
+
+
+def with_bound_flags(func: Any) -> Any:
+    """Add ``--min-X`` / ``--max-X`` for every numeric searched setting; passes ``bounds``."""
+    sig = inspect.signature(func, eval_str=True)
+    params = [p for p in sig.parameters.values() if p.name != "bounds"]
+    names = [f"{side}_{flag}" for flag in BOUND_FLAGS for side in ("min", "max")]
+    for name in names:
+        side, flag = name.split("_", 1)
+        option = typer.Option(None, f"--{side}-{flag}", metavar="INT", help=f"{side}imum {flag} searched",
+                              rich_help_panel="Search bounds")
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=int | None))
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bounds = {name: kwargs.pop(name, None) for name in names}
+        return func(*args, bounds=bounds, **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _progress() -> tuple[Any, Any]:
+    """A rich progress display on stderr and the callback the planner reports to."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=True, disable=not console.is_terminal)
+    tasks: dict[str, Any] = {}
+
+    def report(label: str, done: int, total: int) -> None:
+        if label not in tasks:
+            for other in tasks.values():
+                progress.update(other, visible=False)
+            tasks[label] = progress.add_task(label, total=total)
+        progress.update(tasks[label], completed=done, total=max(total, done))
+
+    return progress, report
+
+
+def _base_and_reference(scenario_file: Path | None, flags: dict[str, str]) -> tuple[Any, dict[str, str], str | None]:
+    """(base scenario, raw pins, why the reference is invalid or None)."""
+    from costmodel.planner.pins import SEARCH_KEYS
+    from costmodel.planner.plan import scenario_from_config
+    from topologies.inputs import UserInputError
+    from workloads.scenario import DEFAULT_SCENARIO, build_config, load_scenario_config
+
+    pins = {k: v for k, v in flags.items() if k in SEARCH_KEYS}
+    rest = {k: v for k, v in flags.items() if k not in SEARCH_KEYS}
+    if scenario_file is not None:
+        config = load_scenario_config(scenario_file, rest)
+    else:
+        config = build_config(DEFAULT_SCENARIO.model_dump(), rest, source="scenario")
+    singles = {k: v.strip() for k, v in pins.items() if "," not in v}
+    if singles:  # the reference takes the single-valued pins when they make a valid scenario
+        try:
+            pinned = build_config(config.model_dump(), singles)
+            scenario_from_config(pinned).validate()
+            config = pinned
+        except UserInputError:
+            pass
+    base = scenario_from_config(config)
+    try:
+        base.validate()
+        error = None
+    except UserInputError as err:
+        error = str(err)
+    return base, pins, error
+
+
+@user_errors
+@with_scenario_flags
+@with_bound_flags
+def plan(
+    scenario_file: Annotated[Path | None, typer.Argument(help="scenario YAML (default: built-in scenario)")] = None,
+    memory_headroom: Annotated[float, typer.Option("--memory-headroom", metavar="FRACTION", help="fraction of HBM kept free")] = 0.1,
+    top_k: Annotated[int, typer.Option("--top-k", metavar="INT", help="best plans re-ranked with the discrete-event engine (0 = none)")] = 5,
+    limit: Annotated[int, typer.Option("--limit", metavar="INT", help="plans listed")] = 10,
+    jobs: Annotated[int, typer.Option("--jobs", metavar="INT", help="worker processes (0 = every core)")] = 0,
+    explain: Annotated[list[str] | None, typer.Option("--explain", metavar="SETTINGS", help='why not this configuration? e.g. "tp=2,pp=8" (repeatable)')] = None,
+    samples: Annotated[int, typer.Option("--samples", metavar="INT", help="calibration-uncertainty draws for the sensitivity (0 = none)")] = 16,
+    sensitivity_sigma: Annotated[float | None, typer.Option("--sensitivity-sigma", metavar="REL", help="assumed relative 1-sigma for factors without a fitted uncertainty")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="random seed of the sensitivity draws")] = 0,
+    exhaustive: Annotated[bool, typer.Option("--exhaustive", help="evaluate every candidate (no pruning)")] = False,
+    calibration: Annotated[Path | None, typer.Option("--calibration", metavar="FILE", help="calibration profile YAML (default: the built-in profile if any)")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write plotly figures (all plans, Pareto front, breakdowns)")] = None,
+    *, scenario_flags: dict[str, str], bounds: dict[str, int | None],
+) -> None:
+    """Search parallel layouts and optimizer choices: the fastest plans that fit in memory."""
+    from cli.common import load_calibration
+    from costmodel.planner.explain import parse_query
+    from costmodel.planner.pins import parse_pins
+    from costmodel.planner.plan import PlanOptions, memory_budget_bytes, run_plan
+
+    for name, value, low in (("--top-k", top_k, 0), ("--limit", limit, 1), ("--jobs", jobs, 0), ("--samples", samples, 0)):
+        if value < low:
+            raise CliError(f"{name} must be at least {low} (got {value})")
+    if sensitivity_sigma is not None and not 0 < sensitivity_sigma < 1:
+        raise CliError(f"--sensitivity-sigma must be in (0, 1) (got {sensitivity_sigma})")
+    if html is not None and not html.resolve().parent.is_dir():
+        raise CliError(f"directory '{html.parent}' does not exist")
+    queries = tuple(explain or ())
+    for q in queries:
+        parse_query(q)
+    base, raw_pins, reference_error = _base_and_reference(scenario_file, scenario_flags)
+    pins = parse_pins(raw_pins, bounds)
+    memory_budget_bytes(base, memory_headroom)
+    profile = load_calibration(calibration)
+    label = "datasheet defaults"
+    if profile is not None:
+        base = profile.apply(base)
+        label = profile.label(base.system.name)
+    options = PlanOptions(pins=pins, headroom=memory_headroom, top_k=top_k, limit=limit, jobs=jobs, samples=samples,
+                          assumed_sigma=sensitivity_sigma, seed=seed, explain=queries, exhaustive=exhaustive)
+    progress, report = _progress()
+    with progress:
+        outcome = run_plan(base, options, reference_error=reference_error, profile=profile,
+                           calibration_label=label, progress=report)
+    result = outcome.result
+    if html is not None:
+        from costmodel.planner.figures import plan_html
+
+        write_text_atomically(html, plan_html(outcome))
+    if json_out:
+        print_json(result.model_dump(mode="json"))
+    else:
+        from rich.console import Console
+
+        from costmodel.planner.render import render
+
+        console = Console()
+        console.print(render(result, outcome.best_report))
+        if html is not None:
+            console.print(f"wrote {html}")
+    if result.interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)

@@ -1,0 +1,103 @@
+"""The pipeline bound of a layout, fast: the analytic engine's forward/backward phase.
+
+The analytic step is ``head + gradient barrier + optimizer tail + slowdown`` where the barrier is
+never earlier than the end of the forward/backward phase, ``costmodel.pipeline.pipeline_time_s``
+of the stages' per-micro-batch work. That phase does not depend on any optimizer choice, so it
+bounds the step time of every optimizer choice of a layout from below, and screening needs it for
+tens of thousands of layouts.
+
+``build_step_structure`` computes it too, but merges every layer's collective blocks per chunk
+(about 1 ms a layout). Here the same per-layer-kind costs (the engine's own helpers and caches:
+operations, their times, the layer collectives and what of them is exposed) are summed per stage
+directly: a chunk's compute-stream time is the sum over its layers of compute + exposed
+communication, exactly as the engine's ``PassCost.time_s``. A test holds the result equal to
+:meth:`costmodel.planner.fast_analytic.FastAnalytic.pipeline_bound_s` (the engine with an empty
+optimizer plan); if the engine's helpers change shape, :func:`pipeline_bound_s` falls back to that.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workloads.scenario import Scenario
+
+_KIND_COSTS: dict[tuple[Any, ...], tuple[Any, Any, float, float]] = {}
+_ITEMS: dict[tuple[Any, ...], tuple[Any, tuple[tuple[tuple[str, int], ...], ...]]] = {}
+_CACHE_LIMIT = 50_000
+
+
+def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kind: str) -> tuple[float, float]:
+    """(forward, backward) compute-stream seconds of one layer of ``kind`` for one micro-batch."""
+    from costmodel import step_structure as ss
+
+    p, model, system = scenario.par, scenario.model, scenario.system
+    modules = tuple(p.recompute_modules)
+    key = (id(model), id(system), shape, kind, p.recompute, modules, tuple(shapes.values()))
+    hit = _KIND_COSTS.get(key)
+    if hit is not None and hit[0] is model and hit[1] is system:
+        return hit[2], hit[3]
+    ops = ss._layer_ops(model, shape, kind, p.recompute, modules)
+    f, b, fa, ba = ss._ops_time(ops, system)
+    cf, cb = ss._layer_comm(scenario, shape, kind, shapes, (fa, ba), True)
+    out = (f + sum(c.exposed_s for c in cf), b + sum(c.exposed_s for c in cb))
+    if len(_KIND_COSTS) > _CACHE_LIMIT:
+        _KIND_COSTS.clear()
+    _KIND_COSTS[key] = (model, system, *out)  # holding the objects keeps their ids unique
+    return out
+
+
+def _chunk_kinds(scenario: Scenario) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """Per virtual stage: (layer kind, count) pairs (the engine's chunk items, counted)."""
+    from costmodel import step_structure as ss
+
+    p, model = scenario.par, scenario.model
+    key = (id(model), p.pp, p.vpp, p.pipeline_split)
+    hit = _ITEMS.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    counted = []
+    for kinds in ss._chunk_items(scenario):
+        counts: dict[str, int] = {}
+        for k in kinds:
+            counts[k] = counts.get(k, 0) + 1
+        counted.append(tuple(counts.items()))
+    out = tuple(counted)
+    _ITEMS[key] = (model, out)
+    return out
+
+
+def fast_pipeline_bound_s(scenario: Scenario) -> float:
+    """Seconds of the forward/backward phase of ``scenario`` (no optimizer work), per the engine."""
+    from costmodel import step_structure as ss
+    from costmodel.pipeline import pipeline_time_s
+    from topologies.groups import GroupShape
+    from topologies.placement import placement_for
+
+    p = scenario.par
+    if p.fsdp > 0:
+        from costmodel.engine import UnsupportedScenario
+
+        raise UnsupportedScenario("Megatron-FSDP (fsdp > 0) is not supported yet")
+    shape = ss._rank_shape(scenario)
+    placement = placement_for(scenario)
+    shapes = {k: placement.shape(k) for k in ("tp", "cp", "ep", "etp", "pp")}
+    items = _chunk_kinds(scenario)
+    times = {k: _kind_times(scenario, shape, shapes, k) for k in {k for chunk in items for k, _ in chunk}}
+    pp, vpp = p.pp, p.vpp
+    work, cf, cb = [0.0] * pp, [0.0] * pp, [0.0] * pp
+    for v, chunk in enumerate(items):
+        s = v % pp
+        f = sum(times[k][0] * n for k, n in chunk)
+        b = sum(times[k][1] * n for k, n in chunk)
+        work[s] += f + b
+        cf[s] += f
+        cb[s] += b
+    cf = [x / vpp for x in cf]
+    cb = [x / vpp for x in cb]
+    p2p = 0.0
+    if pp > 1:
+        p2p_bytes = float(shape.sp_tokens * scenario.model.hidden_size * ss.ACT_BYTES)
+        pair = GroupShape(2, 2, 1) if shapes["pp"].intra_domain else GroupShape(2, 1, 2)
+        p2p = ss._coll("send_recv", p2p_bytes, pair, scenario.system)[0]
+    return float(pipeline_time_s(work, cf, cb, scenario.num_microbatches, vpp, p2p))

@@ -1,0 +1,117 @@
+"""The analytic engine for screening: same numbers as ``run_analytic``, optimizer plans shared.
+
+``run_analytic(scenario)`` builds the step structure (per-chunk costs, cached per layer kind by
+the engine), the optimizer plan (cached under a key of the *whole* scenario) and a full StepReport
+(memory model, optimizer section). Screening needs only the step time and its breakdown, for
+thousands of candidates that differ in settings the optimizer plan does not depend on
+(micro-batch size, recompute, context parallelism at fixed dp×cp, hiding). :class:`FastAnalytic`
+keys plans by exactly what :func:`costmodel.optimizer.plan.build_optimizer_plan` reads (model,
+system, sizes tp/pp/vpp/ep/etp, dp×cp and expert-dp, the placement shapes of the groups the plan
+times, the optimizer settings except hiding, which only the engines read) and passes the shared
+plan to ``build_step_structure(scenario, plan=...)``; the timing is the engine's own
+``analytic_timing``. A test holds it equal to ``run_analytic`` on sampled candidates.
+
+:meth:`FastAnalytic.pipeline_bound_s` is the step time without any optimizer work (an empty
+plan): the engine's forward/backward phase. The analytic step is that phase plus non-negative
+terms (gradient reduction past the backward, optimizer step, parameter gather, overlap
+slowdown), so it is a lower bound on the step time of every optimizer choice, and it grows with
+recompute (recompute only adds work to the backward passes).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from costmodel.optimizer.plan_types import OptimizerPlan
+
+if TYPE_CHECKING:
+    from workloads.scenario import Scenario
+
+EMPTY_PLAN = OptimizerPlan(kind="none", distribution="none", layout=None, tp_mode=None, load_balance=None, stages=())
+PLAN_GROUPS = ("dp", "expert_dp", "tp", "etp", "ep")  # groups whose collectives the optimizer plan times
+
+
+def _breakdown_terms(breakdown: Any) -> tuple[tuple[str, float], ...]:
+    terms = [("compute", breakdown.compute), ("pipeline_bubble", breakdown.pipeline_bubble)]
+    terms += [(f"comm:{k}", v) for k, v in sorted(breakdown.exposed_comm.items())]
+    terms += [("optimizer", breakdown.optimizer), ("other", breakdown.other)]
+    return tuple((k, float(v)) for k, v in terms)
+
+
+class FastAnalytic:
+    """Analytic step times with optimizer plans shared between candidates (per process)."""
+
+    def __init__(self, max_plans: int = 2048) -> None:
+        from costmodel.step_structure import build_step_structure
+
+        self.max_plans = max_plans
+        self.shares_plans = "plan" in inspect.signature(build_step_structure).parameters
+        self._plans: OrderedDict[tuple[Any, ...], OptimizerPlan] = OrderedDict()
+        self.plan_builds = 0
+        self.fast_bound = True
+
+    def plan_key(self, scenario: Scenario) -> tuple[Any, ...]:
+        """Everything the optimizer plan of ``scenario`` depends on."""
+        from topologies.placement import placement_for
+
+        c, p = scenario.config, scenario.par
+        placement = placement_for(scenario)
+        shapes = tuple(placement.shape(k) for k in PLAN_GROUPS)
+        spec = c.optimizer.model_copy(update={"hide_param_gather": False})
+        return (scenario.model, scenario.system, c.gpus, c.placement, p.tp, p.pp, p.vpp, p.ep, p.expert_tp,
+                scenario.dp * p.cp, scenario.expert_dp, p.pipeline_split, spec, shapes)
+
+    def plan(self, scenario: Scenario) -> OptimizerPlan:
+        """The optimizer plan of ``scenario`` (shared with every candidate of the same key)."""
+        from costmodel.optimizer.plan import build_optimizer_plan
+
+        key = self.plan_key(scenario)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = build_optimizer_plan(scenario)
+            self.plan_builds += 1
+            self._plans[key] = plan
+            if len(self._plans) > self.max_plans:
+                self._plans.popitem(last=False)
+        else:
+            self._plans.move_to_end(key)
+        return plan
+
+    def _timing(self, scenario: Scenario, plan: OptimizerPlan | None) -> Any:
+        from costmodel.analytic import analytic_timing
+        from costmodel.step_structure import build_step_structure
+
+        if not self.shares_plans:  # the engine cannot take a plan: let it build its own
+            return analytic_timing(build_step_structure(scenario))
+        return analytic_timing(build_step_structure(scenario, plan=plan))
+
+    def step(self, scenario: Scenario) -> tuple[float, tuple[tuple[str, float], ...]]:
+        """(step time in seconds, breakdown terms in seconds) as ``run_analytic`` gives them."""
+        timing = self._timing(scenario, self.plan(scenario) if self.shares_plans else None)
+        return float(timing.step_time_s), _breakdown_terms(timing.breakdown)
+
+    def pipeline_bound_s(self, scenario: Scenario) -> float:
+        """Seconds of the forward/backward phase alone: a lower bound on every optimizer choice.
+
+        Computed by :func:`costmodel.planner.bound.fast_pipeline_bound_s`; should the engine's
+        helpers it relies on change, by the engine itself with an empty optimizer plan.
+        """
+        if self.fast_bound:
+            from costmodel.planner.bound import fast_pipeline_bound_s
+
+            try:
+                return fast_pipeline_bound_s(scenario)
+            except (AttributeError, ImportError, TypeError, KeyError, IndexError, ValueError):
+                self.fast_bound = False
+        return self.engine_pipeline_bound_s(scenario)
+
+    def engine_pipeline_bound_s(self, scenario: Scenario) -> float:
+        """The forward/backward phase from ``build_step_structure`` + ``analytic_timing``."""
+        from costmodel.analytic import analytic_timing
+        from costmodel.step_structure import build_step_structure
+
+        if self.shares_plans:
+            return float(analytic_timing(build_step_structure(scenario, plan=EMPTY_PLAN)).pipeline_s)
+        return float(self._timing(scenario, None).pipeline_s)

@@ -1,0 +1,315 @@
+"""``run_plan``: search, screen, re-rank the head with the DES, sensitivity, explanations.
+
+Steps (each stage honours Ctrl-C: what was found so far is kept and ``interrupted`` is set):
+
+1. the space (:mod:`costmodel.planner.space`) under the pins, with layouts whose weights and
+   gradients alone exceed the memory budget dropped (:mod:`costmodel.planner.memory_bound`);
+2. the screen (:mod:`costmodel.planner.screen`) with the analytic engine on ``jobs`` processes;
+3. the discrete-event engine on the ``top_k`` best plans (and on the reference scenario); the head
+   is re-ranked by DES time, and the reference joins it when its DES time beats a head plan;
+4. sensitivity of the ranking to the calibration's factor uncertainty
+   (:mod:`costmodel.planner.sensitivity`) and the "why not" explanations
+   (:mod:`costmodel.planner.explain`).
+
+The memory budget is ``(1 - headroom) x`` the GPU's usable HBM; a plan is listed only when the
+memory model's total for its most loaded GPU is within it and the scenario validator accepts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from costmodel.planner.evaluate import (
+    Evaluation,
+    Evaluator,
+    MemoryFn,
+    StepEngine,
+    default_memory_fn,
+    report_terms,
+)
+from costmodel.planner.explain import explain
+from costmodel.planner.memory_bound import weights_and_grads_bytes
+from costmodel.planner.pins import Pins
+from costmodel.planner.pool import TaskPool, default_jobs, evaluator, set_evaluators
+from costmodel.planner.ranking import pareto_front
+from costmodel.planner.result import PlanResult, PlanRow, ReferenceOut, SpaceStats, plan_row
+from costmodel.planner.screen import Progress, Screen
+from costmodel.planner.sensitivity import factor_sigmas, run_sensitivity
+from costmodel.planner.space import (
+    Candidate,
+    build_scenario,
+    default_values,
+    enumerate_groups,
+    structure_grid,
+)
+from topologies.inputs import UserInputError
+
+if TYPE_CHECKING:
+    from costmodel.calibration import CalibrationProfile
+    from costmodel.report import StepReport
+    from workloads.scenario import Scenario, ScenarioConfig
+
+ReportFn = Callable[["Scenario"], "StepReport"]
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    pins: Pins = field(default_factory=Pins)
+    headroom: float = 0.1  # fraction of HBM kept free
+    top_k: int = 5  # plans re-ranked with the DES (0 = none)
+    limit: int = 10  # rows listed
+    jobs: int = 0  # worker processes (0 = every core)
+    samples: int = 16  # sensitivity draws (0 = none)
+    sensitivity_plans: int = 8
+    assumed_sigma: float | None = None  # relative 1-sigma for factors without a fitted one
+    seed: int = 0
+    explain: tuple[str, ...] = ()
+    exhaustive: bool = False
+    max_rank_expansions: int = 200
+
+
+@dataclass
+class PlanOutcome:
+    result: PlanResult
+    evaluations: list[Evaluation]  # every timed evaluation (scatter)
+    best_report: StepReport | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def memory_budget_bytes(base: Scenario, headroom: float) -> float:
+    """Usable memory per GPU for a plan: (1 - headroom) x the GPU's HBM, in bytes."""
+    if not 0 <= headroom < 1:
+        raise UserInputError(f"--memory-headroom {headroom} must be in [0, 1) (fraction of HBM kept free)")
+    return (1.0 - headroom) * base.system.gpu.hbm_bytes
+
+
+def _default_des(scenario: Scenario) -> StepReport:
+    from costmodel.engine import predict
+
+    return predict(scenario, "des")
+
+
+def task_des(cand: Candidate) -> tuple[Candidate, float, Any]:
+    """(candidate, DES step time s, StepReport) for one plan (a pool task)."""
+    ev = evaluator("screen")
+    report = evaluator("des_fn")(build_scenario(ev.base, cand))
+    return cand, float(report.step_time_s), report
+
+
+def _empty_space_error(base: Scenario, pins: Pins, grid_rows: int, lb: np.ndarray, budget: float) -> UserInputError:
+    if grid_rows:
+        return UserInputError(f"no layout fits in memory: the weights and gradients alone need at least "
+                              f"{lb.min() / 1e9:.1f} GB per GPU of a {budget / 1e9:.1f} GB budget")
+    vals = default_values(base, pins)
+    empty = [k for k, v in vals.items() if not v]
+    if empty:
+        return UserInputError(f"the pins and bounds leave no value for {', '.join(empty)}")
+    first = Candidate(*(vals[k][0] for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size")),
+                      vals["recompute"][0], base.optimizer.kind, base.optimizer.resolved_distribution)
+    try:
+        build_scenario(base, first)
+    except UserInputError as err:
+        return UserInputError(f"no configuration in the search space passes the scenario validator, e.g. {err}")
+    return UserInputError("no configuration in the search space passes the scenario validator")
+
+
+def scenario_from_config(config: ScenarioConfig) -> Scenario:
+    """The scenario of ``config`` *without* validating it (as ``ScenarioConfig.resolve`` loads it).
+
+    The planner's base need not be valid itself: every candidate replaces the searched settings
+    and is validated on its own.
+    """
+    from topologies.hardware import load_system
+    from workloads.models import load_model
+    from workloads.scenario import Scenario
+
+    model = load_model(config.model)
+    if config.mtp_layers is not None and config.mtp_layers != model.mtp_layers:
+        model = model.model_copy(update={"mtp_layers": config.mtp_layers})
+    return Scenario(config=config, system=load_system(config.system), model=model)
+
+
+def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None = None, engine: StepEngine | None = None,
+             memory_fn: MemoryFn | None = None, des_fn: ReportFn | None = None,
+             profile: CalibrationProfile | None = None, calibration_label: str = "datasheet defaults",
+             progress: Progress | None = None) -> PlanOutcome:
+    """Plan over the space around ``base`` (calibration applied; see :func:`scenario_from_config`).
+
+    ``base`` itself is ranked as the reference scenario unless ``reference_error`` says why it is
+    not valid.
+    ``engine`` / ``memory_fn`` / ``des_fn`` default to the real models (tests inject stubs).
+    """
+    from costmodel.planner.fast_analytic import FastAnalytic
+
+    t_start = time.perf_counter()
+    reference_ok = reference_error is None
+    engine = engine or FastAnalytic()
+    memory_fn = memory_fn or default_memory_fn()
+    des_fn = des_fn or _default_des
+    jobs = options.jobs or default_jobs()
+    budget = memory_budget_bytes(base, options.headroom)
+    notes: list[str] = []
+
+    grid, raw = structure_grid(base, options.pins)
+    lb = weights_and_grads_bytes(base.model, grid, base.optimizer.grad_bytes, base.par.pipeline_split)
+    grid_ok = grid[lb <= budget]
+    groups = enumerate_groups(base, options.pins, grid_ok)
+    if not groups:
+        raise _empty_space_error(base, options.pins, len(grid), lb, budget)
+
+    screen_ev = Evaluator(base, engine, memory_fn, budget)
+    ref_eval = screen_ev.evaluate(Candidate.from_scenario(base)) if reference_ok else None
+    ref_time = ref_eval.step_time_s if ref_eval is not None and ref_eval.fits else None
+    set_evaluators(screen=screen_ev, des_fn=des_fn)
+    keep = max(options.limit, options.top_k, options.sensitivity_plans, 1)
+    des: dict[Candidate, tuple[float, Any]] = {}
+    t_des = t_sens = 0.0
+    sensitivity = None
+    interrupted = False
+    with TaskPool(jobs) as pool:
+        screen = Screen(groups, pool, keep, progress, options.exhaustive, ref_time, options.max_rank_expansions)
+        sres = screen.run()
+        interrupted = sres.interrupted
+        plans = sorted((s.best for s in screen.states if s.best is not None),
+                       key=lambda e: (e.step_time_s, e.memory_bytes, e.candidate.label()))
+        head = plans[:options.top_k]
+        if not interrupted and head:
+            t0 = time.perf_counter()
+            todo = [e.candidate for e in head]
+            if ref_time is not None and ref_eval is not None and ref_eval.candidate not in todo:
+                todo.append(ref_eval.candidate)
+            try:
+                if progress:
+                    progress("discrete-event engine", 0, len(todo))
+                for k, (cand, t, report) in enumerate(pool.map(task_des, todo), 1):
+                    des[cand] = (t, report)
+                    if progress:
+                        progress("discrete-event engine", k, len(todo))
+            except KeyboardInterrupt:
+                interrupted = True
+                pool.close(terminate=True)
+            t_des = time.perf_counter() - t0
+        ranked, ref_joined = _final_order(plans, head, des, ref_eval)
+        if ref_joined:
+            notes.append("the reference scenario joins the DES-ranked head: its DES time beats a head plan's")
+        if not interrupted and options.samples > 0 and len(ranked) >= 2:
+            t0 = time.perf_counter()
+            sigmas, source = factor_sigmas(profile, base.system.name, base.system.efficiency, options.assumed_sigma)
+            top = ranked[:options.sensitivity_plans]
+            try:
+                sensitivity = run_sensitivity([e.candidate for e in top], [e.step_time_s for e in top], sigmas, source,
+                                              pool.map, options.samples, options.seed)
+            except KeyboardInterrupt:
+                interrupted = True
+                pool.close(terminate=True)
+            t_sens = time.perf_counter() - t0
+    explanations = []
+    try:
+        explanations = [dataclasses.asdict(explain(q, screen, screen_ev, ranked)) for q in options.explain]
+    except KeyboardInterrupt:
+        interrupted = True
+    if sres.bound_violations:
+        notes.append(f"{sres.bound_violations} step times fell below their pipeline bound: pruning may have missed plans")
+    rows = _rows(ranked[:options.limit], des, ref_eval)
+    reference = _reference(ref_eval, reference_error, rows, ranked, sres.reference_rank, des)
+    evaluations = list(sres.evaluations) + ([ref_eval] if ref_eval is not None and ref_eval.timed else [])
+    front = _pareto(evaluations, des, ref_eval)
+    best_report = des[ranked[0].candidate][1] if ranked and ranked[0].candidate in des else None
+    if ranked and best_report is None and not interrupted:
+        from costmodel.engine import predict
+
+        best_report = predict(build_scenario(base, ranked[0].candidate), "analytic")
+    total = time.perf_counter() - t_start
+    covered = sres.candidates
+    stats = SpaceStats(
+        raw_combinations=raw * max(len(default_values(base, options.pins)["recompute"]), 1),
+        valid_layouts=len(grid), layouts_over_memory_by_weights=int(len(grid) - len(grid_ok)),
+        layouts_screened=sres.layouts, groups=sres.groups, candidates=sres.candidates,
+        bounds_computed=sres.bounds_computed, groups_expanded=sres.groups_expanded,
+        groups_infeasible=sres.groups_infeasible, candidates_evaluated=sres.candidates_evaluated,
+        candidates_pruned=max(covered - sres.candidates_evaluated, 0), bound_violations=sres.bound_violations,
+        threshold_s=sres.threshold_s if math.isfinite(sres.threshold_s) else None, jobs=jobs,
+        screening_wall_s=sres.wall_s,
+        engine_calls_per_s=(sres.bounds_computed + sres.candidates_evaluated) / max(sres.wall_s, 1e-9),
+        candidates_per_s=covered / max(sres.wall_s, 1e-9) if not sres.interrupted else 0.0,
+        des_wall_s=t_des, sensitivity_wall_s=t_sens, total_wall_s=total,
+    )
+    if interrupted:
+        notes.append("interrupted: the ranking holds what was found before Ctrl-C")
+    result = PlanResult(
+        scenario=base.config.model_dump(mode="json"), calibration=calibration_label, pins=options.pins.describe(),
+        memory_headroom=options.headroom, memory_budget_bytes=budget, ranking=rows, reference=reference,
+        pareto_front=front, best=rows[0] if rows else None,
+        best_report=best_report.to_json_dict() if best_report is not None else None,
+        sensitivity=dataclasses.asdict(sensitivity) if sensitivity is not None else None,
+        explain=explanations, stats=stats, interrupted=interrupted, notes=notes,
+    )
+    return PlanOutcome(result=result, evaluations=evaluations, best_report=best_report)
+
+
+def _final_order(plans: list[Evaluation], head: list[Evaluation], des: dict[Candidate, tuple[float, Any]],
+                 ref: Evaluation | None) -> tuple[list[Evaluation], bool]:
+    """Head re-ranked by DES time (the reference joins when it beats a head plan), then the rest."""
+    timed_head = [e for e in head if e.candidate in des]
+    if not timed_head:
+        return plans, False
+    joined = False
+    in_head = ref is not None and any(e.candidate == ref.candidate for e in head)
+    if (ref is not None and not in_head and ref.candidate in des
+            and des[ref.candidate][0] < max(des[e.candidate][0] for e in timed_head)):
+        timed_head.append(ref)
+        joined = True
+    timed_head.sort(key=lambda e: des[e.candidate][0])
+    rest = [e for e in plans[len(head):] if not (joined and ref is not None and e.candidate == ref.candidate)]
+    untimed = [e for e in head if e.candidate not in des]
+    return timed_head + untimed + rest, joined
+
+
+def _rows(ranked: list[Evaluation], des: dict[Candidate, tuple[float, Any]], ref: Evaluation | None) -> list[PlanRow]:
+    return [plan_row(e, rank=k, des_step_time_s=des[e.candidate][0] if e.candidate in des else None,
+                     reference=ref is not None and e.candidate == ref.candidate)
+            for k, e in enumerate(ranked, 1)]
+
+
+def _reference(ref: Evaluation | None, error: str | None, rows: list[PlanRow], ranked: list[Evaluation],
+               screen_rank: tuple[int, int] | None, des: dict[Candidate, tuple[float, Any]]) -> ReferenceOut:
+    if error is not None or ref is None:
+        return ReferenceOut(status="invalid", message=f"the given scenario is not valid ({error}); it is not ranked")
+    label = ref.candidate.label()
+    if not ref.fits:
+        return ReferenceOut(label=label, status=ref.status, message=ref.message)
+    for row in rows:
+        if row.reference:
+            return ReferenceOut(label=label, status="ok", rank=row.rank, row=row)
+    position = next((k for k, e in enumerate(ranked, 1) if e.candidate == ref.candidate), None)
+    des_t = des[ref.candidate][0] if ref.candidate in des else None
+    if position is not None:
+        rank, rank_range = position, None
+    elif screen_rank is not None and screen_rank[0] == screen_rank[1]:
+        rank, rank_range = screen_rank[0], None
+    else:
+        rank, rank_range = None, screen_rank
+    row = plan_row(ref, rank=rank, des_step_time_s=des_t, reference=True, rank_range=rank_range)
+    return ReferenceOut(label=label, status="ok", rank=rank, rank_range=rank_range, row=row)
+
+
+def _pareto(evaluations: list[Evaluation], des: dict[Candidate, tuple[float, Any]],
+            ref: Evaluation | None) -> list[PlanRow]:
+    ok = {e.candidate: e for e in evaluations if e.fits and e.timed}
+    pts = list(ok.values())
+    if not pts:
+        return []
+    idx = pareto_front(np.array([e.step_time_s for e in pts]), np.array([e.memory_bytes for e in pts]))
+    return [plan_row(pts[i], des_step_time_s=des[pts[i].candidate][0] if pts[i].candidate in des else None,
+                     reference=ref is not None and pts[i].candidate == ref.candidate, pareto=True)
+            for i in idx]
+
+
+__all__ = ["PlanOptions", "PlanOutcome", "memory_budget_bytes", "report_terms", "run_plan"]

@@ -1,0 +1,75 @@
+"""Running planner tasks on all cores: a fork-started process pool, or in-process for ``jobs=1``.
+
+The evaluators (with their engines, caches and base scenario) are module globals set *before*
+the pool forks, so children inherit them without pickling; only candidates and compact
+:class:`~costmodel.planner.evaluate.Evaluation` results cross process boundaries. Children
+ignore SIGINT: Ctrl-C reaches the parent only, which terminates the pool and keeps what it has.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+_EVALUATORS: dict[str, Any] = {}
+
+
+def set_evaluators(**evaluators: Any) -> None:
+    """Install the evaluators tasks use (call before :class:`TaskPool` forks)."""
+    _EVALUATORS.clear()
+    _EVALUATORS.update(evaluators)
+
+
+def evaluator(name: str) -> Any:
+    """An installed evaluator (in the parent or in a forked child)."""
+    return _EVALUATORS[name]
+
+
+def default_jobs() -> int:
+    """Number of cores this process may use."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class TaskPool:
+    """``map`` over tasks with ``jobs`` forked workers (results in completion order)."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = max(int(jobs), 1)
+        self._pool = None
+        if self.jobs > 1:
+            self._pool = mp.get_context("fork").Pool(self.jobs, initializer=_ignore_sigint)
+
+    def map(self, func: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
+        """Yield ``func(task)`` for every task, as they complete."""
+        if self._pool is None:
+            for task in tasks:
+                yield func(task)
+            return
+        yield from self._pool.imap_unordered(func, tasks)
+
+    def close(self, terminate: bool = False) -> None:
+        """Stop the workers (``terminate`` after an interrupt: do not wait for running tasks)."""
+        if self._pool is None:
+            return
+        if terminate:
+            self._pool.terminate()
+        else:
+            self._pool.close()
+        self._pool.join()
+        self._pool = None
+
+    def __enter__(self) -> TaskPool:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self.close(terminate=exc_type is not None)

@@ -1,0 +1,329 @@
+"""Screening the search space: pipeline bounds first, then best-first expansion of groups.
+
+A *group* (:class:`~costmodel.planner.space.Group`) is a parallel layout + recompute mode +
+optimizer kind; its members differ only in optimizer choices (layout, load balance, TP mode,
+hiding). A group's *plan* is its fastest member that fits in memory. The screen
+
+1. computes every layout's pipeline bound (the engine's forward/backward phase, a lower bound on
+   every member's step time: ``StepEngine.pipeline_bound_s``). Recompute only adds work, so the
+   first recompute mode's bound stands in for the others until they are needed;
+2. expands groups best-bound-first (every member: memory, then step time) until the best
+   remaining bound is no better than the ``keep``-th best plan: every group not expanded is
+   provably slower than every listed plan;
+3. ranks the reference scenario exactly: a group not expanded whose bound is below the reference
+   step time is evaluated through its preferred fitting member (an upper bound on its plan); only
+   when that does not decide is the group expanded (up to ``max_rank_expansions``; past that the
+   reference's rank is reported as a range).
+
+Bounds are checked whenever a real time meets them; violations are counted and reported.
+``exhaustive`` expands every group.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from costmodel.planner.evaluate import Evaluation
+from costmodel.planner.pool import TaskPool, evaluator
+from costmodel.planner.space import Group
+
+Progress = Callable[[str, int, int], None]
+BOUND_TOLERANCE = 1e-9  # relative slack when checking a bound against a real time
+CHUNK = 48  # layouts per bound task
+BATCH_PER_JOB = 8  # groups popped per worker and round of the best-first search
+
+
+@dataclass
+class GroupState:
+    group: Group
+    bound_s: float = math.inf
+    own_bound: bool = False  # False: inherited from the layout's first recompute mode
+    expanded: bool = False
+    best: Evaluation | None = None  # fastest fitting member (exact once expanded)
+    rep: Evaluation | None = None  # preferred fitting member (upper bound on the plan)
+    failure: Evaluation | None = None  # why no member fits (invalid / smallest out-of-memory)
+
+    @property
+    def infeasible(self) -> bool:
+        return self.failure is not None and self.best is None
+
+
+@dataclass
+class ScreenResult:
+    evaluations: list[Evaluation] = field(default_factory=list)  # every timed member
+    layouts: int = 0
+    groups: int = 0
+    candidates: int = 0
+    bounds_computed: int = 0
+    groups_expanded: int = 0
+    groups_infeasible: int = 0
+    candidates_evaluated: int = 0
+    bound_violations: int = 0
+    threshold_s: float = math.inf
+    reference_rank: tuple[int, int] | None = None  # (best case, worst case); equal when exact
+    interrupted: bool = False
+    wall_s: float = 0.0
+
+
+# ----------------------------------------------------------------------------- worker tasks
+def task_bounds(items: list[tuple[int, Group]]) -> list[tuple[int, float, Evaluation | None]]:
+    """Pipeline bounds of layouts (one group stands for its layout and recompute mode)."""
+    ev = evaluator("screen")
+    return [(i, *ev.bound(g.candidates()[0])) for i, g in items]
+
+
+def _smallest_failure(failures: list[Evaluation]) -> Evaluation | None:
+    ooms = [f for f in failures if f.status == "oom"]
+    return min(ooms, key=lambda f: f.memory_bytes) if ooms else (failures[0] if failures else None)
+
+
+def task_expand(items: list[tuple[int, Group]]) -> list[tuple[int, list[Evaluation], Evaluation | None]]:
+    """Every member of each group: (index, timed members, why none fits if none does).
+
+    When the first member shows that the layout's optimizer-independent memory (weights, gradients,
+    activations) exceeds the budget, no other member is evaluated.
+    """
+    ev = evaluator("screen")
+    out = []
+    for i, g in items:
+        cands = g.candidates()
+        first = ev.evaluate(cands[0], memory_only=True)
+        if first.status != "ok" and (first.status != "oom" or ev.floor_exceeds_budget(cands[0])):
+            out.append((i, [], first))
+            continue
+        results = [ev.evaluate(c) for c in cands]
+        timed = [r for r in results if r.timed]
+        out.append((i, timed, None if timed else _smallest_failure(results)))
+    return out
+
+
+def task_representative(items: list[tuple[int, Group]]) -> list[tuple[int, list[Evaluation], Evaluation | None]]:
+    """The preferred member of each group that fits (timed), or why none fits."""
+    ev = evaluator("screen")
+    out = []
+    for i, g in items:
+        failures = []
+        for c in g.candidates():
+            r = ev.evaluate(c, memory_only=True)
+            if r.status == "ok":
+                out.append((i, [ev.evaluate(c)], None))
+                break
+            failures.append(r)
+            if r.status != "oom" or ev.floor_exceeds_budget(c):
+                out.append((i, [], r))
+                break
+        else:
+            out.append((i, [], _smallest_failure(failures)))
+    return out
+
+
+# ----------------------------------------------------------------------------- the screen
+class Screen:
+    """Best-first screening of groups on a :class:`TaskPool`."""
+
+    def __init__(self, groups: list[Group], pool: TaskPool, keep: int, progress: Progress | None = None,
+                 exhaustive: bool = False, reference_time_s: float | None = None,
+                 max_rank_expansions: int = 200) -> None:
+        self.states = [GroupState(g) for g in groups]
+        self.pool = pool
+        self.keep = max(keep, 1)
+        self.progress = progress or (lambda *_: None)
+        self.exhaustive = exhaustive
+        self.reference_time_s = reference_time_s
+        self.max_rank_expansions = max_rank_expansions
+        self.result = ScreenResult(groups=len(groups), candidates=sum(len(g.choices) for g in groups))
+        self._units: dict[tuple[Any, ...], list[int]] = {}
+        for i, s in enumerate(self.states):
+            self._units.setdefault(s.group.layout_key, []).append(i)
+        self.result.layouts = len(self._units)
+        self._best: list[float] = []  # max-heap (negated) of the keep best plan times
+
+    # --- bookkeeping
+    def threshold_s(self) -> float:
+        """A group whose bound is at least this cannot hold a listed plan."""
+        if self.exhaustive:
+            return math.inf
+        return -self._best[0] if len(self._best) >= self.keep else math.inf
+
+    def _check(self, bound_s: float, e: Evaluation) -> None:
+        if e.timed and e.step_time_s < bound_s * (1 - BOUND_TOLERANCE):
+            self.result.bound_violations += 1
+
+    def _set_bound(self, unit: tuple[Any, ...], bound_s: float, failure: Evaluation | None) -> None:
+        self.result.bounds_computed += 1
+        for i in self._units[unit]:
+            s = self.states[i]
+            if math.isfinite(s.bound_s) and bound_s < s.bound_s * (1 - BOUND_TOLERANCE):
+                self.result.bound_violations += 1  # recompute made the bound smaller
+            s.bound_s, s.own_bound = bound_s, True
+            if failure is not None:
+                s.failure = failure
+
+    def _apply_members(self, i: int, timed: list[Evaluation], failure: Evaluation | None, expanded: bool) -> None:
+        s = self.states[i]
+        for e in timed:
+            self._check(s.bound_s, e)
+            self.result.evaluations.append(e)
+        fits = [e for e in timed if e.fits]
+        if expanded:
+            s.expanded = True
+            self.result.groups_expanded += 1
+        if fits:
+            best = min(fits, key=lambda e: (e.step_time_s, e.memory_bytes))
+            if s.rep is None:
+                s.rep = best
+            if expanded:
+                s.best = best
+                heapq.heappush(self._best, -best.step_time_s)
+                if len(self._best) > self.keep:
+                    heapq.heappop(self._best)
+        elif failure is not None or not timed:
+            s.failure = failure or s.failure
+            if expanded:
+                s.expanded = True
+
+    # --- passes
+    def _bound_pass(self, units: list[tuple[Any, ...]], label: str) -> None:
+        items = [(self._units[u][0], self.states[self._units[u][0]].group) for u in units]
+        chunks = [items[k:k + CHUNK] for k in range(0, len(items), CHUNK)]
+        done = 0
+        self.progress(label, 0, len(items))
+        for results in self.pool.map(task_bounds, chunks):
+            for i, bound, failure in results:
+                self._set_bound(self.states[i].group.layout_key, bound, failure)
+            done += len(results)
+            self.progress(label, done, len(items))
+
+    def _inherit(self) -> list[tuple[Any, ...]]:
+        """Later recompute modes take the first mode's bound; layouts still needing one are returned."""
+        by_structure: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+        for unit in self._units:
+            by_structure.setdefault(unit[0], []).append(unit)
+        pending = []
+        for units in by_structure.values():
+            bound = math.inf
+            for unit in units:  # none, selective, full
+                s = self.states[self._units[unit][0]]
+                if s.own_bound:
+                    bound = s.bound_s if math.isfinite(s.bound_s) else bound
+                    continue
+                if math.isfinite(bound):
+                    for i in self._units[unit]:
+                        self.states[i].bound_s = bound
+                else:
+                    pending.append(unit)
+        return pending
+
+    def run(self) -> ScreenResult:
+        """Screen every group (Ctrl-C: stop and keep what was found)."""
+        start = time.perf_counter()
+        try:
+            seen: set[tuple[Any, ...]] = set()
+            first = []
+            for unit in self._units:
+                if unit[0] not in seen:
+                    seen.add(unit[0])
+                    first.append(unit)
+            # vpp fastest: neighbouring layouts share per-layer costs (the engine caches them)
+            first.sort(key=lambda u: (u[0][0], u[0][1], *u[0][3:], u[0][2]))
+            self._bound_pass(first, "pipeline bounds")
+            while pending := self._inherit():
+                self._bound_pass(pending, "pipeline bounds (recompute)")
+            self._best_first(lambda: self.threshold_s(), "expanding best groups")
+            self._rank_reference()
+        except KeyboardInterrupt:
+            self.result.interrupted = True
+            self.pool.close(terminate=True)
+        res = self.result
+        res.threshold_s = self.threshold_s()
+        res.groups_infeasible = sum(1 for s in self.states if s.infeasible)
+        res.candidates_evaluated = len(res.evaluations)
+        res.wall_s = time.perf_counter() - start
+        return res
+
+    def _open(self, limit: Callable[[], float]) -> list[tuple[float, int]]:
+        heap = [(s.bound_s, i) for i, s in enumerate(self.states)
+                if not s.expanded and s.failure is None and s.bound_s < limit()]
+        heapq.heapify(heap)
+        return heap
+
+    def _best_first(self, limit: Callable[[], float], label: str,
+                    decide: Callable[[GroupState], bool] | None = None) -> int:
+        """Expand groups in bound order while bound < limit(); ``decide`` may skip a group (True =
+        settled without expanding, after its representative). Returns the number expanded."""
+        heap = self._open(limit)
+        batch_size = BATCH_PER_JOB * self.pool.jobs
+        done = expanded = 0
+        while heap and heap[0][0] < limit():
+            bounds, reps, full = [], [], []
+            while heap and heap[0][0] < limit() and len(bounds) + len(reps) + len(full) < batch_size:
+                _, i = heapq.heappop(heap)
+                s = self.states[i]
+                if not s.own_bound:
+                    bounds.append(s.group.layout_key)
+                elif decide is not None and s.rep is None:
+                    reps.append((i, s.group))
+                elif decide is None or not decide(s):
+                    full.append((i, s.group))
+            if bounds:
+                self._bound_pass(list(dict.fromkeys(bounds)), "pipeline bounds (recompute)")
+            for results in self.pool.map(task_representative, self._tasks(reps)):
+                for i, timed, failure in results:
+                    self._apply_members(i, timed, failure, expanded=False)
+            for results in self.pool.map(task_expand, self._tasks(full)):
+                for i, timed, failure in results:
+                    self._apply_members(i, timed, failure, expanded=True)
+            expanded += len(full)
+            done += len(reps) + len(full)
+            for i in {*(i for i, _ in reps), *(i for i, _ in full)} | {
+                    j for u in dict.fromkeys(bounds) for j in self._units[u]}:
+                s = self.states[i]
+                if not s.expanded and s.failure is None and s.bound_s < limit():
+                    heapq.heappush(heap, (s.bound_s, i))
+            self.progress(label, done, done + len(heap))
+        return expanded
+
+    def _tasks(self, items: list[tuple[int, Group]]) -> list[list[tuple[int, Group]]]:
+        """Split items into about one task per worker, keeping groups that share an optimizer plan
+        (same tp, pp, vpp, ep, etp) together so that a worker builds each plan once."""
+        if not items:
+            return []
+        by_plan: dict[tuple[int, ...], list[tuple[int, Group]]] = {}
+        for item in items:
+            st = item[1].structure
+            by_plan.setdefault((st[0], st[1], st[2], st[4], st[5]), []).append(item)
+        tasks: list[list[tuple[int, Group]]] = [[] for _ in range(min(self.pool.jobs, len(by_plan)))]
+        for members in sorted(by_plan.values(), key=len, reverse=True):
+            min(tasks, key=len).extend(members)
+        return [t for t in tasks if t]
+
+    def _rank_reference(self) -> None:
+        """Exact rank of the reference: how many plans are strictly faster."""
+        ref = self.reference_time_s
+        if ref is None or not math.isfinite(ref):
+            return
+        budget = [self.max_rank_expansions]
+
+        def settled(s: GroupState) -> bool:  # True: the representative decides the group
+            if s.rep is not None and s.rep.step_time_s < ref:
+                return True
+            if budget[0] <= 0:
+                return True
+            budget[0] -= 1
+            return False
+
+        self._best_first(lambda: ref, "ranking the reference", decide=settled)
+        faster = sure = 0
+        for s in self.states:
+            plan = s.best if s.expanded else s.rep  # exact plan, or an upper bound on it
+            if plan is not None and plan.step_time_s < ref:
+                faster += 1
+                sure += 1
+            elif not s.expanded and s.failure is None and s.bound_s < ref:
+                faster += 1  # undecided: counts in the worst case only
+        self.result.reference_rank = (sure + 1, faster + 1)

@@ -1,0 +1,303 @@
+"""The planner's search space: parallel layouts x micro-batch x recompute x optimizer choices.
+
+Candidates are generated arithmetically: the cartesian product of the allowed values of tp, pp,
+vpp, cp, ep, etp and micro-batch size is filtered with a vectorised (numpy) copy of Megatron's
+divisibility rules as :meth:`workloads.scenario.Scenario.validate` states them; the planner then
+runs the real validator on every candidate it evaluates, so nothing the validator rejects is ever
+listed. A test holds the vectorised filter equal to the validator on the full product.
+
+Default bounds (overridden by ``--max-X``; explicit pins bypass them): tp and etp <= min(8, NVLink
+domain), cp <= 8, vpp <= 8, micro-batch sizes 1, 2, 4, 8; pp divides the GPUs, pp <= layers and
+pp*vpp <= layers (+2 unless the split is 'even'); ep divides the experts. Optimizer choices: AdamW on the element-wise distributed optimizer
+(hiding on/off) and Muon on the layer-wise one (legacy/current layout x load balance none /
+ping_pong / lpt x hiding on/off x the TP Newton-Schulz mode, which only varies when tp or etp > 1).
+Settings that cannot matter for a candidate are normalised to ``None`` so that no two candidates
+describe the same run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, get_args
+
+import numpy as np
+
+from costmodel.planner.pins import CATEGORICAL_KEYS, Pins
+from workloads.scenario import (
+    LayerWiseLayout,
+    LoadBalance,
+    Recompute,
+    Scenario,
+    ScenarioConfig,
+    TpMode,
+)
+
+DEFAULT_MAX = {"tp": 8, "etp": 8, "cp": 8, "vpp": 8, "micro_batch_size": 8}
+STRUCT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size")
+
+
+@dataclass(frozen=True, order=True)
+class Candidate:
+    """One point of the search space (``None`` = the setting does not apply to this candidate)."""
+
+    tp: int
+    pp: int
+    vpp: int
+    cp: int
+    ep: int
+    etp: int
+    mbs: int
+    recompute: str
+    optimizer: str
+    distribution: str
+    layout: str | None = None
+    tp_mode: str | None = None
+    load_balance: str | None = None
+    hide: bool | None = None
+
+    @property
+    def structure(self) -> tuple[Any, ...]:
+        """The parallel layout and activation settings (what the per-layer costs depend on)."""
+        return (self.tp, self.pp, self.vpp, self.cp, self.ep, self.etp, self.mbs, self.recompute)
+
+    @property
+    def memory_key(self) -> tuple[Any, ...]:
+        """Everything memory per GPU can depend on (load balance and hiding cannot)."""
+        return self.structure + (self.optimizer, self.distribution, self.layout, self.tp_mode)
+
+    def settings(self) -> dict[str, Any]:
+        """Searched settings by scenario key (the keys of :mod:`costmodel.planner.pins`)."""
+        return {"tp": self.tp, "pp": self.pp, "vpp": self.vpp, "cp": self.cp, "ep": self.ep, "etp": self.etp,
+                "micro_batch_size": self.mbs, "recompute": self.recompute, "optimizer": self.optimizer,
+                "distribution": self.distribution, "layer_wise_layout": self.layout, "tp_mode": self.tp_mode,
+                "load_balance": self.load_balance, "hide_param_gather": self.hide}
+
+    def label(self) -> str:
+        """Compact one-line description, e.g. ``tp1 pp4 vpp4 cp1 ep64 etp1 mbs2 rc-none muon current/lpt hide``."""
+        par = f"tp{self.tp} pp{self.pp} vpp{self.vpp} cp{self.cp} ep{self.ep} etp{self.etp} mbs{self.mbs} rc-{self.recompute}"
+        opt = self.optimizer
+        if self.distribution == "replicated":
+            opt += " replicated"
+        details = [d for d in (self.layout, self.load_balance, self.tp_mode) if d]
+        if details:
+            opt += " " + "/".join(details)
+        if self.hide is not None:
+            opt += " hide" if self.hide else " no-hide"
+        return f"{par} | {opt}"
+
+    def matches(self, wanted: dict[str, Any]) -> bool:
+        """Whether every given searched setting equals this candidate's."""
+        mine = self.settings()
+        return all(mine.get(k) == v for k, v in wanted.items())
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario) -> Candidate:
+        """The (normalised) candidate that describes a resolved scenario."""
+        p, o = scenario.par, scenario.optimizer
+        return normalised(p.tp, p.pp, p.vpp, p.cp, p.ep, p.expert_tp, p.micro_batch_size, p.recompute, o.kind,
+                          o.resolved_distribution, o.layer_wise_layout, o.tp_mode, o.resolved_load_balance,
+                          o.hide_param_gather)
+
+
+def normalised(tp: int, pp: int, vpp: int, cp: int, ep: int, etp: int, mbs: int, recompute: str, kind: str,
+               distribution: str, layout: str | None, tp_mode: str | None, load_balance: str | None,
+               hide: bool | None) -> Candidate:
+    """A candidate with the settings that cannot matter set to ``None``.
+
+    Layout and load balance apply to the layer-wise optimizer only; the TP Newton-Schulz mode to
+    Muon with tp or etp > 1; hiding the parameter all-gather to distributed optimizers only.
+    """
+    layer_wise = distribution == "layer_wise"
+    return Candidate(
+        tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=recompute, optimizer=kind,
+        distribution=distribution, layout=layout if layer_wise else None,
+        load_balance=load_balance if layer_wise else None,
+        tp_mode=tp_mode if kind == "muon" and (tp > 1 or etp > 1) else None,
+        hide=hide if distribution != "replicated" else None,
+    )
+
+
+def candidate_config(base: ScenarioConfig, cand: Candidate) -> ScenarioConfig:
+    """The base scenario's config with a candidate's settings (unvalidated; see build_scenario)."""
+    par = base.parallelism.model_copy(update={
+        "tp": cand.tp, "pp": cand.pp, "vpp": cand.vpp, "cp": cand.cp, "ep": cand.ep, "etp": cand.etp,
+        "micro_batch_size": cand.mbs, "recompute": cand.recompute,
+    })
+    opt: dict[str, Any] = {"kind": cand.optimizer, "distribution": cand.distribution}
+    for name, value in (("layer_wise_layout", cand.layout), ("tp_mode", cand.tp_mode),
+                        ("load_balance", cand.load_balance), ("hide_param_gather", cand.hide)):
+        if value is not None:
+            opt[name] = value
+    return base.model_copy(update={"parallelism": par, "optimizer": base.optimizer.model_copy(update=opt)})
+
+
+def build_scenario(base: Scenario, cand: Candidate) -> Scenario:
+    """The validated scenario of a candidate, sharing the base's (possibly calibrated) system.
+
+    Raises UserInputError with the validator's message when the candidate is invalid.
+    """
+    scenario = Scenario(config=candidate_config(base.config, cand), system=base.system, model=base.model)
+    scenario.validate()
+    return scenario
+
+
+# ----------------------------------------------------------------------------- enumeration
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def default_values(base: Scenario, pins: Pins) -> dict[str, list[Any]]:
+    """Allowed values of every searched setting before the divisibility rules are applied."""
+    m, gpus, domain = base.model, base.gpus, base.system.nvlink.domain_size
+    gbs = base.par.global_batch_size
+
+    def cap(key: str) -> int:
+        return pins.max.get(key, DEFAULT_MAX.get(key, 1 << 30))
+
+    tp_cap = min(cap("tp"), domain) if "tp" not in pins.max else pins.max["tp"]
+    etp_cap = min(cap("etp"), domain) if "etp" not in pins.max else pins.max["etp"]
+    moe = m.moe
+    values: dict[str, list[Any]] = {
+        "tp": [d for d in _divisors(gpus) if d <= tp_cap],
+        "pp": [d for d in _divisors(gpus) if d <= m.num_layers],
+        "vpp": list(range(1, min(cap("vpp"), m.num_layers) + 1)),
+        "cp": [d for d in _divisors(gpus) if d <= cap("cp")],
+        "ep": [d for d in _divisors(moe.num_experts) if gpus % d == 0] if moe else [1],
+        "etp": [d for d in _divisors(gpus) if d <= etp_cap and moe.expert_ffn_hidden_size % d == 0] if moe else [1],
+        "micro_batch_size": [1 << i for i in range(0, 31) if (1 << i) <= min(cap("micro_batch_size"), gbs)],
+        "recompute": list(get_args(Recompute)),
+    }
+    for key in values:
+        if key in pins.values:
+            values[key] = list(pins.values[key])
+        values[key] = [v for v in values[key] if pins.allows(key, v)]
+    return values
+
+
+def structure_grid(base: Scenario, pins: Pins) -> tuple[np.ndarray, int]:
+    """Valid (tp, pp, vpp, cp, ep, etp, mbs) rows (int64 array, one row each) and the raw product size.
+
+    The rules mirror :meth:`Scenario.validate` (vectorised); recompute and the optimizer choices do
+    not change validity and are crossed in later.
+    """
+    vals = default_values(base, pins)
+    axes = [np.asarray(vals[k], dtype=np.int64) for k in STRUCT_KEYS]
+    raw = int(np.prod([len(a) for a in axes]))
+    if raw == 0:
+        return np.zeros((0, len(STRUCT_KEYS)), dtype=np.int64), 0
+    grid = np.stack([g.ravel() for g in np.meshgrid(*axes, indexing="ij")], axis=1)
+    ok = structure_mask(base, grid)
+    return grid[ok], raw
+
+
+def structure_mask(base: Scenario, grid: np.ndarray) -> np.ndarray:
+    """Boolean mask: which rows of ``grid`` (columns STRUCT_KEYS) pass Megatron's divisibility rules."""
+    tp, pp, vpp, cp, ep, etp, mbs = (grid[:, i] for i in range(len(STRUCT_KEYS)))
+    m, p, gpus = base.model, base.par, base.gpus
+    layers = m.num_layers
+    mp = tp * pp * cp
+    ok = gpus % mp == 0
+    ok &= (m.attention.num_heads % tp == 0) & (m.attention.num_kv_heads % tp == 0)
+    if m.num_dense_layers:
+        ok &= m.ffn_hidden_size % tp == 0
+    ok &= ~((vpp > 1) & (pp == 1))
+    stages = pp * vpp
+    # the embedding and the loss may take a virtual stage each (workloads.pipeline_layout)
+    ok &= stages <= (layers if p.pipeline_split == "even" else layers + 2)
+    even = layers % stages == 0
+    if p.pipeline_split == "even":
+        ok &= even
+    elif p.pipeline_split == "auto":
+        ok &= even | (layers % pp != 0)
+    ok &= (cp == 1) | (p.seq_length % (2 * cp) == 0)
+    dp = np.where(ok, gpus // mp, 1)
+    if m.moe is None:
+        ok &= (ep == 1) & (etp == 1)
+    else:
+        ok &= (m.moe.num_experts % ep == 0) & (m.moe.expert_ffn_hidden_size % etp == 0)
+        ok &= (tp * cp * dp) % (ep * etp) == 0
+    ok &= p.global_batch_size % (mbs * dp) == 0
+    gpd = base.config.placement.gpus_per_domain
+    if gpus > base.system.max_gpus or (gpd is not None and gpd > base.system.nvlink.domain_size):
+        ok &= False
+    return ok
+
+
+def _reversed(literal: Any) -> tuple[Any, ...]:
+    return tuple(reversed(get_args(literal)))
+
+
+def optimizer_variants(pins: Pins, tp: int, etp: int) -> dict[tuple[str, str], tuple[tuple[Any, ...], ...]]:
+    """Per (kind, distribution): the (layout, tp_mode, load_balance, hide) choices for tp and etp.
+
+    Normalised (no duplicates), in preference order (Megatron's current defaults first: hiding on,
+    current layout, LPT, duplicated): the first choice that fits is a group's representative.
+    """
+    def allowed(key: str, default: tuple[Any, ...]) -> tuple[Any, ...]:
+        vals = pins.values.get(key, default)
+        return tuple(v for v in vals if pins.allows(key, v))
+
+    out: dict[tuple[str, str], dict[tuple[Any, ...], None]] = {}
+    for kind in allowed("optimizer", CATEGORICAL_KEYS["optimizer"]):
+        default_dist = ("element_wise",) if kind == "adamw" else ("layer_wise",)
+        valid_dists = ("replicated", "element_wise") if kind == "adamw" else ("replicated", "layer_wise")
+        for dist in (d for d in allowed("distribution", default_dist) if d in valid_dists):
+            choices = itertools.product(
+                allowed("hide_param_gather", (True, False)), allowed("layer_wise_layout", _reversed(LayerWiseLayout)),
+                allowed("load_balance", _reversed(LoadBalance)), allowed("tp_mode", get_args(TpMode)))
+            for hide, layout, lb, mode in choices:
+                c = normalised(tp, 1, 1, 1, 1, etp, 1, "none", kind, dist, layout, mode, lb, hide)
+                out.setdefault((kind, dist), {})[(c.layout, c.tp_mode, c.load_balance, c.hide)] = None
+    return {k: tuple(v) for k, v in out.items() if v}
+
+
+@dataclass(frozen=True)
+class Group:
+    """The candidates sharing a parallel layout, recompute mode and optimizer kind/distribution."""
+
+    structure: tuple[int, int, int, int, int, int, int]  # tp, pp, vpp, cp, ep, etp, mbs
+    recompute: str
+    kind: str
+    distribution: str
+    choices: tuple[tuple[Any, ...], ...]  # (layout, tp_mode, load_balance, hide), preferred first
+
+    @property
+    def layout_key(self) -> tuple[Any, ...]:
+        """Parallel layout and recompute: what the pipeline bound depends on."""
+        return (self.structure, self.recompute)
+
+    def candidates(self) -> list[Candidate]:
+        return [Candidate(*self.structure, self.recompute, self.kind, self.distribution, *ch) for ch in self.choices]
+
+    def may_match(self, wanted: dict[str, Any]) -> bool:
+        """Whether the group's layout, recompute and optimizer kind agree with ``wanted`` (the
+        optimizer choices are checked per candidate: :meth:`Candidate.matches`)."""
+        mine = dict(zip(STRUCT_KEYS, self.structure, strict=True)) | {
+            "recompute": self.recompute, "optimizer": self.kind, "distribution": self.distribution}
+        return all(mine[k] == v for k, v in wanted.items() if k in mine)
+
+
+def enumerate_groups(base: Scenario, pins: Pins, grid: np.ndarray) -> list[Group]:
+    """Groups for every structure row of ``grid``, recompute mode and optimizer kind/distribution."""
+    recomputes = default_values(base, pins)["recompute"]
+    table: dict[tuple[bool, bool], dict[tuple[str, str], tuple[tuple[Any, ...], ...]]] = {}
+    out: list[Group] = []
+    for row in grid.tolist():
+        tp, etp = row[0], row[5]
+        key = (tp > 1, etp > 1)
+        if key not in table:
+            table[key] = optimizer_variants(pins, tp, etp)
+        structure = tuple(row)
+        for rc in recomputes:
+            for (kind, dist), choices in table[key].items():
+                out.append(Group(structure, rc, kind, dist, choices))  # type: ignore[arg-type]
+    return out
+
+
+def enumerate_candidates(base: Scenario, pins: Pins) -> tuple[list[Candidate], int]:
+    """Every candidate of the space and the raw (unfiltered) product size (for small spaces/tests)."""
+    grid, raw = structure_grid(base, pins)
+    recomputes = default_values(base, pins)["recompute"]
+    out = [c for g in enumerate_groups(base, pins, grid) for c in g.candidates()]
+    return out, raw * max(len(recomputes), 1)
