@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 
@@ -37,6 +37,7 @@ class MuonHyper:
     eps: float
     scale_mode: ScaleMode
     extra_scale: float
+    normalize_in: Literal["fp32", "work_dtype"] = "fp32"  # fp32: EO/Megatron; work_dtype: torch.optim.Muon
 
 
 @dataclass(frozen=True)

@@ -152,11 +152,13 @@ def newton_schulz_iterations(
 
 def newton_schulz(
     x: torch.Tensor, schedule: CoefficientSchedule, steps: int, precision: MatmulPrecision = "bf16",
-    eps: float = 1e-7, transpose: bool | None = None,
+    eps: float = 1e-7, transpose: bool | None = None, normalize_in: str = "fp32",
 ) -> torch.Tensor:
     """Orthogonalise a 2-D fp32 matrix (single process); returns fp32 of the same shape.
 
-    ``transpose=None`` applies the default rule (transpose when rows > cols).
+    ``transpose=None`` applies the default rule (transpose when rows > cols). ``normalize_in``:
+    ``fp32`` divides by the Frobenius norm in fp32 before casting (Emerging-Optimizers, Megatron);
+    ``work_dtype`` casts first and normalises in the matmul dtype, as ``torch.optim.Muon`` does.
     """
     if x.ndim != 2:
         raise ValueError(f"Newton-Schulz needs a 2-D matrix (got shape {tuple(x.shape)})")
@@ -165,6 +167,8 @@ def newton_schulz(
         transpose = x.shape[0] > x.shape[1]
     if transpose:
         x = x.mT
+    if normalize_in == "work_dtype":
+        x = x.to(work_dtype(precision))
     x = x / x.norm().clamp(min=eps)
     out = newton_schulz_iterations(x, schedule.for_steps(steps), precision)
     return out.mT if transpose else out

@@ -44,7 +44,7 @@ class FullMatrixNS:
     def _ns(self, x: torch.Tensor, transpose: bool | None = None) -> torch.Tensor:
         h = self.hyper
         t = time.perf_counter()
-        out = newton_schulz(x, h.schedule, h.ns_steps, h.precision, h.eps, transpose)
+        out = newton_schulz(x, h.schedule, h.ns_steps, h.precision, h.eps, transpose, h.normalize_in)
         if self.counter is not None:
             flops = newton_schulz_flops(x.shape[0], x.shape[1], h.ns_steps, cubic=h.schedule.is_cubic)
             self.counter.add(flops, time.perf_counter() - t)

@@ -112,10 +112,7 @@ def test_transpose_rule_and_precision():
     assert 1e-5 < err < 5e-2  # bf16 differs from fp32, but only at bf16 resolution
 
 
-def test_single_process_muon_matches_torch_optim_muon_bf16():
-    hyper = _hyper()
-    steps = 5
-    mine = _own_muon(hyper, steps)
+def _run_torch_muon(hyper: MuonHyper, steps: int) -> list[torch.Tensor]:
     params = [p.clone().requires_grad_(True) for p in _matrices()]
     opt = torch.optim.Muon(params, lr=hyper.lr, weight_decay=hyper.weight_decay, momentum=hyper.momentum,
                            nesterov=True, ns_steps=hyper.ns_steps, eps=hyper.eps)
@@ -123,13 +120,30 @@ def test_single_process_muon_matches_torch_optim_muon_bf16():
         for p, g in zip(params, _grads(step), strict=True):
             p.grad = g
         opt.step()
-    # Two bf16 Newton-Schulz implementations differ by ~1.5 % per call (torch's own bf16 output is
-    # 1.2-1.8 % from its fp32 math): torch casts before normalising, we normalise in fp32 (EO).
-    # Over the whole run the parameters agree to < 1 %.
-    for a, b in zip(mine, params, strict=True):
-        b = b.detach()
-        rel = ((a - b).norm() / b.norm()).item()
+    return [p.detach() for p in params]
+
+
+def test_single_process_muon_matches_torch_optim_muon_bf16():
+    """Same bf16 math as torch (normalise after the cast): the accumulated updates agree to <= 1e-2."""
+    steps = 5
+    start = _matrices()
+    theirs = _run_torch_muon(_hyper(), steps)
+    mine = _own_muon(_hyper(normalize_in="work_dtype"), steps)
+    for p0, a, b in zip(start, mine, theirs, strict=True):
+        rel = ((a - b).norm() / (b - p0).norm()).item()  # relative to the whole update, not the parameter
         assert rel <= 1e-2, rel
+
+
+def test_emerging_optimizers_normalisation_differs_from_torch_only_at_bf16_resolution():
+    """EO/Megatron normalise in fp32 before the bf16 cast; torch casts first. Different bf16 rounding,
+    same math: the accumulated updates differ by about 1 %, far below the update itself."""
+    steps = 5
+    start = _matrices()
+    theirs = _run_torch_muon(_hyper(), steps)
+    mine = _own_muon(_hyper(), steps)
+    for p0, a, b in zip(start, mine, theirs, strict=True):
+        rel = ((a - b).norm() / (b - p0).norm()).item()
+        assert 1e-4 < rel <= 3e-2, rel
 
 
 def _torch_math_fp32(g: torch.Tensor, coeffs: tuple[float, float, float], steps: int, eps: float) -> torch.Tensor:
