@@ -92,6 +92,12 @@ class FastAnalytic:
         timing = self._timing(scenario, self.plan(scenario) if self.shares_plans else None)
         return float(timing.step_time_s), _breakdown_terms(timing.breakdown)
 
+    def report(self, scenario: Scenario) -> Any:
+        """The full analytic StepReport (``costmodel.engine.predict``) of one scenario."""
+        from costmodel.engine import predict
+
+        return predict(scenario, "analytic")
+
     def pipeline_bound_s(self, scenario: Scenario) -> float:
         """Seconds of the forward/backward phase alone: a lower bound on every optimizer choice.
 

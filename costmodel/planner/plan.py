@@ -222,10 +222,8 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     evaluations = list(sres.evaluations) + ([ref_eval] if ref_eval is not None and ref_eval.timed else [])
     front = _pareto(evaluations, des, ref_eval)
     best_report = des[ranked[0].candidate][1] if ranked and ranked[0].candidate in des else None
-    if ranked and best_report is None and not interrupted:
-        from costmodel.engine import predict
-
-        best_report = predict(build_scenario(base, ranked[0].candidate), "analytic")
+    if ranked and best_report is None and not interrupted and hasattr(engine, "report"):
+        best_report = engine.report(build_scenario(base, ranked[0].candidate))
     total = time.perf_counter() - t_start
     covered = sres.candidates
     stats = SpaceStats(
@@ -288,7 +286,9 @@ def _reference(ref: Evaluation | None, error: str | None, rows: list[PlanRow], r
     for row in rows:
         if row.reference:
             return ReferenceOut(label=label, status="ok", rank=row.rank, row=row)
-    position = next((k for k, e in enumerate(ranked, 1) if e.candidate == ref.candidate), None)
+    # the ranked list is complete only in its head: past it, count the plans the screen proved faster
+    head = len(rows)
+    position = next((k for k, e in enumerate(ranked[:head], 1) if e.candidate == ref.candidate), None)
     des_t = des[ref.candidate][0] if ref.candidate in des else None
     if position is not None:
         rank, rank_range = position, None

@@ -1,0 +1,125 @@
+"""The planner with the real engines and memory model (small spaces, to stay fast)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+
+import pytest
+
+from costmodel.analytic import run_analytic
+from costmodel.engine import predict
+from costmodel.planner.bound import fast_pipeline_bound_s
+from costmodel.planner.evaluate import InventoryMemory
+from costmodel.planner.fast_analytic import FastAnalytic
+from costmodel.planner.pins import parse_pins
+from costmodel.planner.plan import PlanOptions, memory_budget_bytes, run_plan
+from costmodel.planner.space import (
+    Candidate,
+    build_scenario,
+    candidate_config,
+    enumerate_candidates,
+)
+from workloads.memory import memory_breakdown
+from workloads.scenario import ScenarioConfig
+
+SMALL = {"tp": "1,2", "pp": "4", "vpp": "2,4", "cp": "1,2", "ep": "32,64", "etp": "1",
+         "micro_batch_size": "1,2", "optimizer": "muon", "layer_wise_layout": "current"}
+
+
+def _sample(base, n: int, seed: int, pins: dict | None = None) -> list[Candidate]:
+    cands, _ = enumerate_candidates(base, parse_pins(pins or {"pp": "2,4", "vpp": "1,2,4", "ep": "32,64"}))
+    return random.Random(seed).sample(cands, n)
+
+
+def test_fast_analytic_equals_run_analytic(default_scenario) -> None:
+    engine = FastAnalytic()
+    assert engine.shares_plans
+    for cand in _sample(default_scenario, 16, seed=4):
+        sc = build_scenario(default_scenario, cand)
+        step_s, terms = engine.step(sc)
+        report = run_analytic(sc)
+        assert step_s == pytest.approx(report.step_time_s, rel=1e-12), cand.label()
+        assert sum(v for _, v in terms) == pytest.approx(report.breakdown_s.total_s, rel=1e-9)
+        assert engine.pipeline_bound_s(sc) <= step_s * (1 + 1e-9)
+    # candidates that differ only in recompute and hiding share one optimizer plan
+    shared = FastAnalytic()
+    cand = Candidate.from_scenario(default_scenario)
+    for variant in (cand, dataclasses.replace(cand, recompute="full"), dataclasses.replace(cand, hide=False)):
+        sc = build_scenario(default_scenario, variant)
+        assert shared.step(sc)[0] == pytest.approx(run_analytic(sc).step_time_s, rel=1e-12)
+    assert shared.plan_builds == 1
+
+
+def test_fast_pipeline_bound_equals_the_engine(default_scenario) -> None:
+    engine = FastAnalytic()
+    pins = {"tp": "1,2,4", "pp": "1,2,4,8", "cp": "1,2", "micro_batch_size": "1,2", "ep": "16,64"}
+    for cand in _sample(default_scenario, 40, seed=5, pins=pins):
+        sc = build_scenario(default_scenario, cand)
+        assert fast_pipeline_bound_s(sc) == pytest.approx(engine.engine_pipeline_bound_s(sc), rel=1e-12)
+
+
+def test_inventory_memory_equals_memory_breakdown(default_scenario) -> None:
+    memory = InventoryMemory()
+    for cand in _sample(default_scenario, 8, seed=6):
+        sc = build_scenario(default_scenario, cand)
+        est = memory(sc)
+        assert est.total_bytes == pytest.approx(memory_breakdown(sc).total_bytes, rel=1e-12)
+        assert est.floor_bytes <= est.total_bytes
+
+
+@pytest.fixture(scope="module")
+def small_plan(default_scenario):
+    options = PlanOptions(pins=parse_pins(SMALL), jobs=1, top_k=2, limit=6, samples=0)
+    return run_plan(default_scenario, options)
+
+
+def test_listed_plans_are_valid_and_fit(default_scenario, small_plan) -> None:
+    res = small_plan.result
+    budget = memory_budget_bytes(default_scenario, 0.1)
+    listed = [*res.ranking, *res.pareto_front, res.reference.row]
+    assert res.ranking and res.stats.bound_violations == 0
+    for row in listed:
+        s = row.settings
+        cand = Candidate(s["tp"], s["pp"], s["vpp"], s["cp"], s["ep"], s["etp"], s["micro_batch_size"],
+                         s["recompute"], s["optimizer"], s["distribution"], s.get("layer_wise_layout"),
+                         s.get("tp_mode"), s.get("load_balance"), s.get("hide_param_gather"))
+        sc = ScenarioConfig.model_validate(candidate_config(default_scenario.config, cand).model_dump()).resolve()
+        assert memory_breakdown(sc).total_bytes <= budget
+        assert predict(sc, "analytic").step_time_s == pytest.approx(row.step_time_s, rel=1e-12)
+
+
+def test_reference_ranked_and_best_des_not_worse(small_plan) -> None:
+    res = small_plan.result
+    ref = res.reference
+    assert ref.status == "ok" and ref.rank is not None and ref.row.des_step_time_s is not None
+    assert res.best.des_step_time_s <= ref.row.des_step_time_s
+    assert small_plan.best_report is not None and small_plan.best_report.engine == "des"
+
+
+def test_cli_plan_json_html_and_errors(run_cli, tmp_path) -> None:
+    html = tmp_path / "plan.html"
+    args = ["plan", "--tp", "1", "--pp", "4", "--vpp", "4", "--cp", "1", "--ep", "32,64", "--mbs", "1,2",
+            "--optimizer", "muon", "--layout", "current", "--load-balance", "lpt", "--recompute", "none,selective",
+            "--top-k", "1", "--jobs", "1", "--samples", "0", "--explain", "ep=32"]
+    result = run_cli(*args, "--json", "--html", html)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["ranking"] and data["reference"]["rank"] >= 1
+    assert data["explain"][0]["verdict"] == "ranked"
+    assert all(r["settings"]["ep"] in (32, 64) and r["settings"]["tp"] == 1 for r in data["ranking"])
+    assert html.read_text().count("plotly") > 2
+    table = run_cli(*args)
+    assert table.exit_code == 0 and "reference" in table.stdout and "searched" in table.stdout
+    missing = tmp_path / "nope" / "x.html"
+    for bad, fragment in ((["--tp", "x"], "--tp: 'x' is not an integer"),
+                          (["--memory-headroom", "1.5"], "--memory-headroom"),
+                          (["--explain", "bogus"], "--explain"),
+                          (["--max-tp", "0"], "--max-tp"),
+                          (["--html", str(missing)], "does not exist")):
+        r = run_cli("plan", "--pp", "4", *bad)
+        assert r.exit_code == 2, (bad, r.output)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], (bad, r.stderr)
+    assert not missing.parent.exists()
