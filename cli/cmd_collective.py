@@ -69,7 +69,7 @@ def collective(
     max_size: Annotated[str | None, typer.Option("--max-size", help="sweep end (default 8GB)")] = None,
     step_factor: Annotated[float, typer.Option("--step-factor", help="sweep multiplier")] = 2.0,
     group: Annotated[str, typer.Option("--group", help="tp, cp, dp, etp, ep, expert_dp, pp or world")] = "world",
-    algorithm: Annotated[str | None, typer.Option("--algorithm", help="force ring, tree, nvls, hierarchical, pat or direct")] = None,
+    algorithm: Annotated[str | None, typer.Option("--algorithm", help="force ring, tree, nvls, nvls_tree, pat, direct, or the idealised hierarchical (never chosen by the tuner)")] = None,
     tp: Annotated[int, typer.Option("--tp", help="tensor parallel size (shapes the groups)")] = 1,
     pp: Annotated[int, typer.Option("--pp", help="pipeline parallel size")] = 1,
     cp: Annotated[int, typer.Option("--cp", help="context parallel size")] = 1,

@@ -13,6 +13,7 @@ from topologies.collectives import (
     collective_cost,
     collective_time_s,
     eligible_algorithms,
+    forceable_algorithms,
 )
 from topologies.contention import contention, group_flowsets, max_min_fair_rates
 from topologies.flows import Flow, collective_flows
@@ -48,6 +49,77 @@ def test_a_forced_ineligible_algorithm_is_one_line(op, shape, algorithm):
     with pytest.raises(UserInputError) as err:
         collective_cost(op, 1e6, shape, GB300, algorithm)
     assert "eligible:" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_the_tuner_follows_nccls_algorithm_set(op, shape):
+    """NVLS only inside one domain, NVLSTree only across domains, hierarchical never by default."""
+    tuner = eligible_algorithms(op, shape, GB300)
+    assert "hierarchical" not in tuner
+    assert ("nvls" in tuner) == (shape.domains == 1 and op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"))
+    assert ("nvls_tree" in tuner) == (shape.domains > 1 and shape.ranks_per_domain > 1 and op == "all_reduce")
+    hier_ok = shape.domains > 1 and shape.ranks_per_domain > 1 and op in ("all_reduce", "reduce_scatter", "all_gather")
+    assert forceable_algorithms(op, shape, GB300) == tuner + (["hierarchical"] if hier_ok else [])
+    if hier_ok:
+        forced = collective_cost(op, 1e9, shape, GB300, "hierarchical")
+        assert forced.algorithm == "hierarchical" and "hierarchical" in dict(forced.candidates)
+        assert collective_cost(op, 1e9, shape, GB300).algorithm != "hierarchical"
+
+
+def test_no_nvls_tree_without_nvlink_sharp():
+    no_nvls = GB300.model_copy(update={"nvlink": GB300.nvlink.model_copy(update={"nvls": False}), "name": "no-nvls"})
+    shape = GroupShape.spread(144, 2, tiers=1)
+    assert eligible_algorithms("all_reduce", shape, no_nvls) == ["ring", "tree"]
+    with pytest.raises(UserInputError):
+        collective_cost("all_reduce", 1e9, shape, no_nvls, "nvls_tree")
+
+
+def test_nvls_all_reduce_busbw_does_not_depend_on_the_group_size():
+    """NCCL's NVLS model rates busbw: at the same per-rank chunk it is the same at 4, 8, 16 and 72
+    ranks (measured: H100-8 479, B200-8 830+, GB200-72 839 [S10] [S32] [S29]); the wire S(1+1/n) at
+    the effective NVLink rate bounds it for 2 ranks."""
+    chunk = 1e9
+    costs = [collective_cost("all_reduce", chunk * n, GroupShape.single_domain(n), GB300, "nvls") for n in (4, 8, 16, 72)]
+    busbw = [c.size_bytes * bus_factor("all_reduce", c.group_size) / c.transfer_s for c in costs]  # latency aside
+    assert max(busbw) == pytest.approx(min(busbw), rel=1e-12)
+    lk = alg.links_for(GB300)
+    assert busbw[0] == pytest.approx(lk.nvls_all_reduce_busbw_Bps * chunk / (chunk + GB300.efficiency.nvls_half_saturation_bytes))
+    two = collective_cost("all_reduce", 2e9, GroupShape.single_domain(2), GB300, "nvls")
+    assert two.algbw_Bps <= lk.nvlink_Bps / 1.5 * (1 + 1e-12)
+
+
+def test_nvls_tree_stages_and_nccl_caps():
+    """NVLSTree is bound by the slowest of: NVLS inside the domain, the heads' NICs across (tree
+    degree x S/2 per head), NCCL's per-channel busbw cap (96 GB/s for 2 domains, 80 for more)."""
+    S, e = 16e9, GB300.efficiency
+    h = alg.nvls_tree_heads(72, e)
+    assert h == e.nvls_tree_channels == 16 and alg.nvls_tree_heads(8, e) == 8
+    two, twenty = GroupShape.spread(144, 2, tiers=1), GroupShape.spread(1440, 20, tiers=2)
+    inside = collective_cost("all_reduce", S, GroupShape.single_domain(72), GB300, "nvls")
+    est2 = alg.nvls_tree_all_reduce(S, two, alg.links_for(GB300))
+    assert est2.transfer_s == pytest.approx(inside.transfer_s)  # 16 x 97 GB/s NICs keep up at 2 racks
+    assert est2.network_bytes == pytest.approx(S / h) and est2.nvlink_bytes == pytest.approx(S * 73 / 72)
+    assert collective_cost("all_reduce", S, twenty, GB300, "nvls_tree").network_bytes_per_gpu == pytest.approx(2 * S / h)
+    fast_nic = GB300.model_copy(update={"name": "fast-nic", "scale_out": GB300.scale_out.model_copy(
+        update={"nic_bandwidth_Bps": 1e13}), "nvlink": GB300.nvlink.model_copy(update={"link_bandwidth_Bps": 1e12})})
+    for shape, cap in ((two, e.nvls_tree_channel_cap_2_domains_Bps), (twenty, e.nvls_tree_channel_cap_Bps)):
+        c = collective_cost("all_reduce", S, shape, fast_nic, "nvls_tree")
+        assert c.size_bytes * bus_factor("all_reduce", shape.size) / c.transfer_s == pytest.approx(h * cap)
+
+
+def test_nvls_tree_head_slots_spread_over_the_domain():
+    for g, h in ((72, 16), (8, 8), (9, 4), (3, 3)):
+        slots = alg.nvls_tree_head_slots(g, h)
+        assert len(slots) == h and slots[0] == 0 and slots[-1] < g
+
+
+def test_nvls_tree_flows_use_one_nic_per_head():
+    p = place_job(GB300, 288)
+    fs = collective_flows("all_reduce", 4e9, p.group_gpus("world"), p.layout, GB300, algorithm="nvls_tree")
+    nic_out = [b for (u, v), b in fs.phases[0].edge_bytes().items() if u[0] == "gpu" and v[0] == "nic"]
+    assert len(fs.phases) == 1 and len(nic_out) == 4 * alg.nvls_tree_heads(72, GB300.efficiency)
+    assert max(nic_out) == pytest.approx(fs.cost.network_bytes_per_gpu)
 
 
 def test_bad_op_size_and_algorithm_names():
@@ -140,6 +212,8 @@ FLOW_CASES = [
     ("gb300-nvl72", 288, "all_gather", None), ("gb300-nvl72", 144, "all_to_all", None),
     ("dgx-h100", 64, "all_gather_v", None), ("dgx-h100", 64, "broadcast", None),
     ("dgx-h100", 64, "all_reduce", "ring"), ("gb200-nvl72", 1440, "all_reduce", None),
+    ("gb300-nvl72", 144, "all_reduce", "hierarchical"), ("gb300-nvl72", 288, "reduce_scatter", "hierarchical"),
+    ("dgx-h100", 32, "all_reduce", "nvls_tree"),
 ]
 
 

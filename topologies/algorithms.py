@@ -5,14 +5,26 @@ Structure follows NCCL's own tuner (``src/graph/tuning.cc``, 2.30.7, reference �
 
 - **latency** = base + per-step latency by link class. Ring all-reduce takes 2(n−1) steps, of
   which 2(D−1) cross the network (D domains); ring AG/RS take n−1 (D−1 network); tree all-reduce
-  takes 2·((g−1) NVLink + log2(D) network) steps; NVLS a flat 25 µs. Multi-domain ring latency is
-  multiplied by NCCL's 1.4 "plateau" factor. Simple-protocol constants (the defaults of the
-  communication fields of :class:`~topologies.hardware.EfficiencyFactors`).
+  takes 2·((g−1) NVLink + log2(D) network) steps; NVLS a flat 25 µs; NVLSTree 25 µs + 2·log2(D)
+  network tree levels of 20.9 µs. Multi-domain ring latency is multiplied by NCCL's 1.4 "plateau"
+  factor, and its NVLink steps cost at least NCCL's host "net overhead". Simple-protocol constants
+  (the defaults of the communication fields of :class:`~topologies.hardware.EfficiencyFactors`).
 - **bandwidth** per GPU and direction on the bottleneck link class: NVLink at the NCCL effective
-  rate (80 % of the link rate on Blackwell, 82 % on Hopper), NVLS additionally × nvlsEfficiency
-  (0.74 Blackwell, 0.85 Hopper), tree × 0.92, NIC at 97 % of line rate. A multi-domain ring runs
-  one channel per NIC, so its bandwidth is min(NVLink, g × NIC) for g ranks per domain [S51] (this
-  reproduces the IB-only GB200 NVL4 → 197 and NVL8 → 394 GB/s of [S54]).
+  rate (40.1 of 50 GB/s per link on Blackwell, 20.6 of 25 on Hopper), tree × 0.92, NIC at 97 % of
+  line rate. A multi-domain ring runs one channel per NIC, so its bandwidth is min(NVLink, g × NIC)
+  for g ranks per domain [S51] (this reproduces the IB-only GB200 NVL4 → 197 and NVL8 → 394 GB/s
+  of [S54]).
+- **NVLS all-reduce** follows NCCL's model, which rates the **busbw**, not the wire: busbw =
+  2 × (effective NVLink per GPU) × nvlsEfficiency (0.74 Blackwell, 0.85 Hopper) × the named
+  ``nvls_all_reduce_efficiency`` (achieved / NCCL estimate, derived from the H100 8-GPU figure
+  only), the same at every n (measured: H100-8 479, B200-8 830+, GB200-8 811, GB200-72 839 GB/s
+  [S10] [S32] [S53] [S29]); algbw = busbw·n/(2(n−1)). The wire, S(1+1/n) per GPU per direction,
+  bounds it from below for small n. NVLS AG/RS/broadcast keep NCCL's estimate (no measurement).
+- **NVLSTree** (NVLS inside each domain, a double binary tree of domains across; NCCL's multi-node
+  NVLS all-reduce): the in-domain NVLS stage and the tree stage are pipelined chunk by chunk, so the
+  slower one bounds. The tree runs on ``nvls_tree_channels`` heads per domain (one channel per head,
+  each head on its own NIC); the busiest head moves (tree degree)·S/2 per channel share; NCCL's
+  per-channel busbw caps (Blackwell 96 GB/s for 2 domains, 80 for more) bound the total.
 - **size-dependent efficiency**: bandwidth rises with message size because NCCL splits each
   rank's chunk over channels and pipeline slots and switches protocol; modelled as the smooth
   curve x / (x + x_half) of the per-rank chunk x = S/n, with a named x_half per algorithm class
@@ -28,9 +40,9 @@ Bytes per GPU per direction (what the bottleneck link carries), S in nccl-tests 
 - tree all-reduce: a chain inside a domain carries S up and S down (2S per GPU); across domains
   the busiest node of a double binary tree sends and receives (tree degree)·S/2 (S for D = 2,
   1.5·S for D = 3, up to 2S), spread over its g NICs;
-- hierarchical: reduce-scatter inside the domain, all-reduce of S/g per GPU across domains (g
-  parallel rails), all-gather inside the domain; the phases add (NCCL synchronises them per chunk,
-  the sum is the conservative bound);
+- NVLSTree: S(1+1/g) on NVLink per GPU; (tree degree)·S/(2h) on each of the h heads' NICs;
+- hierarchical (forced only, :mod:`topologies.hierarchical`): RS inside the domain, AR of S/g
+  per GPU across domains on g parallel rails, AG inside; the phases add;
 - all-to-all: (g−1)/n·S over NVLink and (n−g)/n·S over the NIC, concurrently; a GPU cannot borrow
   other GPUs' NICs for all-to-all [S39].
 """
@@ -49,8 +61,10 @@ from topologies.hardware import EfficiencyFactors, SystemSpec
 class Links:
     """Effective per-GPU rates (bytes/s per direction) and latencies of one system."""
 
+    nvlink_raw_Bps: float  # nominal NVLink per GPU (links × rate)
     nvlink_Bps: float  # NCCL effective NVLink per GPU (links × rate × nvlink_bandwidth)
-    nvls_Bps: float  # NVLS effective per GPU (× nvls_bandwidth)
+    nvls_Bps: float  # NCCL's NVLS rate per GPU (× nvls_bandwidth): AG/RS/broadcast
+    nvls_all_reduce_busbw_Bps: float  # NVLS all-reduce busbw plateau, independent of n
     alltoall_nvlink_Bps: float  # NVLink rate achieved by all-to-all dispatch/combine
     nic_Bps: float  # achieved NIC rate per GPU (all NICs of the GPU)
     nvls: bool
@@ -72,8 +86,10 @@ def links_for(system: SystemSpec) -> Links:
     e, nv, so = system.efficiency, system.nvlink, system.scale_out
     raw_nvl = nv.gpu_bandwidth_Bps
     return Links(
+        nvlink_raw_Bps=raw_nvl,
         nvlink_Bps=raw_nvl * e.nvlink_bandwidth,
         nvls_Bps=raw_nvl * e.nvlink_bandwidth * e.nvls_bandwidth,
+        nvls_all_reduce_busbw_Bps=2 * raw_nvl * e.nvlink_bandwidth * e.nvls_bandwidth * e.nvls_all_reduce_efficiency,
         alltoall_nvlink_Bps=raw_nvl * e.alltoall_bandwidth,
         nic_Bps=so.nic_bandwidth_Bps * so.nics_per_gpu * e.network_bandwidth,
         nvls=nv.nvls and nv.switch_chips > 0,
@@ -127,7 +143,13 @@ def _ring_bw_Bps(shape: GroupShape, lk: Links) -> float:
 
 
 def _ring_latency_s(steps: int, inter_steps: int, multi_domain: bool, e: EfficiencyFactors) -> float:
-    lat = (steps - inter_steps) * e.nvlink_step_latency_s + inter_steps * e.network_step_latency_s
+    """NCCL ring latency (s): base + intra steps × NVLink step + inter steps × network step.
+
+    Across domains an NVLink step costs at least the host net overhead, and the step sum is
+    multiplied by the plateau factor (tuning.cc [S27]).
+    """
+    intra = max(e.nvlink_step_latency_s, e.network_host_overhead_s) if multi_domain else e.nvlink_step_latency_s
+    lat = (steps - inter_steps) * intra + inter_steps * e.network_step_latency_s
     if multi_domain:
         lat *= e.ring_plateau_latency_factor
     return e.collective_base_latency_s + lat
@@ -217,48 +239,72 @@ def tree_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate
                     e.nvlink_bandwidth * eff, e.network_bandwidth * eff)
 
 
-def nvls_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
-    """NVLink SHARP inside one domain: S(1+1/n) per direction at the NVLS rate, flat latency."""
-    return _nvls(size_bytes * (1 + 1 / shape.size), size_bytes, shape, lk)
+def _achieved(nbytes: float, seconds: float, nominal_Bps: float, fallback: float) -> float:
+    """Achieved fraction nbytes / (seconds × nominal) of a link class (``fallback`` when idle)."""
+    return nbytes / (seconds * nominal_Bps) if seconds > 0 and nbytes > 0 else fallback
 
 
-def inter_shape(shape: GroupShape) -> GroupShape:
-    """The per-rail group across domains of a hierarchical collective (one rank per domain)."""
-    return GroupShape(size=shape.domains, ranks_per_domain=1, domains=shape.domains, tiers=shape.tiers)
+def nvls_all_reduce_transfer_s(size_bytes: float, ranks: int, lk: Links) -> float:
+    """Seconds to move an NVLS all-reduce of ``size_bytes`` over ``ranks`` GPUs of one domain.
 
-
-def _best(estimates: list[Estimate]) -> Estimate:
-    return min(estimates, key=lambda est: est.time_s)
-
-
-def hierarchical_parts(op: str, size_bytes: float, shape: GroupShape, lk: Links) -> tuple[Estimate, Estimate]:
-    """(phase inside each domain on S, phase across domains on S/g per rail), in execution order.
-
-    All-reduce: NVLS or ring all-reduce inside (= reduce-scatter + all-gather on the domain's
-    links) then ring or tree across; reduce-scatter: inside first; all-gather: across first.
+    NCCL's model: busbw = ``lk.nvls_all_reduce_busbw_Bps`` whatever n, so the time is
+    2(n−1)/n·S / busbw (× the size efficiency of the per-rank chunk S/n); never faster than the
+    wire, S(1+1/n) per GPU per direction at the effective NVLink rate.
     """
-    g = shape.ranks_per_domain
-    inner, across = GroupShape.single_domain(g), inter_shape(shape)
-    if op == "all_reduce":
-        intra = _best([ring_all_reduce(size_bytes, inner, lk)] + ([nvls_all_reduce(size_bytes, inner, lk)] if lk.nvls else []))
-        inter = _best([ring_all_reduce(size_bytes / g, across, lk), tree_all_reduce(size_bytes / g, across, lk)])
-        return intra, inter
-    intra = _best([ring_gather(size_bytes, inner, lk)] + ([nvls_gather(size_bytes, inner, lk)] if lk.nvls else []))
-    inter = ring_gather(size_bytes / g, across, lk)
-    return (inter, intra) if op == "all_gather" else (intra, inter)
+    sat = _sat(size_bytes / ranks, lk.eff, "nvls")
+    model = 2 * (ranks - 1) / ranks * size_bytes / (lk.nvls_all_reduce_busbw_Bps * sat)
+    wire = size_bytes * (1 + 1 / ranks) / (lk.nvlink_Bps * sat)
+    return max(model, wire)
 
 
-def _hierarchical(op: str, size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
-    first, second = hierarchical_parts(op, size_bytes, shape, lk)
-    intra, inter = (second, first) if op == "all_gather" else (first, second)
-    return Estimate(f"hierarchical({intra.algorithm}+{inter.algorithm})", first.latency_s + second.latency_s,
-                    first.transfer_s + second.transfer_s, intra.nvlink_bytes, inter.network_bytes,
-                    parts=(first, second))
+def nvls_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """NVLink SHARP inside one domain: n-independent busbw (NCCL's model), flat latency."""
+    e, n = lk.eff, shape.size
+    t = nvls_all_reduce_transfer_s(size_bytes, n, lk)
+    wire = size_bytes * (1 + 1 / n)
+    sat = _sat(size_bytes / n, e, "nvls")
+    return Estimate("nvls", e.nvls_latency_s, t, wire, 0.0,
+                    _achieved(wire, t, lk.nvlink_raw_Bps, e.nvlink_bandwidth * sat), e.network_bandwidth * sat)
 
 
-def hierarchical_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
-    """RS + AG inside each domain (NVLS or ring, as one all-reduce) + ring/tree AR of S/g across."""
-    return _hierarchical("all_reduce", size_bytes, shape, lk)
+def nvls_tree_heads(ranks_per_domain: int, e: EfficiencyFactors) -> int:
+    """NVLSTree heads (= channels) per domain: ``nvls_tree_channels``, at most one per rank."""
+    return max(1, min(e.nvls_tree_channels, ranks_per_domain))
+
+
+def nvls_tree_head_slots(ranks_per_domain: int, heads: int) -> tuple[int, ...]:
+    """Which of a domain's ranks (by position) are heads: spread evenly over the domain."""
+    return tuple(sorted({(k * ranks_per_domain) // heads for k in range(heads)}))
+
+
+def nvls_tree_all_reduce(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
+    """NCCL NVLSTree: NVLS inside each domain pipelined with a double binary tree across domains.
+
+    Stages (the slowest bounds, NCCL pipelines chunks through them):
+
+    - inside: an NVLS all-reduce of S over the domain's g ranks (n-independent busbw);
+    - across: h = ``nvls_tree_heads`` heads per domain, each carrying S/h through a double binary
+      tree of the D domains on its own NIC: (tree degree)·S/(2h) per direction, size efficiency
+      of its per-rank chunk S/(h·D);
+    - NCCL's per-channel cap: busbw ≤ h × cap (96 GB/s per channel for 2 domains, 80 for more).
+
+    Latency: NVLS's flat 25 µs + 2·log2(D) network tree levels (NCCL's NVLSTree latency; its
+    base latency is 0 as for NVLS, and the fabric's own latencyInter is not modelled).
+    """
+    n, g, d, e = shape.size, shape.ranks_per_domain, shape.domains, lk.eff
+    h = nvls_tree_heads(g, e)
+    t_intra = nvls_all_reduce_transfer_s(size_bytes, g, lk)
+    head_bytes = tree_network_factor(d) * size_bytes / h
+    sat_net = _sat(size_bytes / (h * d), e)
+    t_inter = head_bytes / (lk.network_Bps(shape) * sat_net)
+    cap = e.nvls_tree_channel_cap_2_domains_Bps if d == 2 else e.nvls_tree_channel_cap_Bps
+    t_cap = 2 * (n - 1) / n * size_bytes / (h * cap)
+    t = max(t_intra, t_inter, t_cap)
+    lat = e.nvls_latency_s + 2 * log2(d) * e.nvls_tree_network_step_latency_s
+    wire = size_bytes * (1 + 1 / g)
+    return Estimate("nvls_tree", lat, t, wire, head_bytes,
+                    _achieved(wire, max(t_intra, t_cap), lk.nvlink_raw_Bps, e.nvlink_bandwidth),
+                    e.network_bandwidth * sat_net)
 
 
 # --------------------------------------------------------------- reduce-scatter / all-gather
@@ -283,16 +329,6 @@ def pat_gather(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
     eff = e.pat_bandwidth * _sat(size_bytes / n, e)
     return Estimate("pat", lat, traffic / (lk.network_Bps(shape) * eff), 0.0, traffic,
                     e.nvlink_bandwidth * eff, e.network_bandwidth * eff)
-
-
-def hierarchical_reduce_scatter(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
-    """Reduce-scatter inside each domain (NVLS or ring) then ring reduce-scatter of S/g across."""
-    return _hierarchical("reduce_scatter", size_bytes, shape, lk)
-
-
-def hierarchical_all_gather(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:
-    """Ring all-gather of S/g across domains then all-gather inside each (NVLS or ring)."""
-    return _hierarchical("all_gather", size_bytes, shape, lk)
 
 
 def direct_gather_v(size_bytes: float, shape: GroupShape, lk: Links) -> Estimate:

@@ -10,14 +10,21 @@ Public API (stable; the step engines call it):
   pure arithmetic and cached (no graph). The analytic engine calls it ~100 times per scenario.
 - :func:`collective_cost`: the same with details (:class:`CollectiveCost`: algorithm chosen,
   algbw/busbw as nccl-tests reports them, bytes per GPU per link class, every candidate's time).
-- :func:`eligible_algorithms`, :func:`algorithm_estimate`, :func:`bus_factor`, :data:`OPS`,
-  :data:`ALGORITHMS`.
+- :func:`eligible_algorithms` (the tuner's candidates), :func:`forceable_algorithms`,
+  :func:`algorithm_estimate`, :func:`bus_factor`, :data:`OPS`, :data:`ALGORITHMS`.
 
 Algorithms: ``ring``, ``tree`` (all-reduce), ``nvls`` (one NVLink domain with NVLink SHARP),
-``hierarchical`` (NVLS or ring inside domains + ring/tree across), ``pat`` (AG/RS with one rank per
-domain), ``direct`` (all-to-all, send_recv, all_gather_v). Without ``algorithm`` the tuner picks the
-eligible one with the smallest predicted time, as NCCL's tuner does; a forced algorithm that is not
-eligible is a one-line UserInputError. Formulas and sources: :mod:`topologies.algorithms`.
+``nvls_tree`` (all-reduce across domains: NVLS inside, tree across, NCCL's NVLSTree), ``pat``
+(AG/RS with one rank per domain), ``direct`` (all-to-all, send_recv, all_gather_v), and
+``hierarchical`` (NVLS or ring inside domains + ring/tree across on every rail).
+
+The tuner considers what NCCL 2.26 (reference §5.2 [S27]) would: with MNNVL each NVLink domain is
+one NCCL node, NVLS runs only inside one node (it is disabled for nNodes > 1 without CollNet), so
+an all-reduce across domains chooses among ring, tree and NVLSTree; AG/RS across domains among ring
+and PAT (one rank per node). Without ``algorithm`` the tuner picks the one with the smallest
+predicted time. ``hierarchical`` is an idealised algorithm NCCL does not have: it runs only when
+forced (:func:`forceable_algorithms`). A forced algorithm that cannot run is a one-line
+UserInputError. Formulas and sources: :mod:`topologies.algorithms`.
 """
 
 from __future__ import annotations
@@ -27,12 +34,13 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 from topologies import algorithms as alg
+from topologies import hierarchical as hier
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from topologies.inputs import UserInputError
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_gather_v", "broadcast", "all_to_all", "send_recv")
-ALGORITHMS = ("ring", "tree", "nvls", "hierarchical", "pat", "direct")
+ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "hierarchical", "pat", "direct")
 
 Formula = Callable[[float, GroupShape, alg.Links], alg.Estimate]
 
@@ -44,7 +52,7 @@ class CollectiveCost:
     op: str
     size_bytes: float
     group_size: int
-    algorithm: str  # the family (ring, tree, nvls, hierarchical, pat, direct, none)
+    algorithm: str  # the family (ring, tree, nvls, nvls_tree, hierarchical, pat, direct, none)
     detail: str  # e.g. "hierarchical(nvls+ring)"
     time_s: float
     latency_s: float
@@ -84,22 +92,20 @@ def bus_factor(op: str, n: int) -> float:
 
 
 def _candidates(op: str, shape: GroupShape, lk: alg.Links) -> dict[str, Formula]:
+    """The algorithms NCCL's tuner would consider for ``op`` on this shape (see the module doc)."""
     n, g, d = shape.size, shape.ranks_per_domain, shape.domains
     nvls_ok = lk.nvls and d == 1 and n > 1
-    hier_ok = d > 1 and g > 1
     if op == "all_reduce":
         c: dict[str, Formula] = {"ring": alg.ring_all_reduce, "tree": alg.tree_all_reduce}
         if nvls_ok:
             c["nvls"] = alg.nvls_all_reduce
-        if hier_ok:
-            c["hierarchical"] = alg.hierarchical_all_reduce
+        if lk.nvls and d > 1 and g > 1:
+            c["nvls_tree"] = alg.nvls_tree_all_reduce
         return c
     if op in ("reduce_scatter", "all_gather"):
         c = {"ring": alg.ring_gather}
         if nvls_ok:
             c["nvls"] = alg.nvls_gather
-        if hier_ok:
-            c["hierarchical"] = alg.hierarchical_all_gather if op == "all_gather" else alg.hierarchical_reduce_scatter
         if d > 1 and g == 1:
             c["pat"] = alg.pat_gather
         return c
@@ -117,9 +123,27 @@ def _candidates(op: str, shape: GroupShape, lk: alg.Links) -> dict[str, Formula]
     raise UserInputError(f"unknown collective '{op}'; valid: {', '.join(OPS)}")
 
 
+_HIERARCHICAL: dict[str, Formula] = {"all_reduce": hier.hierarchical_all_reduce,
+                                     "reduce_scatter": hier.hierarchical_reduce_scatter,
+                                     "all_gather": hier.hierarchical_all_gather}
+
+
+def _forceable(op: str, shape: GroupShape, lk: alg.Links) -> dict[str, Formula]:
+    """The tuner's candidates plus the idealised ``hierarchical`` where it can run (forced only)."""
+    c = dict(_candidates(op, shape, lk))
+    if op in _HIERARCHICAL and shape.domains > 1 and shape.ranks_per_domain > 1:
+        c["hierarchical"] = _HIERARCHICAL[op]
+    return c
+
+
 def eligible_algorithms(op: str, shape: GroupShape, system: SystemSpec) -> list[str]:
-    """Algorithms that can run ``op`` on a group of this shape on this system."""
+    """Algorithms the tuner considers for ``op`` on a group of this shape on this system."""
     return list(_candidates(op, shape, alg.links_for(system)))
+
+
+def forceable_algorithms(op: str, shape: GroupShape, system: SystemSpec) -> list[str]:
+    """Algorithms ``--algorithm`` may force: the tuner's plus the idealised ``hierarchical``."""
+    return list(_forceable(op, shape, alg.links_for(system)))
 
 
 def _check(op: str, size_bytes: float, algorithm: str | None) -> None:
@@ -137,7 +161,8 @@ def collective_cost(op: str, size_bytes: float, shape: GroupShape, system: Syste
     """Cost of ``op`` on ``size_bytes`` over a group of ``shape``: time (s), algorithm, bytes.
 
     The tuner evaluates every eligible algorithm and keeps the fastest unless ``algorithm`` forces
-    one. Groups of one rank and empty messages cost nothing (algorithm ``none``).
+    one (``candidates`` then also lists the forced one). Groups of one rank and empty messages cost
+    nothing (algorithm ``none``).
     """
     _check(op, size_bytes, algorithm)
     n = shape.size
@@ -146,9 +171,12 @@ def collective_cost(op: str, size_bytes: float, shape: GroupShape, system: Syste
     lk = alg.links_for(system)
     formulas = _candidates(op, shape, lk)
     if algorithm is not None and algorithm not in formulas:
-        raise UserInputError(
-            f"algorithm '{algorithm}' cannot run {op} on a group of {n} ranks over {shape.domains} "
-            f"NVLink domain(s) of {system.name}; eligible: {', '.join(formulas)}")
+        forceable = _forceable(op, shape, lk)
+        if algorithm not in forceable:
+            raise UserInputError(
+                f"algorithm '{algorithm}' cannot run {op} on a group of {n} ranks over {shape.domains} "
+                f"NVLink domain(s) of {system.name}; eligible: {', '.join(forceable)}")
+        formulas = {**formulas, algorithm: forceable[algorithm]}
     ests = {name: f(float(size_bytes), shape, lk) for name, f in formulas.items()}
     name = algorithm if algorithm is not None else min(ests, key=lambda k: ests[k].time_s)
     est = ests[name]
@@ -164,7 +192,7 @@ def algorithm_estimate(op: str, size_bytes: float, shape: GroupShape, system: Sy
                        algorithm: str) -> alg.Estimate:
     """The :class:`~topologies.algorithms.Estimate` of one eligible algorithm (phases, efficiencies)."""
     _check(op, size_bytes, algorithm)
-    formulas = _candidates(op, shape, alg.links_for(system))
+    formulas = _forceable(op, shape, alg.links_for(system))
     if algorithm not in formulas:
         raise UserInputError(f"algorithm '{algorithm}' cannot run {op} on this group; eligible: {', '.join(formulas)}")
     return formulas[algorithm](float(size_bytes), shape, alg.links_for(system))

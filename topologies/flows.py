@@ -234,6 +234,25 @@ def tree_flows(view: RouteView, gpus: list[int], size_bytes: float) -> list[Flow
     return flows
 
 
+def nvls_tree_flows(view: RouteView, gpus: list[int], size_bytes: float) -> list[Flow]:
+    """NVLSTree: NVLS flows inside each domain plus a double binary tree of domains on the heads.
+
+    The heads (``algorithms.nvls_tree_head_slots``) each carry S/h, half through each tree, on
+    their own rail; both stages run at once (one phase), as NCCL pipelines them.
+    """
+    doms = _by_domain(gpus, view.layout.domain_size)
+    flows = [f for members in doms for f in nvls_flows(view, members, *(size_bytes * (1 + 1 / len(members)),) * 2)]
+    g = min(len(d) for d in doms)
+    h = alg.nvls_tree_heads(g, view.system.efficiency)
+    share = size_bytes / h / 2
+    for tree in alg.double_binary_tree(len(doms)):
+        for parent, child in tree:
+            for j in alg.nvls_tree_head_slots(g, h):
+                a, b = doms[child][j], doms[parent][j]
+                flows += [view.flow(a, b, share), view.flow(b, a, share)]
+    return flows
+
+
 def pairwise_flows(view: RouteView, gpus: list[int], per_pair: float) -> list[Flow]:
     """Every GPU sends ``per_pair`` bytes to every other (all-to-all, grouped send/recv)."""
     if len(gpus) <= PAIRWISE_LIMIT:
@@ -280,6 +299,8 @@ def _pattern(op: str, name: str, S: float, gpus: list[int], view: RouteView) -> 
         return nvls_flows(view, gpus, *out_in)
     if name == "tree":
         return tree_flows(view, gpus, S)
+    if name == "nvls_tree":
+        return nvls_tree_flows(view, gpus, S)
     traffic = {"all_reduce": 2 * (n - 1) / n * S, "broadcast": S}.get(op, (n - 1) / n * S)
     return ring_flows(view, gpus, traffic)  # ring and pat
 
