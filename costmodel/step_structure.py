@@ -10,8 +10,9 @@ Which collectives are on the critical path (explicit, per Megatron-Core's defaul
   ``EfficiencyFactors.tp_comm_overlap`` (TE userbuffers; default 0).
 - **CP** (ring exchange of K and V, forward; K/V again plus their gradients, backward): overlapped
   with the attention core (ring attention); only the excess over attention compute is exposed.
-- **EP** (all-to-all dispatch and combine per MoE layer, forward and backward; with etp > 1 an
-  all-gather / reduce-scatter of the dispatched tokens over etp): exposed (no A2A overlap).
+- **EP** (dispatch and combine per MoE layer, forward and backward: the flex/HybridEP dispatcher of
+  the published recipes, de-duplicated per NVLink domain, :mod:`costmodel.moe_dispatch`; with
+  etp > 1 an all-gather / reduce-scatter of the dispatched tokens over etp): exposed (no A2A overlap).
 - **PP** point-to-point: asynchronous sends of ``sp_tokens·h`` BF16 per micro-batch; they cost time
   through the schedule's dependencies (see :mod:`costmodel.pipeline`).
 - **DP**: gradient reduce-scatter per bucket (from the optimizer plan) overlapped with backward
@@ -29,6 +30,7 @@ from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
 from costmodel.compute import operation_time_s
+from costmodel.moe_dispatch import dispatch_cost
 from costmodel.optimizer.plan_types import OptimizerPlan
 from topologies.collectives import collective_cost
 from topologies.groups import GroupShape
@@ -306,7 +308,7 @@ def _layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[st
     if is_moe and model.moe is not None:
         send = shape.sp_tokens * model.moe.topk * h * ACT_BYTES
         if eps.size > 1:
-            a2a = _coll("all_to_all", send, eps, system)
+            a2a = dispatch_cost(shape.sp_tokens, h, model.moe.num_experts, model.moe.topk, eps, system)
             fwd["ep"].add(a2a, 2)
             bwd["ep"].add(a2a, 2)
         etps = shapes["etp"]
