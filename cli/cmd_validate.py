@@ -1,9 +1,285 @@
-"""`muonsim validate` (not implemented yet)."""
+"""``muonsim validate`` and ``muonsim calibrate``: the model against measured runs.
+
+``validate`` predicts every supported run (CSV/JSON of the measured-run schema, Megatron training
+logs, reference-backend JSON, or a shipped dataset) and reports the errors; ``calibrate`` fits the
+named efficiency factors and writes a profile, reporting held-out (grouped k-fold) error.
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+from cli.common import CliError, print_json, user_errors, with_scenario_flags, write_text_atomically
+
+RunsArg = Annotated[list[Path] | None, typer.Argument(
+    help="runs files: CSV/JSON of the measured-run schema, Megatron training logs (.log/.txt/.out), "
+         "reference-backend JSON", show_default=False)]
+DatasetOpt = Annotated[list[str] | None, typer.Option(
+    "--dataset", metavar="NAME", help="a shipped dataset (megatron-bridge); repeatable")]
+WarmupOpt = Annotated[int, typer.Option("--warmup", min=0, help="Megatron logs: warm-up iterations to skip")]
 
 
 def register(app: typer.Typer) -> None:
-    """Nothing registered yet."""
+    app.command("validate")(validate)
+    app.command("calibrate")(calibrate)
+
+
+def _gather_runs(paths: list[Path] | None, datasets: list[str] | None, flags: dict[str, str],
+                 warmup: int) -> tuple[list[Any], str]:
+    """All runs from files and datasets (one-line errors), and a description of where they came from."""
+    from workloads.datasets import get_dataset
+    from workloads.loaders import LOG_SUFFIXES, load_many
+
+    paths = list(paths or [])
+    datasets = list(datasets or [])
+    if not paths and not datasets:
+        from workloads.datasets import dataset_names
+
+        raise CliError("give runs files (CSV, JSON, Megatron logs) or --dataset NAME "
+                       f"(shipped: {', '.join(dataset_names())})")
+    if flags and not any(p.suffix.lower() in LOG_SUFFIXES for p in paths):
+        raise CliError(f"scenario flags ({', '.join(sorted(flags))}) describe training logs; "
+                       "no log file was given (CSV and JSON runs carry their own scenario)")
+    files = [get_dataset(d).path for d in datasets] + paths
+    runs = load_many(files, flags, warmup)
+    where = ", ".join([f"dataset {d}" for d in datasets] + [p.name for p in paths])
+    return runs, where
+
+
+def _calibration(path: Path | None, datasheet: bool) -> Any:
+    from costmodel.calibration import default_profile, load_profile
+
+    if path is not None and datasheet:
+        raise CliError("--calibration and --datasheet exclude each other")
+    if datasheet:
+        return None
+    return load_profile(path) if path is not None else default_profile()
+
+
+def _fmt(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None or value != value else format(value, spec)
+
+
+@user_errors
+@with_scenario_flags
+def validate(
+    runs_files: RunsArg = None,
+    dataset: DatasetOpt = None,
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", help="calibration profile YAML (default: the built-in profile)")] = None,
+    datasheet: Annotated[bool, typer.Option("--datasheet", help="no calibration: datasheet factors")] = False,
+    engine: Annotated[str, typer.Option("--engine", help="analytic or des")] = "analytic",
+    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    html: Annotated[Path | None, typer.Option("--html", help="write a plotly scatter + histogram page")] = None,
+    warmup: WarmupOpt = 10,
+    *, scenario_flags: dict[str, str],
+) -> None:
+    """How wrong is the model on measured runs? Predicted vs measured, MAPE, bias, worst case, Kendall τ."""
+    from costmodel.validation import validate_runs
+
+    runs, where = _gather_runs(runs_files, dataset, scenario_flags, warmup)
+    profile = _calibration(calibration, datasheet)
+    reference_runs = [r for r in runs if r.phase_times_s or r.collectives]
+    step_runs = [r for r in runs if not (r.phase_times_s or r.collectives)]
+    report = validate_runs(step_runs, profile, engine) if step_runs else None
+    reference = _reference_checks(reference_runs, profile) if reference_runs else []
+    if html is not None:
+        if report is None or not report.rows:
+            raise CliError("--html needs at least one supported step-time run")
+        from costmodel.validation_figures import validation_html
+
+        m = report.metrics
+        summary = (f"{m.n} runs from {where}; calibration {report.calibration}; MAPE {m.mape_pct:.1f} %, "
+                   f"bias {m.bias_pct:+.1f} %, worst {m.max_ape_pct:.1f} %")
+        write_text_atomically(html, validation_html(report.rows, summary))
+    if json_out:
+        data: dict[str, Any] = report.to_json_dict() if report else {"n": 0, "rows": [], "unsupported": []}
+        if reference:
+            data["reference"] = [c.to_json_dict() for c in reference]
+        print_json(data)
+        return
+    if report is not None:
+        _print_validation(report, where)
+    for check in reference:
+        _print_reference(check)
+    if html is not None:
+        typer.echo(f"wrote {html}")
+
+
+def _reference_checks(runs: list[Any], profile: Any) -> list[Any]:
+    from costmodel.reference_check import check_reference_run
+
+    if profile is None or profile.local is None:
+        raise CliError("reference runs (with phase_times_s) need --calibration with a local profile "
+                       "from 'muonsim calibrate --microbench --out local.yaml'")
+    return [check_reference_run(r, profile.local, _reference_model(r)) for r in runs]
+
+
+def _reference_model(run: Any) -> Any:
+    """The ModelSpec of a reference run's shapes (presets live in the reference package)."""
+    from costmodel.reference_check import run_config
+
+    shapes = str(run_config(run).get("shapes", "tiny"))
+    try:
+        from reference.workload import load_shapes
+    except ImportError as err:  # torch missing: only model files and catalogue names work
+        from workloads.models import load_model
+
+        if shapes.endswith((".yaml", ".yml")) or "/" in shapes:
+            return load_model(shapes)
+        raise CliError(f"reference run '{run.run_id}' uses shapes '{shapes}', which needs the reference "
+                       f"package ({err})") from None
+    return load_shapes(shapes)
+
+
+def _print_validation(report: Any, where: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 120))
+    table = Table(title=f"predicted vs measured step time ({where}; calibration: {report.calibration}, "
+                        f"engine {report.engine})")
+    for col in ("run", "measured s", "predicted s", "error %"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for r in sorted(report.rows, key=lambda r: (r.system, r.model, r.run_id)):
+        mark = " *" if r.in_training_set else ""
+        table.add_row(r.run_id + mark, f"{r.measured_step_time_s:.3f}", f"{r.predicted_step_time_s:.3f}",
+                      f"{r.error_pct:+.1f}")
+    console.print(table)
+    if report.n_in_training_set:
+        console.print(f"* {report.n_in_training_set} runs are in the profile's training set: their error is "
+                      "training error (see 'muonsim calibrate' for held-out error)")
+    if report.unsupported:
+        console.print(f"unsupported runs ({len(report.unsupported)}), not predicted:")
+        for u in report.unsupported:
+            console.print(f"  {u.run_id}: {u.reason}", markup=False)
+    summary = Table(title="errors by system")
+    for col in ("system", "n", "MAPE %", "median APE %", "bias %", "worst %", "Kendall τ"):
+        summary.add_column(col, justify="left" if col == "system" else "right")
+    for name, m in [*report.by_system.items(), ("overall", report.metrics)]:
+        summary.add_row(name, str(m.n), _fmt(m.mape_pct), _fmt(m.median_ape_pct), _fmt(m.bias_pct, "+.1f"),
+                        _fmt(m.max_ape_pct), _fmt(m.kendall_tau, ".2f"))
+    console.print(summary)
+
+
+def _print_reference(check: Any) -> None:
+    typer.echo(f"reference run {check.run_id}:")
+    for line in check.summary_lines():
+        typer.echo(f"  {line}")
+
+
+@user_errors
+@with_scenario_flags
+def calibrate(
+    runs_files: RunsArg = None,
+    dataset: DatasetOpt = None,
+    out: Annotated[Path | None, typer.Option("--out", help="profile YAML to write")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="profile name (default: the output file's stem)")] = None,
+    factors: Annotated[str | None, typer.Option(
+        "--factors", help="comma-separated EfficiencyFactors to fit per system")] = None,
+    release_factors: Annotated[str | None, typer.Option(
+        "--release-factors", help="factors refined per release ('' = none)")] = None,
+    min_release_runs: Annotated[int, typer.Option("--min-release-runs", min=2)] = 6,
+    folds: Annotated[int, typer.Option("--folds", min=2, help="held-out folds (by configuration)")] = 5,
+    no_cv: Annotated[bool, typer.Option("--no-cv", help="skip the held-out evaluation")] = False,
+    loss: Annotated[str, typer.Option("--loss", help="soft_l1, huber or linear")] = "soft_l1",
+    microbench: Annotated[bool, typer.Option(
+        "--microbench", help="measure this machine (GEMM, gloo α-β) instead of fitting runs")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    warmup: WarmupOpt = 10,
+    *, scenario_flags: dict[str, str],
+) -> None:
+    """Fit the named efficiency factors to measured runs; report held-out error; write a profile."""
+    if out is None:
+        raise CliError("--out PROFILE.yaml is required")
+    if out.parent and not out.parent.exists():
+        raise CliError(f"directory '{out.parent}' does not exist")
+    if microbench:
+        if runs_files or dataset:
+            raise CliError("--microbench measures this machine; do not give runs with it")
+        _microbench(out, name, json_out)
+        return
+    from costmodel.fit import DEFAULT_FACTORS, DEFAULT_RELEASE_FACTORS, FitSettings
+    from costmodel.fit_runs import calibrate as run_calibration
+
+    runs, where = _gather_runs(runs_files, dataset, scenario_flags, warmup)
+    fitted = _factor_list(factors, DEFAULT_FACTORS)
+    per_release = _factor_list(release_factors, DEFAULT_RELEASE_FACTORS)
+    try:
+        settings = FitSettings(factors=fitted, release_factors=tuple(f for f in per_release if f in fitted),
+                               loss=loss, folds=folds, min_release_runs=min_release_runs)
+    except ValueError as err:
+        raise CliError(str(err)) from None
+
+    def progress(msg: str) -> None:
+        if not json_out:
+            print(msg, file=sys.stderr, flush=True)
+
+    report = run_calibration(runs, settings, name=name or out.stem, fitted_on=f"{where} ({len(runs)} runs)",
+                             cross_validate=not no_cv, progress=progress)
+    if not report.result.fits.systems:
+        raise CliError("no supported run to fit (all runs are unsupported; see 'muonsim validate')")
+    write_text_atomically(out, report.profile.to_yaml())
+    if json_out:
+        print_json(report.to_json_dict())
+        return
+    _print_calibration(report)
+    typer.echo(f"wrote {out}")
+
+
+def _factor_list(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    if text is None:
+        return default
+    return tuple(f.strip() for f in text.split(",") if f.strip())
+
+
+def _print_calibration(report: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 120))
+    fac = Table(title="fitted factors per system (± 1 σ)")
+    fac.add_column("system")
+    fac.add_column("runs", justify="right")
+    fac.add_column("factors")
+    fac.add_column("releases refined")
+    for system, cal in report.profile.systems.items():
+        text = ", ".join(f"{k} {v:.3g} ± {cal.uncertainty.get(k, float('nan')):.2g}" for k, v in cal.factors.items())
+        fac.add_row(system, str(cal.n_runs), text or "(none identifiable)", ", ".join(cal.releases) or "-")
+    console.print(fac)
+    table = Table(title="step-time error: held-out (grouped k-fold by configuration) vs training vs datasheet")
+    for col in ("scope", "n", "held-out MAPE %", "bias %", "median %", "worst %", "Kendall τ",
+                "train MAPE %", "datasheet MAPE %"):
+        table.add_column(col, justify="left" if col == "scope" else "right")
+    for scope, kinds in report.metrics_table().items():
+        h, t, d = kinds.get("heldout"), kinds.get("train"), kinds.get("datasheet")
+        table.add_row(scope, str((h or t).n), _fmt(h.mape_pct if h else None), _fmt(h.bias_pct if h else None, "+.1f"),
+                      _fmt(h.median_ape_pct if h else None), _fmt(h.max_ape_pct if h else None),
+                      _fmt(h.kendall_tau if h else None, ".2f"), _fmt(t.mape_pct if t else None),
+                      _fmt(d.mape_pct if d else None))
+    console.print(table)
+    if report.unsupported:
+        console.print(f"{len(report.unsupported)} unsupported runs were not used:")
+        for u in report.unsupported:
+            console.print(f"  {u.run_id}: {u.reason}", markup=False)
+
+
+def _microbench(out: Path, name: str | None, json_out: bool) -> None:
+    from costmodel.calibration import CalibrationProfile
+    from costmodel.microbench import measure_local
+
+    local = measure_local(progress=None if json_out else (lambda m: print(m, file=sys.stderr, flush=True)))
+    profile = CalibrationProfile(name=name or out.stem, fitted_on=f"microbenchmarks on {local.machine}", local=local)
+    write_text_atomically(out, profile.to_yaml())
+    if json_out:
+        print_json(profile.model_dump(mode="json"))
+        return
+    typer.echo("GEMM: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in local.gemm_flops_per_s.items()))
+    for op, fit in local.collectives.items():
+        typer.echo(f"gloo {op} ({local.world_size} ranks): alpha {fit.alpha_s * 1e6:.0f} us, "
+                   f"beta {fit.beta_Bps / 1e9:.2f} GB/s")
+    typer.echo(f"wrote {out}")

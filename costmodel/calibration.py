@@ -15,7 +15,8 @@ A profile is a YAML file a user can read and edit::
 
 Factor names are the fields of :class:`topologies.hardware.EfficiencyFactors`. Applying a profile
 replaces those factors of the scenario's system (the release entry, when a release is given and
-present, on top of the system entry); systems the profile does not mention keep their datasheet
+the profile has an entry for it or for its family ``26.04`` of ``26.04.01``, on top of the system
+entry); systems the profile does not mention keep their datasheet
 defaults. ``muonsim calibrate`` writes profiles; the default one fitted on the shipped dataset is
 ``costmodel/data/default_calibration.yaml``. A profile written by ``muonsim calibrate
 --microbench`` also carries ``local``: this machine's measured GEMM rates and gloo collective α-β,
@@ -25,6 +26,7 @@ which ``muonsim validate run.json`` uses to predict reference-backend phase time
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +78,16 @@ class CollectiveFit(BaseModel):
     beta_Bps: float = Field(gt=0)
 
 
+class NewtonSchulzFit(BaseModel):
+    """Newton-Schulz on this machine: time = GEMM time / efficiency + call_overhead_s per NS call."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    efficiency: float = Field(gt=0, le=1.5, description="NS GEMM efficiency relative to plain matmuls (cf. "
+                                                         "EfficiencyFactors.newton_schulz)")
+    call_overhead_s: float = Field(ge=0, description="normalisation, casts and launch cost per NS call")
+
+
 class LocalMeasurements(BaseModel):
     """This machine measured by ``muonsim calibrate --microbench`` (for reference-backend runs)."""
 
@@ -84,10 +96,33 @@ class LocalMeasurements(BaseModel):
     machine: str = ""
     torch_version: str = ""
     threads: int = Field(1, gt=0)
-    gemm_flops_per_s: dict[str, float] = Field(description="torch matmul rate per dtype (bf16, fp32)")
-    newton_schulz_flops_per_s: dict[str, float] = Field(default_factory=dict, description="5-step NS rate per dtype")
+    gemm_flops_per_s: dict[str, float] = Field(description="torch matmul peak rate per dtype (bf16, fp32)")
+    gemm_overhead_s: dict[str, float] = Field(default_factory=dict, description="fixed cost per matmul call per dtype")
+    newton_schulz: dict[str, NewtonSchulzFit] = Field(default_factory=dict, description="5-step quintic NS per dtype")
     world_size: int = Field(2, gt=1)
     collectives: dict[str, CollectiveFit] = Field(default_factory=dict, description="gloo α-β per op")
+
+    def gemm_time_s(self, flops: float, dtype: str = "bf16") -> float:
+        """Seconds for one matmul of ``flops`` FLOPs on this machine (peak rate + per-call cost)."""
+        if dtype not in self.gemm_flops_per_s:
+            raise UserInputError(f"local profile has no {dtype} GEMM rate; measured: {', '.join(self.gemm_flops_per_s)}")
+        return flops / self.gemm_flops_per_s[dtype] + self.gemm_overhead_s.get(dtype, 0.0)
+
+    def newton_schulz_time_s(self, gemms: Sequence[tuple[float, int]], calls: int, dtype: str = "bf16") -> float:
+        """Seconds of NS work given as (GEMM FLOPs, count) pairs over ``calls`` NS calls.
+
+        The GEMMs are timed at the measured matmul rate (:meth:`gemm_time_s`); without a measured
+        NS fit that is the answer, with one it is divided by the NS efficiency and the per-call
+        cost is added.
+        """
+        gemm_s = sum(self.gemm_time_s(f, dtype) * k for f, k in gemms)
+        fit = self.newton_schulz.get(dtype)
+        return gemm_s if fit is None else gemm_s / fit.efficiency + calls * fit.call_overhead_s
+
+    def collective_time_s(self, op: str, size_bytes: float) -> float | None:
+        """α + size/β for a measured op (all_gather_v uses all_gather); None if not measured."""
+        fit = self.collectives.get("all_gather" if op == "all_gather_v" else op)
+        return None if fit is None else fit.alpha_s + size_bytes / fit.beta_Bps
 
 
 class CalibrationProfile(BaseModel):
@@ -98,6 +133,9 @@ class CalibrationProfile(BaseModel):
     systems: dict[str, SystemCalibration] = Field(default_factory=dict)
     cross_validation: dict[str, float] | None = None
     fit_settings: dict[str, Any] | None = None
+    release_multipliers: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="per release family: fitted multiplier of each release factor (informative; "
+                                          "the systems' release entries hold the resulting values)")
     local: LocalMeasurements | None = None
     training_run_ids: list[str] = Field(default_factory=list, description="runs the factors were fitted on")
 
@@ -107,9 +145,18 @@ class CalibrationProfile(BaseModel):
         if cal is None:
             return {}
         factors = dict(cal.factors)
-        if release is not None and release in cal.releases:
-            factors.update(cal.releases[release].factors)
+        entry = self._release_entry(system_name, release)
+        if entry is not None:
+            factors.update(entry.factors)
         return factors
+
+    def _release_entry(self, system_name: str, release: str | None) -> ReleaseCalibration | None:
+        """The entry for ``release`` itself, else for its family ('26.04.01' -> '26.04')."""
+        cal = self.systems.get(system_name)
+        if cal is None or not release:
+            return None
+        family = ".".join(release.split(".")[:2])
+        return cal.releases.get(release) or cal.releases.get(family)
 
     def apply(self, scenario: Scenario, release: str | None = None) -> Scenario:
         """The scenario with this profile's factors for its system (unchanged if none)."""
@@ -126,7 +173,7 @@ class CalibrationProfile(BaseModel):
         """Short description for reports."""
         factors = self.factors_for(system_name, release)
         if factors:
-            rel = f" release {release}" if release and release in self.systems[system_name].releases else ""
+            rel = f" release {release}" if self._release_entry(system_name, release) is not None else ""
             return f"{self.name} ({system_name}{rel}: {len(factors)} fitted factors)"
         return f"{self.name} (no factors for {system_name}: datasheet defaults)"
 
@@ -137,8 +184,9 @@ class CalibrationProfile(BaseModel):
             data.setdefault(key, None)
             if data[key] is None:
                 data.pop(key)
-        if not data.get("training_run_ids"):
-            data.pop("training_run_ids", None)
+        for key in ("training_run_ids", "release_multipliers"):
+            if not data.get(key):
+                data.pop(key, None)
         return yaml.dump(data, Dumper=_ProfileDumper, sort_keys=False, width=110, allow_unicode=True)
 
 

@@ -12,18 +12,20 @@ The fit is a robust, bounded, regularised least-squares problem on **log step ti
 * factors whose step-time sensitivity ``max |∂ log t / ∂ log f|`` over the runs is below
   ``min_sensitivity`` are not fitted at all (they are not identifiable from these runs).
 
-Factors are fitted per system; where a software release has at least ``min_release_runs`` runs,
-a small subset (``release_factors``) is refined per release with a tighter prior centred on the
-system's values (partial pooling). 1-σ uncertainties come from the Jacobian at the solution
+Factors are fitted per system. A software release changes kernels on every system at once, so
+releases are modelled as **multipliers** of a few factors (``release_factors``), one per release
+family (``26.04`` and its patch ``26.04.01`` are one family), pooled over all systems and fitted
+where a family has at least ``min_release_runs`` runs, with a tight prior at 1
+(``release_prior_sigma_log``). 1-σ uncertainties come from the Jacobian at the solution
 (``σ² (JᵀWJ)⁻¹`` with W the robust loss's weights, the prior rows included, and σ the robust
 residual scale; the Jacobian is taken one-sided away from a bound, so a factor that ends on its
 bound still gets an uncertainty).
 
-Held-out error: runs are grouped by **configuration** (everything but the release), and the
-configurations of each system are split into ``folds`` groups; each group is predicted by factors
-fitted without any of its runs (the fold fit starts from the full fit's values, which only speeds
-up convergence: the held-out runs are not in its objective). This is the error reported as the headline; training error is
-reported beside it only for comparison.
+Held-out error: runs are grouped by **configuration** (everything but the release) and the
+configurations of each system are dealt into ``folds`` groups; each group is predicted by
+factors and multipliers fitted without any of its runs (a fold fit starts from the full fit's
+values, which only speeds up convergence: the held-out runs are not in its objective). This is
+the error reported as the headline; training error is reported beside it only for comparison.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from costmodel.fit_surrogate import Linearization, Param, SurrogateProblem, linearize
 from topologies.hardware import EfficiencyFactors
 
 DEFAULT_FACTORS = ("gemm_bf16", "gemm_fp8", "gemm_fp4", "grouped_gemm", "attention",
@@ -52,6 +55,10 @@ FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
     "collective_base_latency_s": (1e-7, 1e-3), "nvls_latency_s": (1e-7, 1e-3),
     "overlap_compute_slowdown": (1e-3, 1.0),
 }
+MULTIPLIER_BOUNDS = (0.5, 2.0)  # a release changes a factor by at most 2x either way
+# prior widths (1 sigma of log f) that differ from FitSettings.prior_sigma_log: the GEMM size at
+# half efficiency is known only to an order of magnitude
+PRIOR_SIGMA_LOG = {"gemm_half_efficiency_flops": 1.5}
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,8 @@ class FitSettings:
     min_sensitivity: float = 0.02
     folds: int = 5
     seed: int = 0
-    max_nfev: int = 60
+    outer_iterations: int = 4  # re-linearisations of the engine at the current solution
+    outer_tolerance: float = 0.002  # stop when surrogate and engine agree to 0.2 % on every run
 
     def __post_init__(self) -> None:
         for name in (*self.factors, *self.release_factors):
@@ -101,20 +109,6 @@ class FactorFit:
     residual_scale_log: float = 0.0
 
 
-@dataclass(frozen=True)
-class SystemFit:
-    system: str
-    fit: FactorFit
-    releases: dict[str, FactorFit] = field(default_factory=dict)
-
-    def factors_for(self, release: str | None) -> dict[str, float]:
-        """System factors, with the release refinement on top when there is one."""
-        out = dict(self.fit.values)
-        if release is not None and release in self.releases:
-            out.update(self.releases[release].values)
-        return out
-
-
 def default_factor_values(names: Sequence[str], defaults: EfficiencyFactors | Mapping[str, float] | None = None) -> dict[str, float]:
     """Datasheet values of ``names`` (from a system's EfficiencyFactors, or the schema defaults)."""
     if defaults is None:
@@ -123,208 +117,252 @@ def default_factor_values(names: Sequence[str], defaults: EfficiencyFactors | Ma
     return {n: float(get(n)) for n in names}
 
 
-class _Evaluator:
-    """log step times of a fixed list of runs at given factor values (with a small memo)."""
+def release_family(release: str) -> str:
+    """The release a patch release belongs to: '26.04.01' -> '26.04' (first two components)."""
+    return ".".join(release.split(".")[:2]) if release else ""
 
-    def __init__(self, runs: Sequence[FitRun], base: Mapping[str, float]) -> None:
-        self.runs = list(runs)
-        self.base = dict(base)
-        self._memo: dict[tuple[str | float, ...], np.ndarray] = {}
-        self.evaluations = 0
 
-    def log_times(self, names: Sequence[str], values: np.ndarray) -> np.ndarray:
-        key = (*names, *np.round(values, 12).tolist())
-        if key in self._memo:
-            return self._memo[key]
-        factors = {**self.base, **dict(zip(names, (float(v) for v in values), strict=True))}
-        out = np.array([math.log(r.predict_s(factors)) for r in self.runs])
-        self.evaluations += len(self.runs)
-        if len(self._memo) < 4096:
-            self._memo[key] = out
+def _clip_factor(name: str, value: float) -> float:
+    lo, hi = FACTOR_BOUNDS[name]
+    return min(max(value, lo), hi)
+
+
+@dataclass(frozen=True)
+class CalibrationFits:
+    """Fitted factors per system and multipliers per release family."""
+
+    systems: dict[str, FactorFit]
+    release_multipliers: dict[str, FactorFit]
+    defaults: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def factors_for(self, system: str, release: str | None = None) -> dict[str, float]:
+        """Fitted factors of ``system``, scaled by the release family's multipliers when fitted."""
+        fit = self.systems.get(system)
+        if fit is None:
+            return {}
+        out = dict(fit.values)
+        mult = self.release_multipliers.get(release_family(release or ""))
+        if mult is not None:
+            base = {**self.defaults.get(system, {}), **out}
+            for name, m in mult.values.items():
+                if name in base:
+                    out[name] = _clip_factor(name, base[name] * m)
+        return out
+
+    def release_entries(self, system: str, releases: Sequence[str]) -> dict[str, FactorFit]:
+        """Per-family factor values (absolute) for the families of ``releases`` that have multipliers."""
+        out: dict[str, FactorFit] = {}
+        for family in sorted({release_family(r) for r in releases}):
+            mult = self.release_multipliers.get(family)
+            if mult is None or system not in self.systems:
+                continue
+            values = self.factors_for(system, family)
+            changed = {n: values[n] for n in mult.values if n in values}
+            sigma = {n: values[n] * mult.sigma[n] / mult.values[n] for n in changed if n in mult.sigma}
+            out[family] = FactorFit(changed, sigma, mult.n_runs)
         return out
 
 
-def sensitivities(runs: Sequence[FitRun], names: Sequence[str], values: Mapping[str, float],
-                  rel_step: float = 0.02) -> np.ndarray:
-    """Matrix ``∂ log t_i / ∂ log f_j`` (runs × factors) by central differences in log f."""
-    ev = _Evaluator(runs, values)
-    x0 = np.log([values[n] for n in names])
-    out = np.zeros((len(runs), len(names)))
-    for j in range(len(names)):
-        hi, lo = x0.copy(), x0.copy()
-        hi[j] += rel_step
-        lo[j] -= rel_step
-        bounds = [FACTOR_BOUNDS[n] for n in names]
-        hi, lo = (np.clip(np.exp(v), [b[0] for b in bounds], [b[1] for b in bounds]) for v in (hi, lo))
-        span = math.log(hi[j]) - math.log(lo[j])
-        if span <= 0:
-            continue
-        out[:, j] = (ev.log_times(names, hi) - ev.log_times(names, lo)) / span
-    return out
-
-
-def fit_factor_set(runs: Sequence[FitRun], names: Sequence[str], center: Mapping[str, float],
-                   settings: FitSettings, prior_sigma_log: float, base: Mapping[str, float] | None = None,
-                   start: Mapping[str, float] | None = None) -> FactorFit:
-    """Fit ``names`` on ``runs``: robust bounded least squares on log step time with a prior at ``center``.
-
-    ``base`` holds factor values applied but not fitted (e.g. the system fit under a release
-    refinement); ``start`` is the initial point (default: ``center``).
-    """
-    from scipy.optimize import least_squares
-
-    base = dict(base or {})
-    point = {**base, **{n: center[n] for n in names}}
-    if not runs:
-        return FactorFit({}, {}, 0, tuple(names))
-    sens = sensitivities(runs, names, point)
-    keep = [n for j, n in enumerate(names) if np.max(np.abs(sens[:, j])) >= settings.min_sensitivity]
-    dropped = tuple(n for n in names if n not in keep)
-    if not keep:
-        return FactorFit({}, {}, len(runs), dropped)
-    ev = _Evaluator(runs, {**base, **{n: center[n] for n in dropped}})
-    measured = np.log([r.measured_step_time_s for r in runs])
-    x_center = np.log([center[n] for n in keep])
-    lower = np.log([FACTOR_BOUNDS[n][0] for n in keep])
-    upper = np.log([FACTOR_BOUNDS[n][1] for n in keep])
-    x_center = np.clip(x_center, lower + 1e-9, upper - 1e-9)
-    x_start = np.log([(start or center).get(n, center[n]) for n in keep])
-    x_start = np.clip(x_start, lower + 1e-9, upper - 1e-9)
-    prior_weight = settings.f_scale / prior_sigma_log
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        data = ev.log_times(keep, np.exp(x)) - measured
-        return np.concatenate([data, prior_weight * (x - x_center)])
-
-    res = least_squares(residuals, x_start, bounds=(lower, upper), loss=settings.loss,
-                        f_scale=settings.f_scale, diff_step=1e-3, max_nfev=settings.max_nfev, x_scale=1.0)
-    data_res = res.fun[: len(runs)]
-    scale = _robust_scale(data_res)
-    jac = _data_jacobian(ev, keep, res.x, lower, upper)
-    weights = _loss_weights(data_res, settings)
-    rows = np.vstack([jac * np.sqrt(weights)[:, None], prior_weight * np.eye(len(keep))])
-    sigma_x = _sigma_from_jacobian(rows, scale)
-    values = {n: float(math.exp(x)) for n, x in zip(keep, res.x, strict=True)}
-    sigma = {n: float(values[n] * s) for n, s in zip(keep, sigma_x, strict=True)}
-    return FactorFit(values, sigma, len(runs), dropped, scale)
-
-
-def _data_jacobian(ev: _Evaluator, names: Sequence[str], x: np.ndarray, lower: np.ndarray,
-                   upper: np.ndarray, step: float = 1e-3) -> np.ndarray:
-    """∂ log t / ∂ log f at ``x`` by one-sided differences pointing away from the nearer bound."""
-    base = ev.log_times(names, np.exp(x))
-    jac = np.zeros((base.size, len(names)))
-    for j in range(len(names)):
-        h = -step if x[j] + step > upper[j] else step
-        moved = x.copy()
-        moved[j] = max(min(x[j] + h, upper[j]), lower[j])
-        if moved[j] != x[j]:
-            jac[:, j] = (ev.log_times(names, np.exp(moved)) - base) / (moved[j] - x[j])
-    return jac
-
-
-def _loss_weights(residuals: np.ndarray, settings: FitSettings) -> np.ndarray:
-    """IRLS weights ρ'((r/s)²) of the robust loss at the solution (1 for plain least squares)."""
-    z = (residuals / settings.f_scale) ** 2
-    if settings.loss == "soft_l1":
-        return 1.0 / np.sqrt(1.0 + z)
-    if settings.loss == "huber":
-        return np.where(z <= 1.0, 1.0, 1.0 / np.sqrt(np.maximum(z, 1.0)))
-    return np.ones_like(z)
-
-
-def _robust_scale(residuals: np.ndarray) -> float:
-    """1.4826 × median absolute residual (a robust standard deviation), floored at 0.5 %."""
-    if residuals.size == 0:
-        return 0.0
-    return max(1.4826 * float(np.median(np.abs(residuals))), 0.005)
-
-
-def _sigma_from_jacobian(jac: np.ndarray, noise: float) -> np.ndarray:
-    """1-σ of the parameters: sqrt(diag(noise² (JᵀJ)⁻¹)) (pseudo-inverse if singular)."""
-    jtj = jac.T @ jac
-    cov = np.linalg.pinv(jtj) * noise ** 2
-    return np.sqrt(np.clip(np.diag(cov), 0.0, None))
-
-
-def fit_system(runs: Sequence[FitRun], defaults: Mapping[str, float], settings: FitSettings,
-               start: SystemFit | None = None) -> SystemFit:
-    """System-level fit of ``settings.factors``, then per-release refinement where there are enough runs."""
-    system = runs[0].system if runs else ""
-    center = {n: defaults[n] for n in set(settings.factors) | set(settings.release_factors)}
-    fit = fit_factor_set(runs, settings.factors, center, settings, settings.prior_sigma_log,
-                         start=start.fit.values if start else None)
-    releases: dict[str, FactorFit] = {}
-    by_release: dict[str, list[FitRun]] = defaultdict(list)
-    for r in runs:
-        by_release[r.release].append(r)
-    release_names = [n for n in settings.release_factors if n in fit.values]
-    for release, members in sorted(by_release.items()):
-        if len(members) < settings.min_release_runs or not release_names:
-            continue
-        rel_center = {n: fit.values[n] for n in release_names}
-        rel_start = start.releases[release].values if start and release in start.releases else None
-        rel = fit_factor_set(members, release_names, rel_center, settings, settings.release_prior_sigma_log,
-                             base=fit.values, start=rel_start)
-        if rel.values:
-            releases[release] = rel
-    return SystemFit(system, fit, releases)
-
-
 def configuration_folds(runs: Sequence[FitRun], folds: int, seed: int = 0) -> list[int]:
-    """Fold index of each run: whole configurations go to one fold (deterministic shuffle)."""
-    configs = sorted({r.config for r in runs})
-    order = np.random.default_rng(seed).permutation(len(configs))
-    fold_of = {configs[i]: k % folds for k, i in enumerate(order)}
-    return [fold_of[r.config] for r in runs]
+    """Fold of each run: whole configurations go to one fold, spread evenly within each system."""
+    by_system: dict[str, list[str]] = defaultdict(list)
+    for r in runs:
+        if r.config not in by_system[r.system]:
+            by_system[r.system].append(r.config)
+    rng = np.random.default_rng(seed)
+    fold_of: dict[tuple[str, str], int] = {}
+    offset = 0
+    for system in sorted(by_system):
+        configs = sorted(by_system[system])
+        for k, i in enumerate(rng.permutation(len(configs))):
+            fold_of[(system, configs[i])] = (k + offset) % folds
+        offset += len(configs)  # keeps the folds balanced across systems
+    return [fold_of[(r.system, r.config)] for r in runs]
 
 
 @dataclass(frozen=True)
 class CalibrationResult:
-    """Fits per system and the step-time predictions: datasheet, training and held-out."""
+    """The fits and the step-time predictions: datasheet, training and held-out."""
 
     settings: FitSettings
-    systems: dict[str, SystemFit]
+    fits: CalibrationFits
     default_predictions_s: dict[str, float]
     train_predictions_s: dict[str, float]
     heldout_predictions_s: dict[str, float]
+    engine_calls: int = 0
+
+
+class _Counted:
+    """Wraps the runs' predict functions to count engine calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, run: FitRun, factors: Mapping[str, float]) -> float:
+        self.calls += 1
+        return run.predict_s(factors)
+
+
+def _candidate_params(runs: Sequence[FitRun], lins: Sequence[Linearization],
+                      defaults_by_system: Mapping[str, Mapping[str, float]], settings: FitSettings
+                      ) -> tuple[list[Param], dict[str, tuple[str, ...]]]:
+    """Identifiable parameters: system factors and release multipliers with enough sensitivity."""
+    sens: dict[tuple[str, str], float] = defaultdict(float)
+    fam_sens: dict[tuple[str, str], float] = defaultdict(float)
+    family_runs: dict[str, int] = defaultdict(int)
+    for r, lin in zip(runs, lins, strict=True):
+        family_runs[release_family(r.release)] += 1
+        for name, c in zip(lin.names, lin.c_s, strict=True):
+            share = abs(c) / lin.t0_s
+            sens[(r.system, name)] = max(sens[(r.system, name)], share)
+            fam_sens[(release_family(r.release), name)] = max(fam_sens[(release_family(r.release), name)], share)
+    params: list[Param] = []
+    dropped: dict[str, tuple[str, ...]] = {}
+    for system in sorted({r.system for r in runs}):
+        defaults = defaults_by_system[system]
+        keep = [n for n in settings.factors if sens[(system, n)] >= settings.min_sensitivity]
+        dropped[system] = tuple(n for n in settings.factors if n not in keep)
+        for n in keep:
+            lo, hi = FACTOR_BOUNDS[n]
+            center = min(max(defaults[n], lo * 1.0001), hi / 1.0001)
+            params.append(Param("system", system, n, math.log(center), PRIOR_SIGMA_LOG.get(n, settings.prior_sigma_log),
+                                math.log(lo), math.log(hi)))
+    fitted = {(p.key, p.factor) for p in params}
+    for family in sorted(family_runs):
+        if not family or family_runs[family] < settings.min_release_runs:
+            continue
+        for n in settings.release_factors:
+            in_family = any(release_family(r.release) == family and (r.system, n) in fitted for r in runs)
+            if in_family and fam_sens[(family, n)] >= settings.min_sensitivity:
+                params.append(Param("release", family, n, 0.0, settings.release_prior_sigma_log,
+                                    math.log(MULTIPLIER_BOUNDS[0]), math.log(MULTIPLIER_BOUNDS[1])))
+    return params, dropped
+
+
+def _effective(run: FitRun, params: Sequence[Param], x: np.ndarray, names: Sequence[str],
+               defaults: Mapping[str, float]) -> dict[str, float]:
+    """The factor values run ``run`` sees at parameters ``x`` (system value × release multiplier)."""
+    family = release_family(run.release)
+    logs = {n: math.log(defaults[n]) for n in names}
+    for p, v in zip(params, x, strict=True):
+        if p.kind == "system" and p.key == run.system and p.factor in logs:
+            logs[p.factor] = float(v)
+    for p, v in zip(params, x, strict=True):
+        if p.kind == "release" and p.key == family and p.factor in logs:
+            logs[p.factor] += float(v)
+    return {n: _clip_factor(n, math.exp(v)) for n, v in logs.items()}
+
+
+def _problem(runs: Sequence[FitRun], lins: Sequence[Linearization], params: Sequence[Param]) -> SurrogateProblem:
+    return SurrogateProblem(lins, [r.system for r in runs], [release_family(r.release) for r in runs],
+                            [r.measured_step_time_s for r in runs], params, FACTOR_BOUNDS)
+
+
+def _fits_from(runs: Sequence[FitRun], params: Sequence[Param], x: np.ndarray, problem: SurrogateProblem,
+               settings: FitSettings, dropped: Mapping[str, tuple[str, ...]],
+               defaults_by_system: Mapping[str, Mapping[str, float]]) -> CalibrationFits:
+    sigma_x, scale = problem.sigma(x, settings.loss, settings.f_scale)
+    n_sys: dict[str, int] = defaultdict(int)
+    n_fam: dict[str, int] = defaultdict(int)
+    for r in runs:
+        n_sys[r.system] += 1
+        n_fam[release_family(r.release)] += 1
+    systems: dict[str, FactorFit] = {}
+    for system in sorted(n_sys):
+        values, sig = {}, {}
+        for p, v, sx in zip(params, x, sigma_x, strict=True):
+            if p.kind == "system" and p.key == system:
+                values[p.factor], sig[p.factor] = math.exp(v), math.exp(v) * sx
+        systems[system] = FactorFit(values, sig, n_sys[system], dropped.get(system, ()), scale)
+    mult: dict[str, FactorFit] = {}
+    for p, v, sx in zip(params, x, sigma_x, strict=True):
+        if p.kind == "release":
+            fit = mult.setdefault(p.key, FactorFit({}, {}, n_fam[p.key]))
+            fit.values[p.factor], fit.sigma[p.factor] = math.exp(v), math.exp(v) * sx
+    return CalibrationFits(systems, mult, {k: dict(v) for k, v in defaults_by_system.items()})
+
+
+def fit_factors(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapping[str, float]],
+                settings: FitSettings, progress: Callable[[str], None] | None = None
+                ) -> tuple[CalibrationFits, list[Linearization], list[Param], np.ndarray, int]:
+    """Fit all systems and release multipliers jointly on ``runs``.
+
+    Linearises the engine at the datasheet values, fits the surrogate, re-linearises at the
+    solution and refits until the engine and the surrogate agree (``outer_tolerance``). Returns
+    the fits, the final linearisations (reused by the held-out folds), the parameters, their
+    values and the number of engine calls.
+    """
+    count = _Counted()
+    names = {r.system: settings.factors for r in runs}
+    lins = [linearize(lambda f, r=r: count(r, f), default_factor_values(names[r.system], defaults_by_system[r.system]),
+                      names[r.system], FACTOR_BOUNDS) for r in runs]
+    params, dropped = _candidate_params(runs, lins, defaults_by_system, settings)
+    fitted = {r.system: tuple(p.factor for p in params if p.kind == "system" and p.key == r.system) for r in runs}
+    x = np.array([p.center_log for p in params])
+    problem = _problem(runs, lins, params)
+    current = problem.objective(np.log([lin.t0_s for lin in lins]), x, settings.loss, settings.f_scale)
+    for it in range(settings.outer_iterations):
+        proposal = problem.solve(x, settings.loss, settings.f_scale)
+        for _ in range(3):  # backtrack while the engine's objective does not improve
+            surrogate = problem.log_times(proposal)
+            points = [_effective(r, params, proposal, fitted[r.system], defaults_by_system[r.system]) for r in runs]
+            t_true = [count(r, pt) for r, pt in zip(runs, points, strict=True)]
+            value = problem.objective(np.log(t_true), proposal, settings.loss, settings.f_scale)
+            if value <= current:
+                break
+            proposal = 0.5 * (x + proposal)
+        gap = float(np.max(np.abs(np.log(t_true) - surrogate))) if runs else 0.0
+        improved = value < current
+        if progress:
+            progress(f"  linearisation {it + 1}: engine vs surrogate within {100 * gap:.2f} %, "
+                     f"robust cost {value:.4g}")
+        if not improved:
+            break  # the last accepted point (x, lins) stands
+        x, current = proposal, value
+        lins = [linearize(lambda f, r=r: count(r, f), pt, fitted[r.system], FACTOR_BOUNDS, t0_s=t)
+                for r, pt, t in zip(runs, points, t_true, strict=True)]
+        problem = _problem(runs, lins, params)
+        if gap <= settings.outer_tolerance:
+            break
+    return _fits_from(runs, params, x, problem, settings, dropped, defaults_by_system), lins, params, x, count.calls
 
 
 def calibrate_runs(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapping[str, float]],
                    settings: FitSettings | None = None, cross_validate: bool = True,
                    progress: Callable[[str], None] | None = None) -> CalibrationResult:
-    """Fit every system, and (optionally) predict each run from factors fitted without its configuration."""
+    """Fit all runs, and (optionally) predict each run from factors fitted without its configuration.
+
+    Held-out folds refit the surrogate built at the full fit's solution on the training runs
+    only (a linearisation is a property of the engine, not of the measurements, so no measured
+    value of a held-out run enters its fold's fit) and predict the held-out runs with the real
+    engine at the fold's factors.
+    """
     settings = settings or FitSettings()
-    by_system: dict[str, list[FitRun]] = defaultdict(list)
-    for r in runs:
-        by_system[r.system].append(r)
-    fits: dict[str, SystemFit] = {}
-    default_pred: dict[str, float] = {}
-    train_pred: dict[str, float] = {}
+    default_pred = {r.run_id: r.predict_s({}) for r in runs}
+    if progress:
+        progress(f"fitting {len(runs)} runs on {len({r.system for r in runs})} systems")
+    fits, lins, params, x, calls = fit_factors(runs, defaults_by_system, settings, progress)
+    train_pred = {r.run_id: r.predict_s(fits.factors_for(r.system, r.release)) for r in runs}
     heldout: dict[str, float] = {}
-    for system, members in sorted(by_system.items()):
-        defaults = defaults_by_system[system]
-        for r in members:
-            default_pred[r.run_id] = r.predict_s({})
-        if progress:
-            progress(f"fitting {system} on {len(members)} runs")
-        fit = fit_system(members, defaults, settings)
-        fits[system] = fit
-        for r in members:
-            train_pred[r.run_id] = r.predict_s(fit.factors_for(r.release))
-        if not cross_validate:
-            continue
-        n_configs = len({r.config for r in members})
-        folds = min(settings.folds, n_configs)
-        if folds < 2:
-            continue
-        fold_of = configuration_folds(members, folds, settings.seed)
+    folds = min(settings.folds, len({(r.system, r.config) for r in runs}))
+    if cross_validate and folds >= 2:
+        fold_of = configuration_folds(runs, folds, settings.seed)
         for k in range(folds):
+            train = [i for i, f in enumerate(fold_of) if f != k]
+            systems = {runs[i].system for i in train}
+            families = {release_family(runs[i].release) for i in train}
+            # parameters the training runs inform; the others stay at their prior centre
+            keep = [j for j, p in enumerate(params) if p.key in (systems if p.kind == "system" else families)]
+            problem = _problem([runs[i] for i in train], [lins[i] for i in train], [params[j] for j in keep])
+            x_fold = np.array([p.center_log for p in params])
+            x_fold[keep] = problem.solve(x[keep], settings.loss, settings.f_scale)
+            for i, f in enumerate(fold_of):
+                if f == k:
+                    r = runs[i]
+                    point = _effective(r, params, x_fold, [p.factor for p in params
+                                                           if p.kind == "system" and p.key == r.system],
+                                       defaults_by_system[r.system])
+                    heldout[r.run_id] = r.predict_s(point)
             if progress:
-                progress(f"  {system}: held-out fold {k + 1}/{folds}")
-            train = [r for r, f in zip(members, fold_of, strict=True) if f != k]
-            test = [r for r, f in zip(members, fold_of, strict=True) if f == k]
-            fold_fit = fit_system(train, defaults, settings, start=fit)
-            for r in test:
-                heldout[r.run_id] = r.predict_s(fold_fit.factors_for(r.release))
-    return CalibrationResult(settings, fits, default_pred, train_pred, heldout)
+                progress(f"held-out fold {k + 1}/{folds}: {sum(1 for f in fold_of if f == k)} runs")
+    return CalibrationResult(settings, fits, default_pred, train_pred, heldout, calls)

@@ -6,7 +6,9 @@ Every loader returns :class:`workloads.measured.MeasuredRun` objects or raises o
 * **CSV** (``.csv``): one row per run, columns of ``../shared/data/README.md``. Optional columns may
   be absent or empty; columns the schema does not know are kept in ``MeasuredRun.extra``.
 * **JSON** (``.json``): a list of runs, ``{"runs": [...]}``, or one run (what
-  ``muonsim reference run --out run.json`` writes, with ``phase_times_s`` and ``collectives``).
+  ``muonsim reference run --out run.json`` writes, with ``phase_times_s`` and ``collectives``;
+  its system is ``local-cpu`` and its model a reference shape preset, checked later against
+  ``extra.config``, not against the catalogues).
 * **Megatron-LM / Megatron-Bridge logs** (``.log``, ``.txt``, ``.out``): the lines carrying
   ``elapsed time per iteration (ms)`` (and ``throughput per GPU (TFLOP/s/GPU)``). Warm-up
   iterations, iterations reported as skipped or nan, and lines with a nan loss are dropped; the
@@ -39,6 +41,7 @@ REQUIRED_COLUMNS = tuple(name for name, f in MeasuredRun.model_fields.items() if
 _STRUCTURED = {"phase_times_s", "collectives", "extra"}
 LOG_SUFFIXES = (".log", ".txt", ".out")
 DEFAULT_WARMUP_ITERATIONS = 10
+REFERENCE_SYSTEM = "local-cpu"  # system name of reference-backend runs (muonsim reference run)
 
 # CLI scenario keys (cli.common.SCENARIO_FLAGS) -> MeasuredRun fields, for runs read from logs
 SCENARIO_KEY_TO_RUN_FIELD = {
@@ -79,6 +82,8 @@ def _validate_run(data: dict[str, Any], path: Path, row: int | None, row_word: s
         value = first.get("input")
         shown = "" if isinstance(value, dict | list) else f" (got {value!r})"
         raise UserInputError(f"{_where(path, row, column, row_word)}: {msg}{shown}") from None
+    if run.system == REFERENCE_SYSTEM:
+        return run  # a reference-backend run: its shapes are resolved from extra.config by the checker
     for column, loader in (("model", load_model), ("system", load_system)):
         try:
             loader(getattr(run, column))

@@ -1,0 +1,269 @@
+"""Microbenchmarks of this machine: torch GEMM rate and gloo collective α-β (for reference runs).
+
+This is the only module of ``costmodel`` that touches torch, and only inside its functions: it
+measures the real machine that the reference backend runs on, it is never on the cost path.
+
+* **GEMM**: square ``torch.matmul`` in bf16 and fp32 at several sizes, timed in every one of
+  ``world_size`` forked processes at once with one thread each, as the reference ranks run (two
+  busy ranks share caches and memory bandwidth; the slowest rank's time counts). Each dtype is
+  fitted as ``time = flops / gemm_flops_per_s + gemm_overhead_s`` (peak rate plus a fixed cost
+  per call, which dominates the tiny matrices of the reference shapes).
+* **Newton–Schulz**: a 5-step quintic NS (Muon's operations) on a few shapes, timed the same
+  way, fitted as ``time = GEMM time / efficiency + call_overhead_s`` with the GEMM time from the
+  fit above: the machine's ``newton_schulz`` efficiency (as in ``EfficiencyFactors``) and the
+  normalisation/cast cost of one call.
+* **Collectives**: 2 gloo processes (forked, one thread each) time all_reduce, all_gather,
+  reduce_scatter and broadcast at several sizes (nccl-tests size convention, fp32) and fit
+  ``time = alpha_s + size_bytes / beta_Bps`` per op. Loopback times are bimodal on a shared
+  2-core machine (≈0.1 ms, or ≈4 ms when a rank waits for a scheduler tick; see also
+  ``../shared/reference/cpu-torch-distributed-notes.md`` §2), so each point is the 20th percentile
+  of its samples (the undisturbed time), the slowest rank's. They describe this machine only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from costmodel.calibration import CollectiveFit, LocalMeasurements, NewtonSchulzFit
+
+GEMM_SIZES = (32, 64, 128, 256, 512, 768)
+NS_SHAPES = ((32, 64), (64, 192), (128, 512), (256, 1024))
+NS_COEFFICIENTS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+                   (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012))  # quintic, as the project's default
+COLLECTIVE_SIZES_BYTES = (4096, 65536, 262144, 1048576, 4194304)
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+
+def fit_linear_time(sizes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
+    """Fit ``time = intercept + slope · size`` minimising relative error; returns (intercept, slope) ≥ 0."""
+    x = np.asarray(sizes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    a = np.stack([np.ones_like(x), x], axis=1) / t[:, None]  # rows scaled by 1/t: relative residuals
+    coef, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    intercept, slope = float(coef[0]), float(coef[1])
+    if intercept < 0:  # refit through the origin
+        intercept, slope = 0.0, float(np.sum(x / t) / np.sum((x / t) ** 2))
+    return intercept, max(slope, 1e-30)
+
+
+def _time_call(fn: Callable[[], object], min_time_s: float, min_reps: int = 3) -> float:
+    """Median seconds per call over at least ``min_reps`` calls and ``min_time_s`` seconds."""
+    fn()  # warm-up
+    samples: list[float] = []
+    start = time.perf_counter()
+    while len(samples) < min_reps or time.perf_counter() - start < min_time_s:
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+        if len(samples) >= 200:
+            break
+    return statistics.median(samples)
+
+
+def measure_gemm(dtype: str = "bf16", sizes: Sequence[int] = GEMM_SIZES, threads: int = 1,
+                 min_time_s: float = 0.05) -> list[tuple[float, float]]:
+    """(FLOPs, seconds) of one square matmul per size, with ``threads`` torch threads."""
+    import torch
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = []
+        gen = torch.Generator().manual_seed(0)
+        for n in sizes:
+            a = torch.randn(n, n, generator=gen).to(torch_dtype)
+            b = torch.randn(n, n, generator=gen).to(torch_dtype)
+            out.append((2.0 * n ** 3, _time_call(lambda a=a, b=b: torch.matmul(a, b), min_time_s)))
+        return out
+    finally:
+        torch.set_num_threads(previous)
+
+
+def measure_newton_schulz(dtype: str = "bf16", shapes: Sequence[tuple[int, int]] = NS_SHAPES,
+                          min_time_s: float = 0.05) -> list[tuple[tuple[int, int], float]]:
+    """Seconds of one 5-step quintic Newton-Schulz call per shape (fp32 in and out, ``dtype`` matmuls).
+
+    The same operations as Muon's orthogonalisation: transpose to wide, Frobenius normalisation,
+    cast, per step ``A = X·Xᵀ``, ``B = bA + cA·A``, ``X = aX + B·X`` (addmm), cast back.
+    """
+    import torch
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    gen = torch.Generator().manual_seed(1)
+
+    def ns(g: torch.Tensor) -> torch.Tensor:
+        x = g.mT if g.shape[0] > g.shape[1] else g
+        x = (x / x.norm().clamp_min(1e-7)).to(torch_dtype)
+        for a, b, c in NS_COEFFICIENTS:
+            gram = x @ x.mT
+            x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        x = x.to(torch.float32)
+        return x.mT if g.shape[0] > g.shape[1] else x
+
+    out = []
+    for rows, cols in shapes:
+        g = torch.randn(rows, cols, generator=gen)
+        out.append(((rows, cols), _time_call(lambda g=g: ns(g), min_time_s)))
+    return out
+
+
+def ns_gemm_flops(rows: int, cols: int, steps: int = 5) -> list[tuple[float, int]]:
+    """(FLOPs, count) of the GEMMs of one NS call (m = min, n = max): X·Xᵀ 2m²n, A·A 2m³, B·X 2m²n."""
+    m, n = min(rows, cols), max(rows, cols)
+    return [(2.0 * m * m * n, steps), (2.0 * m ** 3, steps), (2.0 * m * m * n, steps)]
+
+
+def fit_newton_schulz(points: Sequence[tuple[tuple[int, int], float]], rate_flops_per_s: float,
+                      overhead_s: float) -> NewtonSchulzFit:
+    """NS efficiency and per-call cost from NS timings and the machine's GEMM model."""
+    gemm_s = [sum((f / rate_flops_per_s + overhead_s) * k for f, k in ns_gemm_flops(*shape)) for shape, _ in points]
+    intercept, slope = fit_linear_time(gemm_s, [t for _, t in points])
+    return NewtonSchulzFit(efficiency=min(1.5, 1.0 / slope), call_overhead_s=intercept)
+
+
+def _low_quantile(samples: Sequence[float], q: float = 0.2) -> float:
+    """The ``q`` quantile of timing samples: the undisturbed time on a shared, time-sliced machine."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(rank: int, world: int, port: int, out_path: str, sizes: Sequence[int], gemm_sizes: Sequence[int],
+            min_time_s: float) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # first: forked children hang on OpenMP otherwise
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        results: dict[str, list[tuple[float, float]]] = {}
+        for dtype in ("bf16", "fp32"):
+            points = []
+            for n in gemm_sizes:
+                dist.barrier()
+                (flops, t), = measure_gemm(dtype, (n,), threads=1, min_time_s=min_time_s)
+                worst = torch.tensor([t])
+                dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+                points.append((flops, float(worst[0])))
+            results[f"gemm_{dtype}"] = points
+            ns_points = []
+            for shape in NS_SHAPES:
+                dist.barrier()
+                (_, t), = measure_newton_schulz(dtype, (shape,), min_time_s)
+                worst = torch.tensor([t])
+                dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+                ns_points.append((shape, float(worst[0])))
+            results[f"ns_{dtype}"] = ns_points  # type: ignore[assignment]
+        for op in COLLECTIVE_OPS:
+            results[op] = []
+            for size in sizes:
+                numel = size // 4
+                big = torch.ones(numel)
+                part = torch.ones(numel // world)
+
+                def call(op: str = op, big: torch.Tensor = big, part: torch.Tensor = part) -> None:
+                    if op == "all_reduce":
+                        dist.all_reduce(big)
+                    elif op == "all_gather":
+                        dist.all_gather_single(big, part)
+                    elif op == "reduce_scatter":
+                        dist.reduce_scatter_single(part, big)
+                    else:
+                        dist.broadcast(big, src=0)
+
+                dist.barrier()
+                # every rank must run the same number of calls: fix the count from a probe on rank 0
+                probe = torch.tensor([0.0])
+                if rank == 0:
+                    t0 = time.perf_counter()
+                    call()
+                    probe[0] = time.perf_counter() - t0
+                else:
+                    call()
+                dist.broadcast(probe, src=0)
+                reps = int(min(60, max(10, min_time_s / max(float(probe[0]), 1e-6))))
+                samples = []
+                for _ in range(reps):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    call()
+                    samples.append(time.perf_counter() - t0)
+                worst = torch.tensor([_low_quantile(samples)])
+                dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+                results[op].append((float(size), float(worst[0])))
+        if rank == 0:
+            Path(out_path).write_text(json.dumps(results), encoding="utf-8")
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_ranks(world_size: int = 2, sizes: Sequence[int] = COLLECTIVE_SIZES_BYTES,
+                  gemm_sizes: Sequence[int] = GEMM_SIZES, min_time_s: float = 0.03,
+                  timeout_s: float = 120.0) -> dict[str, list[tuple[float, float]]]:
+    """Timings on ``world_size`` forked gloo processes, slowest rank's.
+
+    Keys ``gemm_bf16`` / ``gemm_fp32``: (FLOPs, seconds) of one matmul, all ranks busy at once;
+    one key per collective op: (size_bytes, seconds), each the 20th percentile of its samples.
+    """
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "ranks.json")
+        args = (world_size, _free_port(), out_path, tuple(sizes), tuple(gemm_sizes), min_time_s)
+        ctx = mp.start_processes(_worker, args=args, nprocs=world_size, join=False, start_method="fork")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"gloo microbenchmark did not finish within {timeout_s:.0f} s")
+        finally:
+            for proc in ctx.processes:
+                if proc.is_alive():
+                    proc.kill()
+        return {op: [tuple(p) for p in points] for op, points in json.loads(Path(out_path).read_text()).items()}
+
+
+def measure_local(world_size: int = 2, gemm_sizes: Sequence[int] = GEMM_SIZES,
+                  collective_sizes: Sequence[int] = COLLECTIVE_SIZES_BYTES,
+                  progress: Callable[[str], None] | None = None) -> LocalMeasurements:
+    """Measure this machine: GEMM peak and per-call overhead per dtype, gloo α-β per collective."""
+    import torch
+
+    if progress:
+        progress(f"timing bf16/fp32 matmuls (sizes {', '.join(map(str, gemm_sizes))}) and gloo collectives "
+                 f"on {world_size} processes, one thread each")
+    timings = measure_ranks(world_size, collective_sizes, gemm_sizes)
+    gemm_rate: dict[str, float] = {}
+    gemm_overhead: dict[str, float] = {}
+    collectives = {}
+    for key, points in timings.items():
+        if key.startswith("ns_"):
+            continue
+        intercept, slope = fit_linear_time([x for x, _ in points], [t for _, t in points])
+        if key.startswith("gemm_"):
+            gemm_rate[key.removeprefix("gemm_")], gemm_overhead[key.removeprefix("gemm_")] = 1.0 / slope, intercept
+        else:
+            collectives[key] = CollectiveFit(alpha_s=intercept, beta_Bps=1.0 / slope)
+    ns = {dtype: fit_newton_schulz([(tuple(shape), t) for shape, t in timings[f"ns_{dtype}"]], gemm_rate[dtype],
+                                   gemm_overhead[dtype]) for dtype in gemm_rate}
+    machine = f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cpus"
+    return LocalMeasurements(machine=machine, torch_version=str(torch.__version__), threads=1,
+                             gemm_flops_per_s=gemm_rate, gemm_overhead_s=gemm_overhead, newton_schulz=ns,
+                             world_size=world_size, collectives=collectives)

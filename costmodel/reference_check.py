@@ -1,0 +1,223 @@
+"""Reference-backend runs against the cost model: per-phase times and the exact collective list.
+
+A reference run (``muonsim reference run --out run.json``) measured, on local gloo processes, the
+phase times of every rank and every collective each rank issued in one step. The cost model
+predicts the same run from its own description of the work:
+
+* **collectives**: :func:`costmodel.optimizer.expected_rank_collectives` on the same inventory,
+  optimizer settings and group sizes, compared with each rank's list call by call (op, group,
+  group size, dtype, bytes, count, phase): they must be identical;
+* **Newton–Schulz FLOPs and time** per rank: the Muon items the plan gives each rank
+  (``StageOptimizerPlan.owned_tensors``), their GEMMs (:func:`costmodel.optimizer.newton_schulz`,
+  FLOPs by ``workloads.flops.newton_schulz_flops``) timed at this machine's measured GEMM rate and
+  per-call cost, divided by its measured NS efficiency, plus the measured cost per NS call
+  (``LocalMeasurements`` from ``muonsim calibrate --microbench``); measured NS time
+  is the ``newton_schulz`` phase minus the time blocked in its TP collectives (``ns_comm``);
+* **grad_reduce** per rank: the plan's gradient collectives at the measured gloo α-β (loopback
+  figures: indicative only).
+
+The reference run's shapes (``extra.config.shapes``) are resolved by the caller (the CLI, which may
+import the reference package); this module never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from costmodel.calibration import LocalMeasurements
+from topologies.inputs import UserInputError
+from workloads.comm import CollectiveCall, merge_calls
+from workloads.inventory import Inventory, build_inventory
+from workloads.measured import MeasuredRun
+from workloads.models import ModelSpec
+from workloads.scenario import OptimizerSpec
+
+NS_GOAL_PCT = 15.0
+MATMUL_DTYPE = {"bf16": "bf16", "tf32": "fp32", "fp32": "fp32"}
+
+
+@dataclass(frozen=True)
+class PhaseComparison:
+    """Measured vs predicted seconds of one phase on one rank (per step)."""
+
+    phase: str
+    rank: int
+    measured_s: float
+    predicted_s: float
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.predicted_s - self.measured_s) / self.measured_s if self.measured_s > 0 else math.nan
+
+
+@dataclass(frozen=True)
+class CollectiveDiff:
+    """Calls one rank issued but the model does not expect, and the reverse."""
+
+    rank: int
+    missing: tuple[CollectiveCall, ...]  # expected by the model, not issued
+    unexpected: tuple[CollectiveCall, ...]  # issued, not expected
+
+
+@dataclass
+class ReferenceCheck:
+    run_id: str
+    world_size: int
+    phases: list[PhaseComparison]
+    ns_flops: dict[int, tuple[float, float]]  # rank -> (measured, predicted) per step
+    calls_per_rank: dict[int, int]
+    diffs: list[CollectiveDiff] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def collectives_match(self) -> bool:
+        return not self.diffs
+
+    def phase(self, name: str) -> list[PhaseComparison]:
+        return [p for p in self.phases if p.phase == name]
+
+    def summary_lines(self) -> list[str]:
+        """Human-readable lines for the CLI."""
+        total = sum(self.calls_per_rank.values())
+        if self.collectives_match:
+            lines = [f"collectives: exact match on all {self.world_size} ranks ({total} call kinds)"]
+        else:
+            lines = [f"collectives: MISMATCH on ranks {', '.join(str(d.rank) for d in self.diffs)}"]
+            for d in self.diffs:
+                for c in d.missing:
+                    lines.append(f"  rank {d.rank} expected but not issued: {_call_text(c)}")
+                for c in d.unexpected:
+                    lines.append(f"  rank {d.rank} issued but not expected: {_call_text(c)}")
+        for rank, (measured, predicted) in sorted(self.ns_flops.items()):
+            same = "equal" if measured == predicted else f"predicted {predicted:.4g}"
+            lines.append(f"rank {rank} Newton-Schulz FLOPs/step: measured {measured:.4g}, {same}")
+        for p in self.phases:
+            goal = f" (goal ±{NS_GOAL_PCT:.0f} %)" if p.phase == "newton_schulz" else ""
+            lines.append(f"rank {p.rank} {p.phase}: measured {p.measured_s * 1e3:.3f} ms, predicted "
+                         f"{p.predicted_s * 1e3:.3f} ms, error {p.error_pct:+.1f} %{goal}")
+        lines += [f"note: {n}" for n in self.notes]
+        return lines
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id, "world_size": self.world_size, "collectives_match": self.collectives_match,
+            "calls_per_rank": self.calls_per_rank,
+            "collective_diffs": [{"rank": d.rank, "missing": [c.to_dict() for c in d.missing],
+                                  "unexpected": [c.to_dict() for c in d.unexpected]} for d in self.diffs],
+            "ns_flops_per_step": {r: {"measured": m, "predicted": p} for r, (m, p) in self.ns_flops.items()},
+            "phases": [{"phase": p.phase, "rank": p.rank, "measured_s": p.measured_s, "predicted_s": p.predicted_s,
+                        "error_pct": p.error_pct} for p in self.phases],
+            "notes": self.notes,
+        }
+
+
+def _call_text(c: CollectiveCall) -> str:
+    return f"{c.op} {c.group}[{c.group_size}] {c.dtype} {c.bytes} B ×{c.count} ({c.phase})"
+
+
+def run_config(run: MeasuredRun) -> dict[str, Any]:
+    """The reference run's configuration (``extra.config``), or a one-line error."""
+    config = (run.extra or {}).get("config")
+    if not isinstance(config, dict):
+        raise UserInputError(f"run '{run.run_id}' has no extra.config; write it with 'muonsim reference run --out'")
+    return config
+
+
+def optimizer_spec(config: Mapping[str, Any]) -> OptimizerSpec:
+    """The cost model's OptimizerSpec of a reference run configuration."""
+    coefficients = config.get("ns_coefficients", "quintic")
+    return OptimizerSpec(
+        kind=config.get("optimizer", "muon"), distribution=config.get("distribution"),
+        layer_wise_layout=config.get("layout", "current"), ns_steps=config.get("ns_steps", 5),
+        ns_coefficients=coefficients, tp_mode=config.get("tp_mode", "duplicated"),
+        matmul_precision=config.get("matmul_precision", "bf16"), split_qkv=config.get("split_qkv", True),
+        load_balance=config.get("load_balance"), hide_param_gather=config.get("hide_param_gather", True),
+        grad_reduce_dtype=config.get("grad_dtype", "fp32"), bucket_size_elements=config.get("bucket_size"),
+    )
+
+
+def reference_plan(model: ModelSpec, config: Mapping[str, Any]) -> tuple[Inventory, OptimizerSpec, Any]:
+    """(inventory, OptimizerSpec, Grid) of a reference run: pp = ep = 1, dp = world / tp."""
+    from costmodel.optimizer import Grid
+
+    world, tp, etp = int(config.get("world_size", 2)), int(config.get("tp", 1)), int(config.get("etp", 1))
+    inventory = build_inventory(model, tp=tp, pp=1, vpp=1, ep=1, etp=etp, split_qkv=config.get("split_qkv", True))
+    grid = Grid(dp=world // tp, expert_dp=world // etp, tp=tp, etp=etp, ep=1)
+    return inventory, optimizer_spec(config), grid
+
+
+def _items(inventory: Inventory) -> dict[str, Any]:
+    """Muon item name (tensor name, plus the expert index for experts) -> TensorSpec."""
+    out: dict[str, Any] = {}
+    for t in inventory.tensors:
+        if t.num_experts > 1:
+            for k in range(t.experts_per_rank):
+                out[f"{t.name}{k}"] = t
+        else:
+            out[t.name] = t
+    return out
+
+
+def _rank_key(mapping: Mapping[Any, Any], rank: int) -> Any:
+    return mapping.get(str(rank), mapping.get(rank))
+
+
+def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: ModelSpec) -> ReferenceCheck:
+    """Compare a reference run with the cost model's plan at this machine's measured rates."""
+    from costmodel.optimizer import expected_rank_collectives, plan_from_inventory
+    from costmodel.optimizer.newton_schulz import NsSettings, tensor_ns_work
+
+    config = run_config(run)
+    extra = run.extra or {}
+    inventory, spec, grid = reference_plan(model, config)
+    world = grid.gpus_per_stage
+    expected = expected_rank_collectives(inventory, spec, grid)
+    by_rank = extra.get("collectives_by_rank") or {"0": run.collectives or []}
+    diffs: list[CollectiveDiff] = []
+    calls_per_rank: dict[int, int] = {}
+    for rank in range(world):
+        issued_raw = _rank_key(by_rank, rank)
+        if issued_raw is None:
+            continue
+        issued = merge_calls(CollectiveCall(**c) for c in issued_raw)
+        want = merge_calls(expected[rank])
+        calls_per_rank[rank] = len(issued)
+        if issued != want:
+            diffs.append(CollectiveDiff(rank, tuple(c for c in want if c not in issued),
+                                        tuple(c for c in issued if c not in want)))
+    plan = plan_from_inventory(inventory, spec, grid).stages[0]
+    items = _items(inventory)
+    st = NsSettings.from_spec(spec)
+    dtype = MATMUL_DTYPE[spec.matmul_precision]
+    phases_by_rank = extra.get("phase_times_s_by_rank") or {"0": run.phase_times_s or {}}
+    flops_by_rank = extra.get("ns_flops_per_step_by_rank") or {}
+    phases: list[PhaseComparison] = []
+    ns_flops: dict[int, tuple[float, float]] = {}
+    notes: list[str] = []
+    for rank in range(world):
+        measured = _rank_key(phases_by_rank, rank)
+        if measured is None:
+            continue
+        works = [tensor_ns_work(items[name], st) for name in plan.owned_tensors(rank)] if spec.kind == "muon" else []
+        flops = sum(w.flops for w in works)
+        if _rank_key(flops_by_rank, rank) is not None:
+            ns_flops[rank] = (float(_rank_key(flops_by_rank, rank)), flops)
+        if works and measured.get("newton_schulz"):
+            calls = sum(len(items[name].muon_components) for name in plan.owned_tensors(rank))
+            ns_s = local.newton_schulz_time_s([g for w in works for g in w.gemms], calls, dtype)
+            phases.append(PhaseComparison("newton_schulz", rank, measured["newton_schulz"] - measured.get("ns_comm", 0.0),
+                                          ns_s))
+        if measured.get("grad_reduce"):
+            calls = [c for c in expected[rank] if c.phase == "grad_reduce"]
+            times = [local.collective_time_s(c.op, c.bytes) for c in calls]
+            if calls and all(t is not None for t in times):
+                predicted = sum(t * c.count for t, c in zip(times, calls, strict=True))  # type: ignore[operator]
+                phases.append(PhaseComparison("grad_reduce", rank, measured["grad_reduce"], predicted))
+    if config.get("param_dtype", "bf16") != "bf16":
+        notes.append(f"param_dtype {config.get('param_dtype')}: the cost model's parameter gathers assume bf16")
+    if local.world_size != world:
+        notes.append(f"collective α-β measured on {local.world_size} ranks, the run has {world}")
+    return ReferenceCheck(run.run_id, world, phases, ns_flops, calls_per_rank, diffs, notes)

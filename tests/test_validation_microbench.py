@@ -1,0 +1,73 @@
+"""Local microbenchmark fits and the local profile (GEMM rate, NS efficiency, gloo α-β)."""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodel.calibration import (
+    CalibrationProfile,
+    CollectiveFit,
+    LocalMeasurements,
+    NewtonSchulzFit,
+    load_profile,
+)
+from costmodel.microbench import fit_linear_time, fit_newton_schulz, ns_gemm_flops
+from workloads.flops import newton_schulz_flops
+
+
+def test_linear_time_fit_recovers_latency_and_bandwidth():
+    sizes = [4096, 65536, 1 << 20, 4 << 20]
+    alpha, beta = 80e-6, 5e9
+    intercept, slope = fit_linear_time(sizes, [alpha + s / beta for s in sizes])
+    assert intercept == pytest.approx(alpha, rel=1e-9)
+    assert 1 / slope == pytest.approx(beta, rel=1e-9)
+
+
+def test_linear_time_fit_never_returns_a_negative_latency():
+    intercept, slope = fit_linear_time([1.0, 2.0, 3.0], [0.9, 2.0, 3.1])
+    assert intercept == 0.0 and slope == pytest.approx(1.0, rel=0.05)
+
+
+def test_ns_gemm_flops_match_the_project_flop_count():
+    for shape in ((64, 192), (1024, 256)):
+        assert sum(f * k for f, k in ns_gemm_flops(*shape)) == newton_schulz_flops(*shape, 5)
+
+
+def test_newton_schulz_fit_recovers_efficiency_and_call_cost():
+    rate, overhead = 4e11, 1e-5
+    shapes = [(32, 64), (64, 192), (128, 512), (256, 1024)]
+    gemm = [sum((f / rate + overhead) * k for f, k in ns_gemm_flops(*s)) for s in shapes]
+    fit = fit_newton_schulz([(s, g / 0.8 + 5e-5) for s, g in zip(shapes, gemm, strict=True)], rate, overhead)
+    assert fit.efficiency == pytest.approx(0.8, rel=1e-6)
+    assert fit.call_overhead_s == pytest.approx(5e-5, rel=1e-6)
+
+
+def test_local_measurements_times_and_yaml_round_trip(tmp_path):
+    local = LocalMeasurements(
+        machine="test", gemm_flops_per_s={"bf16": 5e11, "fp32": 1e11}, gemm_overhead_s={"bf16": 1e-5},
+        newton_schulz={"bf16": NewtonSchulzFit(efficiency=0.8, call_overhead_s=2e-5)},
+        collectives={"all_gather": CollectiveFit(alpha_s=5e-5, beta_Bps=5e9)})
+    assert local.gemm_time_s(1e9, "bf16") == pytest.approx(1e9 / 5e11 + 1e-5)
+    assert local.gemm_time_s(1e9, "fp32") == pytest.approx(1e-2)
+    gemms = [(1e9, 2)]
+    assert local.newton_schulz_time_s(gemms, calls=3) == pytest.approx(2 * (2e-3 + 1e-5) / 0.8 + 3 * 2e-5)
+    assert local.newton_schulz_time_s(gemms, calls=3, dtype="fp32") == pytest.approx(2e-2)  # no NS fit: GEMMs
+    assert local.collective_time_s("all_gather_v", 5e9) == pytest.approx(1 + 5e-5)
+    assert local.collective_time_s("broadcast", 1.0) is None
+    path = tmp_path / "local.yaml"
+    path.write_text(CalibrationProfile(name="local", local=local).to_yaml(), encoding="utf-8")
+    assert load_profile(path).local == local
+
+
+def test_microbench_cli_writes_a_local_profile(run_cli, tmp_path):
+    out = tmp_path / "local.yaml"
+    result = run_cli("calibrate", "--microbench", "--out", out)
+    assert result.exit_code == 0, result.output
+    local = load_profile(out).local
+    assert local is not None and local.world_size == 2
+    assert set(local.gemm_flops_per_s) == {"bf16", "fp32"}
+    assert all(rate > 1e9 for rate in local.gemm_flops_per_s.values())
+    assert set(local.collectives) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+    assert all(fit.beta_Bps > 1e6 for fit in local.collectives.values())
+    assert 0.1 < local.newton_schulz["bf16"].efficiency <= 1.5
+    assert "GFLOP/s" in result.stdout
