@@ -16,7 +16,7 @@ A profile is a YAML file a user can read and edit::
 Factor names are the fields of :class:`topologies.hardware.EfficiencyFactors`. Applying a profile
 replaces those factors of the scenario's system (the release entry, when a release is given and
 the profile has an entry for it or for its family ``26.04`` of ``26.04.01``, on top of the system
-entry); systems the profile does not mention keep their datasheet
+entry; with no release given, ``default_release`` if the profile sets one); systems the profile does not mention keep their datasheet
 defaults. ``muonsim calibrate`` writes profiles; the default one fitted on the shipped dataset is
 ``costmodel/data/default_calibration.yaml``. A profile written by ``muonsim calibrate
 --microbench`` also carries ``local``: this machine's measured GEMM rates and gloo collective α-β,
@@ -133,6 +133,9 @@ class CalibrationProfile(BaseModel):
     systems: dict[str, SystemCalibration] = Field(default_factory=dict)
     cross_validation: dict[str, float] | None = None
     fit_settings: dict[str, Any] | None = None
+    default_release: str | None = Field(
+        None, description="release whose entries apply when none is given (predict, compare, plan); null = the "
+                          "systems' base factors")
     release_multipliers: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="per release family: fitted multiplier of each release factor (informative; "
                                           "the systems' release entries hold the resulting values)")
@@ -140,7 +143,12 @@ class CalibrationProfile(BaseModel):
     training_run_ids: list[str] = Field(default_factory=list, description="runs the factors were fitted on")
 
     def factors_for(self, system_name: str, release: str | None = None) -> dict[str, float]:
-        """The fitted factors for a system (and release, when the profile has an entry for it)."""
+        """The fitted factors for a system (and release, when the profile has an entry for it).
+
+        ``release`` None means the profile's ``default_release`` (None again: the base factors).
+        """
+        if release is None:
+            release = self.default_release
         cal = self.systems.get(system_name)
         if cal is None:
             return {}
@@ -172,6 +180,7 @@ class CalibrationProfile(BaseModel):
     def label(self, system_name: str, release: str | None = None) -> str:
         """Short description for reports."""
         factors = self.factors_for(system_name, release)
+        release = release if release is not None else self.default_release
         if factors:
             rel = f" release {release}" if self._release_entry(system_name, release) is not None else ""
             return f"{self.name} ({system_name}{rel}: {len(factors)} fitted factors)"
@@ -180,7 +189,7 @@ class CalibrationProfile(BaseModel):
     def to_yaml(self) -> str:
         """The profile as readable YAML (flow style for the small factor maps)."""
         data = self.model_dump(mode="json", exclude_none=True)
-        for key in ("fit_settings", "local", "cross_validation"):
+        for key in ("fit_settings", "local", "cross_validation", "default_release"):
             data.setdefault(key, None)
             if data[key] is None:
                 data.pop(key)

@@ -49,6 +49,7 @@ FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_bf16": (0.2, 1.0), "gemm_fp8": (0.2, 1.0), "gemm_fp4": (0.1, 1.0),
     "gemm_half_efficiency_flops": (1e7, 1e12),
     "grouped_gemm": (0.2, 1.5), "attention": (0.1, 1.0), "memory_bandwidth": (0.3, 1.0),
+    "quantize_bandwidth": (0.2, 1.0),
     "newton_schulz": (0.2, 1.5), "nvlink_bandwidth": (0.2, 1.0), "nvls_bandwidth": (0.2, 1.0),
     "network_bandwidth": (0.2, 1.0), "alltoall_bandwidth": (0.05, 1.0),
     "nvlink_step_latency_s": (1e-7, 1e-4), "network_step_latency_s": (1e-7, 1e-3),

@@ -110,6 +110,14 @@ def _rounded(values: Mapping[str, float], digits: int = 4) -> dict[str, float]:
     return {k: float(f"{v:.{digits}g}") for k, v in sorted(values.items())}
 
 
+def _newest(families: Iterable[str]) -> str | None:
+    """The newest release family ('26.06' > '26.04' > '25.11'), or None."""
+    def key(family: str) -> tuple[int, ...]:
+        return tuple(int(p) if p.isdigit() else -1 for p in family.split("."))
+
+    return max(families, key=key, default=None)
+
+
 def calibrate(runs: Iterable[MeasuredRun], settings: FitSettings | None = None, name: str = "custom",
               fitted_on: str = "", cross_validate: bool = True, engine: str = "analytic",
               progress: Callable[[str], None] | None = None) -> CalibrationReport:
@@ -161,4 +169,5 @@ def build_profile(result: CalibrationResult, prepared: Sequence[PreparedRun], he
         cross_validation=_summary(overall) if overall else None, fit_settings=settings,
         training_run_ids=sorted(p.run.run_id for p in prepared),
         release_multipliers={fam: _rounded(f.values) for fam, f in fits.release_multipliers.items()},
+        default_release=_newest(fits.release_multipliers),
     )
