@@ -183,7 +183,8 @@ def calibrate(
         "--factors", help="comma-separated EfficiencyFactors to fit per system")] = None,
     release_factors: Annotated[str | None, typer.Option(
         "--release-factors", help="factors refined per release ('' = none)")] = None,
-    min_release_runs: Annotated[int, typer.Option("--min-release-runs", min=2)] = 6,
+    min_release_runs: Annotated[int, typer.Option(
+        "--min-release-runs", min=2, help="runs a release family needs for its own multipliers")] = 3,
     folds: Annotated[int, typer.Option("--folds", min=2, help="held-out folds (by configuration)")] = 5,
     no_cv: Annotated[bool, typer.Option("--no-cv", help="skip the held-out evaluation")] = False,
     loss: Annotated[str, typer.Option("--loss", help="soft_l1, huber or linear")] = "soft_l1",

@@ -60,7 +60,11 @@ class _FactorSet(BaseModel):
 
 
 class ReleaseCalibration(_FactorSet):
-    """Factors refined for one software release (applied on top of the system's factors)."""
+    """Factors refined for one software release (applied on top of the system's factors).
+
+    Written by ``muonsim calibrate`` as the system's values times the release family's fitted
+    multipliers; ``n_runs`` counts the family's runs over all systems (the multipliers are shared).
+    """
 
 
 class SystemCalibration(_FactorSet):

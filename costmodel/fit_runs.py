@@ -110,6 +110,9 @@ def _rounded(values: Mapping[str, float], digits: int = 4) -> dict[str, float]:
     return {k: float(f"{v:.{digits}g}") for k, v in sorted(values.items())}
 
 
+DEFAULT_RELEASE_MIN_RUNS = 10  # the default release must be well determined (its multipliers are applied by predict)
+
+
 def _newest(families: Iterable[str]) -> str | None:
     """The newest release family ('26.06' > '26.04' > '25.11'), or None."""
     def key(family: str) -> tuple[int, ...]:
@@ -160,6 +163,7 @@ def build_profile(result: CalibrationResult, prepared: Sequence[PreparedRun], he
         "f_scale": s.f_scale, "prior_sigma_log": s.prior_sigma_log,
         "release_prior_sigma_log": s.release_prior_sigma_log, "min_release_runs": s.min_release_runs,
         "folds": s.folds, "seed": s.seed, "heldout": "grouped k-fold by configuration, per system",
+        "default_release": f"newest release family with at least {DEFAULT_RELEASE_MIN_RUNS} runs",
         "not_identifiable": {sys: list(f.not_identifiable) for sys, f in fits.systems.items()
                              if f.not_identifiable},
     }
@@ -169,5 +173,5 @@ def build_profile(result: CalibrationResult, prepared: Sequence[PreparedRun], he
         cross_validation=_summary(overall) if overall else None, fit_settings=settings,
         training_run_ids=sorted(p.run.run_id for p in prepared),
         release_multipliers={fam: _rounded(f.values) for fam, f in fits.release_multipliers.items()},
-        default_release=_newest(fits.release_multipliers),
+        default_release=_newest(f for f, m in fits.release_multipliers.items() if m.n_runs >= DEFAULT_RELEASE_MIN_RUNS),
     )

@@ -72,3 +72,19 @@ def test_out_of_range_factor_is_caught_when_applied(tmp_path, default_scenario):
     path.write_text("name: big\nsystems: {gb300-nvl72: {factors: {gemm_fp8: 1.7}}}\n", encoding="utf-8")
     with pytest.raises(UserInputError, match="calibration 'big'.*gemm_fp8"):
         load_profile(path).apply(default_scenario)
+
+
+def test_builtin_default_profile_records_its_training_set_and_heldout_error():
+    from costmodel.calibration import default_profile
+    from workloads.datasets import load_dataset
+
+    p = default_profile()
+    assert p is not None, "costmodel/data/default_calibration.yaml is missing"
+    assert "megatron-bridge" in p.fitted_on
+    assert set(p.systems) == {"gb300-nvl72", "gb200-nvl72", "dgx-b300", "dgx-b200", "dgx-h100"}
+    for cal in p.systems.values():
+        assert cal.factors and set(cal.uncertainty) == set(cal.factors)
+        assert cal.cross_validation is not None and cal.cross_validation["n"] == cal.n_runs
+    assert p.cross_validation is not None and p.cross_validation["n"] == len(p.training_run_ids)
+    assert set(p.training_run_ids) <= {r.run_id for r in load_dataset("megatron-bridge")}
+    assert p.default_release in p.release_multipliers
