@@ -109,3 +109,23 @@ def test_calibrate_errors(run_cli, b300_csv, tmp_path):
                           "gemm_fp9")
     assert_one_line_error(run_cli("calibrate", b300_csv, "--out", tmp_path / "nodir" / "x.yaml"), "does not exist")
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_validate_a_megatron_log_with_flags(run_cli, tmp_path):
+    """A training log plus scenario flags becomes one validated run (the log's own argument dump
+    and a sidecar YAML are covered in test_loaders_megatron_log.py)."""
+    lines = [(f" [2026-03-04 10:00:{i:02d}] iteration {i:>8d}/      30 | consumed samples: {i * 128:>10d} | "
+              f"elapsed time per iteration (ms): {2000.0 + i:.1f} | throughput per GPU (TFLOP/s/GPU): 600.0 | "
+              f"learning rate: 1.0E-05 | global batch size:   128 | lm loss: 7.1E+00 | loss scale: 1.0 | "
+              f"number of skipped iterations:   0 | number of nan iterations:   0 |") for i in range(1, 31)]
+    log = tmp_path / "llama8b.log"
+    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = run_cli("validate", log, "--datasheet", "--json", "--model", "llama3-8b", "--system", "dgx-h100",
+                     "--gpus", "8", "--precision", "fp8-cs", "--mbs", "1", "--seq", "8192", "--warmup", "5")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    (row,) = data["rows"]
+    assert row["run_id"] == "llama8b"
+    assert row["measured_step_time_s"] == pytest.approx((2000.0 + 18) / 1e3)  # median of iterations 6..30
+    missing = run_cli("validate", log, "--datasheet", "--model", "llama3-8b")
+    assert_one_line_error(missing, "the log does not say")
