@@ -149,3 +149,12 @@ def test_result_numbers_are_consistent(default_scenario) -> None:
     st = res.stats
     assert st.candidates == st.candidates_evaluated + st.candidates_pruned
     assert st.valid_layouts <= st.raw_combinations
+
+
+def test_far_reference_gets_a_range_holding_its_exact_rank(default_scenario) -> None:
+    exact = _plan(default_scenario, top_k=0, exhaustive=True).result.reference.rank
+    res = _plan(default_scenario, top_k=0, max_rank_evaluations=10).result
+    ref = res.reference
+    assert ref.rank is None and ref.rank_range is not None and ref.rank_estimate is not None
+    assert ref.rank_range[0] <= exact <= ref.rank_range[1]
+    assert ref.rank_range[0] <= ref.rank_estimate <= ref.rank_range[1]

@@ -72,7 +72,8 @@ class PlanOptions:
     seed: int = 0
     explain: tuple[str, ...] = ()
     exhaustive: bool = False
-    max_rank_expansions: int = 200
+    max_rank_expansions: int = 200  # groups expanded to decide the reference's rank
+    max_rank_evaluations: int = 400  # undecided groups evaluated for it (more: a sampled estimate)
 
 
 @dataclass
@@ -174,7 +175,8 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     sensitivity = None
     interrupted = False
     with TaskPool(jobs) as pool:
-        screen = Screen(groups, pool, keep, progress, options.exhaustive, ref_time, options.max_rank_expansions)
+        screen = Screen(groups, pool, keep, progress, options.exhaustive, ref_time, options.max_rank_expansions,
+                        options.max_rank_evaluations, options.seed)
         sres = screen.run()
         interrupted = sres.interrupted
         plans = sorted((s.best for s in screen.states if s.best is not None),
@@ -218,7 +220,11 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     if sres.bound_violations:
         notes.append(f"{sres.bound_violations} step times fell below their pipeline bound: pruning may have missed plans")
     rows = _rows(ranked[:options.limit], des, ref_eval)
+    if any(r.settings.get("tp_mode") == "blockwise" for r in rows):
+        notes.append("blockwise Newton-Schulz orthogonalises each TP shard on its own: a different update than "
+                     "full-matrix Muon (pin --tp-mode duplicated,distributed to exclude it)")
     reference = _reference(ref_eval, reference_error, rows, ranked, sres.reference_rank, des)
+    reference.rank_estimate = sres.reference_rank_estimate if reference.rank is None else None
     evaluations = list(sres.evaluations) + ([ref_eval] if ref_eval is not None and ref_eval.timed else [])
     front = _pareto(evaluations, des, ref_eval)
     best_report = des[ranked[0].candidate][1] if ranked and ranked[0].candidate in des else None

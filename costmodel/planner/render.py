@@ -78,7 +78,11 @@ def reference_line(result: PlanResult) -> str:
     if ref.row is None:
         return f"reference scenario ({ref.label}): {ref.status}: {ref.message}"
     row = ref.row
-    rank = f"#{row.rank}" if row.rank is not None else f"#{_rank(row)} (range: not every plan in it was evaluated)"
+    if row.rank is not None:
+        rank = f"#{row.rank}"
+    else:
+        about = f"about #{ref.rank_estimate:,} (sampled), " if ref.rank_estimate is not None else ""
+        rank = f"{about}between #{row.rank_range[0]:,} and #{row.rank_range[1]:,}" if row.rank_range else "-"
     best = result.best
     gap = ""
     if best is not None and best.label != row.label:

@@ -43,6 +43,7 @@ class ReferenceOut(_Out):
     message: str = ""
     rank: int | None = None
     rank_range: tuple[int, int] | None = None
+    rank_estimate: int | None = Field(None, description="sampled estimate when only a range is known")
     row: PlanRow | None = None
 
 

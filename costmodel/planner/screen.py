@@ -10,10 +10,11 @@ hiding). A group's *plan* is its fastest member that fits in memory. The screen
 2. expands groups best-bound-first (every member: memory, then step time) until the best
    remaining bound is no better than the ``keep``-th best plan: every group not expanded is
    provably slower than every listed plan;
-3. ranks the reference scenario exactly: a group not expanded whose bound is below the reference
-   step time is evaluated through its preferred fitting member (an upper bound on its plan); only
-   when that does not decide is the group expanded (up to ``max_rank_expansions``; past that the
-   reference's rank is reported as a range).
+3. ranks the reference scenario: a group not expanded whose bound is below the reference step
+   time is evaluated through its preferred fitting member (an upper bound on its plan); only when
+   that does not decide is the group expanded (up to ``max_rank_expansions``). When more than
+   ``max_rank_evaluations`` groups are undecided (a reference far down the ranking), a seeded random
+   sample of them is decided and the rank is reported as a range with a sampled estimate.
 
 Bounds are checked whenever a real time meets them; violations are counted and reported.
 ``exhaustive`` expands every group.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,6 +68,7 @@ class ScreenResult:
     bound_violations: int = 0
     threshold_s: float = math.inf
     reference_rank: tuple[int, int] | None = None  # (best case, worst case); equal when exact
+    reference_rank_estimate: int | None = None  # from a random sample when the range is wide
     interrupted: bool = False
     wall_s: float = 0.0
 
@@ -128,7 +131,7 @@ class Screen:
 
     def __init__(self, groups: list[Group], pool: TaskPool, keep: int, progress: Progress | None = None,
                  exhaustive: bool = False, reference_time_s: float | None = None,
-                 max_rank_expansions: int = 200) -> None:
+                 max_rank_expansions: int = 200, max_rank_evaluations: int = 400, seed: int = 0) -> None:
         self.states = [GroupState(g) for g in groups]
         self.pool = pool
         self.keep = max(keep, 1)
@@ -136,6 +139,8 @@ class Screen:
         self.exhaustive = exhaustive
         self.reference_time_s = reference_time_s
         self.max_rank_expansions = max_rank_expansions
+        self.max_rank_evaluations = max_rank_evaluations
+        self.seed = seed
         self.result = ScreenResult(groups=len(groups), candidates=sum(len(g.choices) for g in groups))
         self._units: dict[tuple[Any, ...], list[int]] = {}
         for i, s in enumerate(self.states):
@@ -246,17 +251,17 @@ class Screen:
         res.wall_s = time.perf_counter() - start
         return res
 
-    def _open(self, limit: Callable[[], float]) -> list[tuple[float, int]]:
+    def _open(self, limit: Callable[[], float], only: set[int] | None = None) -> list[tuple[float, int]]:
         heap = [(s.bound_s, i) for i, s in enumerate(self.states)
-                if not s.expanded and s.failure is None and s.bound_s < limit()]
+                if not s.expanded and s.failure is None and s.bound_s < limit() and (only is None or i in only)]
         heapq.heapify(heap)
         return heap
 
     def _best_first(self, limit: Callable[[], float], label: str,
-                    decide: Callable[[GroupState], bool] | None = None) -> int:
+                    decide: Callable[[GroupState], bool] | None = None, only: set[int] | None = None) -> int:
         """Expand groups in bound order while bound < limit(); ``decide`` may skip a group (True =
         settled without expanding, after its representative). Returns the number expanded."""
-        heap = self._open(limit)
+        heap = self._open(limit, only)
         batch_size = BATCH_PER_JOB * self.pool.jobs
         done = expanded = 0
         while heap and heap[0][0] < limit():
@@ -302,28 +307,46 @@ class Screen:
             min(tasks, key=len).extend(members)
         return [t for t in tasks if t]
 
+    def _faster(self, s: GroupState, ref: float) -> bool:
+        plan = s.best if s.expanded else s.rep  # exact plan, or an upper bound on it
+        return plan is not None and plan.step_time_s < ref
+
     def _rank_reference(self) -> None:
-        """Exact rank of the reference: how many plans are strictly faster."""
+        """Rank of the reference: 1 + the number of plans strictly faster.
+
+        Exact when at most ``max_rank_evaluations`` groups are undecided (bound below the reference's
+        time, no member known to beat it); otherwise a seeded random sample of them is decided and
+        the rank is a range with a sampled estimate.
+        """
         ref = self.reference_time_s
         if ref is None or not math.isfinite(ref):
             return
+        pre = sum(1 for s in self.states if self._faster(s, ref))
+        open_ = [i for i, s in enumerate(self.states)
+                 if not s.expanded and s.failure is None and s.bound_s < ref and not self._faster(s, ref)]
+        only: set[int] | None = None
+        if len(open_) > self.max_rank_evaluations:
+            only = set(random.Random(self.seed).sample(open_, self.max_rank_evaluations))
         budget = [self.max_rank_expansions]
 
-        def settled(s: GroupState) -> bool:  # True: the representative decides the group
-            if s.rep is not None and s.rep.step_time_s < ref:
-                return True
-            if budget[0] <= 0:
+        def settled(s: GroupState) -> bool:  # True: decided without expanding the group
+            if self._faster(s, ref) or budget[0] <= 0:
                 return True
             budget[0] -= 1
             return False
 
-        self._best_first(lambda: ref, "ranking the reference", decide=settled)
-        faster = sure = 0
-        for s in self.states:
-            plan = s.best if s.expanded else s.rep  # exact plan, or an upper bound on it
-            if plan is not None and plan.step_time_s < ref:
-                faster += 1
-                sure += 1
-            elif not s.expanded and s.failure is None and s.bound_s < ref:
-                faster += 1  # undecided: counts in the worst case only
-        self.result.reference_rank = (sure + 1, faster + 1)
+        self._best_first(lambda: ref, "ranking the reference", decide=settled, only=only)
+        decided = [i for i in (only if only is not None else open_) if self._faster(self.states[i], ref)]
+        undecided = [i for i in (only if only is not None else open_)
+                     if not self._faster(self.states[i], ref) and self._might_beat(self.states[i], ref)]
+        unsampled = len(open_) - len(only) if only is not None else 0
+        low = pre + len(decided) + 1
+        self.result.reference_rank = (low, low + len(undecided) + unsampled)
+        if only is not None:
+            share = len(decided) / len(only)
+            self.result.reference_rank_estimate = pre + 1 + round(share * len(open_))
+
+    def _might_beat(self, s: GroupState, ref: float) -> bool:
+        if s.expanded or s.failure is not None or s.bound_s >= ref:
+            return False
+        return s.rep is None or s.rep.step_time_s >= ref

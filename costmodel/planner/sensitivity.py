@@ -57,6 +57,12 @@ def factor_bounds(name: str) -> tuple[float, float]:
     return low, high
 
 
+def is_continuous(name: str) -> bool:
+    """Whether an efficiency factor is a real number (integer settings such as channel counts are not
+    sampled)."""
+    return EfficiencyFactors.model_fields[name].annotation is float
+
+
 def factor_sigmas(profile: CalibrationProfile | None, system_name: str, factors: EfficiencyFactors,
                   assumed_relative_sigma: float | None = None) -> tuple[dict[str, float], str]:
     """Absolute 1-sigma per factor and a sentence saying where they come from."""
@@ -68,7 +74,7 @@ def factor_sigmas(profile: CalibrationProfile | None, system_name: str, factors:
         source.append(f"fitted 1-sigma of {len(sigmas)} factors from profile '{profile.name}' ({system_name})")
     if assumed_relative_sigma:
         assumed = {k: assumed_relative_sigma * float(v) for k, v in factors.model_dump().items()
-                   if k not in sigmas and float(v) > 0}
+                   if k not in sigmas and is_continuous(k) and float(v) > 0}
         sigmas.update(assumed)
         source.append(f"assumed relative 1-sigma {assumed_relative_sigma:g} for {len(assumed)} other factors")
     return sigmas, "; ".join(source) or "no factor uncertainties available"
@@ -79,7 +85,7 @@ def draw_factors(nominal: EfficiencyFactors, sigmas: dict[str, float], samples: 
     """``samples`` independent normal draws of the factors with a sigma, clipped to their ranges."""
     rng = np.random.default_rng(seed)
     values = nominal.model_dump()
-    names = sorted(sigmas)
+    names = sorted(n for n in sigmas if is_continuous(n))
     draws = []
     for _ in range(samples):
         draw = {}
