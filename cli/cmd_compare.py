@@ -162,7 +162,7 @@ def compare(
     engine: Annotated[str, typer.Option("--engine", metavar="analytic|des", help="step engine")] = "analytic",
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write a plotly figure of per-GPU optimizer load")] = None,
-    calibration: Annotated[Path | None, typer.Option("--calibration", metavar="FILE", help="calibration profile YAML (default: the built-in profile if any)")] = None,
+    calibration: Annotated[Path | None, typer.Option("--calibration", metavar="FILE", help="calibration profile YAML; default: the built-in profile; 'none': datasheet defaults")] = None,
     *, scenario_flags: dict[str, str],
 ) -> None:
     """Compare scenario variants side by side (any scenario flag may hold comma-separated values)."""

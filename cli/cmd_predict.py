@@ -32,7 +32,7 @@ def predict(
     json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     trace: Annotated[Path | None, typer.Option("--trace", metavar="FILE", help="write a Perfetto/Chrome trace (des engine)")] = None,
     html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write a plotly HTML report")] = None,
-    calibration: Annotated[Path | None, typer.Option("--calibration", metavar="FILE", help="calibration profile YAML (default: the built-in profile if any)")] = None,
+    calibration: Annotated[Path | None, typer.Option("--calibration", metavar="FILE", help="calibration profile YAML; default: the built-in profile; 'none': datasheet defaults")] = None,
     *, scenario_flags: dict[str, str],
 ) -> None:
     """Predict one training step: step time, throughput, MFU and the breakdown of where time goes."""

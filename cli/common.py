@@ -123,9 +123,14 @@ def resolve_scenario(scenario_file: Path | None, flags: dict[str, Any]):  # noqa
 
 
 def load_calibration(path: Path | None, use_default: bool = True):  # noqa: ANN201
-    """The calibration profile from ``--calibration`` or the built-in default (None if neither)."""
+    """The calibration profile from ``--calibration`` or the built-in default (None if neither).
+
+    ``--calibration none`` means no profile at all: the systems' datasheet defaults.
+    """
     from costmodel.calibration import default_profile, load_profile
 
+    if path is not None and str(path).lower() == "none":
+        return None
     if path is not None:
         return load_profile(path)
     return default_profile() if use_default else None

@@ -58,7 +58,8 @@ def test_predict_writes_nothing_on_error(run_cli, tmp_path) -> None:
 def test_predict_applies_a_calibration_profile(run_cli, tmp_path) -> None:
     prof = tmp_path / "cal.yaml"
     prof.write_text("name: test\nsystems:\n  gb300-nvl72:\n    factors: {gemm_fp8: 0.9, grouped_gemm: 1.0}\n")
-    base = json.loads(run_cli("predict", "--json").stdout)
+    base = json.loads(run_cli("predict", "--json", "--calibration", "none").stdout)  # datasheet gemm_fp8 0.6
+    assert base["calibration"] == "datasheet defaults"
     res = run_cli("predict", "--json", "--calibration", str(prof))
     assert res.exit_code == 0, res.output
     cal = json.loads(res.stdout)
