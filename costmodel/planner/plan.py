@@ -6,7 +6,7 @@ Steps (each stage honours Ctrl-C: what was found so far is kept and ``interrupte
    gradients alone exceed the memory budget dropped (:mod:`costmodel.planner.memory_bound`);
 2. the screen (:mod:`costmodel.planner.screen`) with the analytic engine on ``jobs`` processes;
 3. the discrete-event engine on the ``top_k`` best plans (and on the reference scenario); the head
-   is re-ranked by DES time, and the reference joins it when its DES time beats a head plan;
+   is re-ranked by DES time, and the reference goes first when its DES time beats every head plan;
 4. sensitivity of the ranking to the calibration's factor uncertainty
    (:mod:`costmodel.planner.sensitivity`) and the "why not" explanations
    (:mod:`costmodel.planner.explain`).
@@ -200,7 +200,7 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
             t_des = time.perf_counter() - t0
         ranked, ref_joined = _final_order(plans, head, des, ref_eval)
         if ref_joined:
-            notes.append("the reference scenario joins the DES-ranked head: its DES time beats a head plan's")
+            notes.append("the reference scenario's DES time beats every DES-ranked head plan: it is listed first")
         if not interrupted and options.samples > 0 and len(ranked) >= 2:
             t0 = time.perf_counter()
             sigmas, source = factor_sigmas(profile, base.system.name, base.system.efficiency, options.assumed_sigma)
@@ -260,14 +260,16 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
 
 def _final_order(plans: list[Evaluation], head: list[Evaluation], des: dict[Candidate, tuple[float, Any]],
                  ref: Evaluation | None) -> tuple[list[Evaluation], bool]:
-    """Head re-ranked by DES time (the reference joins when it beats a head plan), then the rest."""
+    """Head re-ranked by DES time, then the rest by analytic time. The reference joins the head (as
+    its first plan) only when its DES time beats every head plan's; otherwise it keeps its analytic
+    rank (plans past the head have no DES time to compare with)."""
     timed_head = [e for e in head if e.candidate in des]
     if not timed_head:
         return plans, False
     joined = False
     in_head = ref is not None and any(e.candidate == ref.candidate for e in head)
     if (ref is not None and not in_head and ref.candidate in des
-            and des[ref.candidate][0] < max(des[e.candidate][0] for e in timed_head)):
+            and des[ref.candidate][0] < min(des[e.candidate][0] for e in timed_head)):
         timed_head.append(ref)
         joined = True
     timed_head.sort(key=lambda e: des[e.candidate][0])

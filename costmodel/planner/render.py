@@ -29,22 +29,25 @@ def _rank(row: PlanRow) -> str:
 
 def ranking_table(result: PlanResult) -> Any:
     """The ranked plans (plus the reference scenario's row when it is not among them)."""
+    from rich import box
     from rich.table import Table
 
-    t = Table(title="ranked plans (fastest fitting optimizer choice per layout; head re-ranked by the DES)",
-              title_justify="left")
-    for name, justify in (("#", "right"), ("parallel layout", "left"), ("optimizer", "left"),
-                          ("analytic s", "right"), ("DES s", "right"), ("tokens/s/GPU", "right"),
-                          ("memory GB", "right"), ("limited by", "left")):
-        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    t = Table(title="ranked plans: the fastest fitting optimizer choice per layout (head re-ranked by the DES)",
+              title_justify="left", box=box.SIMPLE_HEAD, show_lines=False, pad_edge=False)
+    t.add_column("#", justify="right")
+    t.add_column("plan: layout / optimizer", max_width=28)
+    t.add_column("step s", justify="right")
+    t.add_column("tok/s/GPU", justify="right")
+    t.add_column("mem GB", justify="right")
+    t.add_column("limited by")
 
     def add(row: PlanRow, style: str | None = None) -> None:
         par, opt = _split(row.label)
-        des = f"{row.des_step_time_s:.3f}" if row.des_step_time_s is not None else "-"
-        mem = f"{_gb(row.memory_per_gpu_bytes)} ({row.memory_fraction_of_budget:.0%})"
+        step = f"{row.step_time_s:.3f}" + (f"\nDES {row.des_step_time_s:.3f}" if row.des_step_time_s is not None else "")
+        mem = f"{_gb(row.memory_per_gpu_bytes)}\n{row.memory_fraction_of_budget:.0%}"
         tag = "  ← reference" if row.reference else ""
-        t.add_row(_rank(row), par, opt + tag, f"{row.step_time_s:.3f}", des, f"{row.tokens_per_s_per_gpu:,.0f}",
-                  mem, row.limiter, style=style)
+        t.add_row(_rank(row), f"{par}\n{opt}{tag}", step, f"{row.tokens_per_s_per_gpu:,.0f}", mem,
+                  row.limiter.replace(" · ", "\n").replace("comm:", ""), style=style)
 
     for row in result.ranking:
         add(row, "bold" if row.reference else None)

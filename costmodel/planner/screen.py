@@ -11,8 +11,9 @@ hiding). A group's *plan* is its fastest member that fits in memory. The screen
    remaining bound is no better than the ``keep``-th best plan: every group not expanded is
    provably slower than every listed plan;
 3. ranks the reference scenario: a group not expanded whose bound is below the reference step
-   time is evaluated through its preferred fitting member (an upper bound on its plan); only when
-   that does not decide is the group expanded (up to ``max_rank_expansions``). When more than
+   time is evaluated through up to ``REP_TRIES`` fitting members, in the order of the optimizer
+   choices that won the most expanded groups (each an upper bound on its plan); only when that does
+   not decide is the group expanded (up to ``max_rank_expansions``). When more than
    ``max_rank_evaluations`` groups are undecided (a reference far down the ranking), a seeded random
    sample of them is decided and the rank is reported as a range with a sampled estimate.
 
@@ -22,6 +23,7 @@ Bounds are checked whenever a real time meets them; violations are counted and r
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import random
@@ -37,6 +39,7 @@ from costmodel.planner.space import Group
 Progress = Callable[[str, int, int], None]
 BOUND_TOLERANCE = 1e-9  # relative slack when checking a bound against a real time
 CHUNK = 48  # layouts per bound task
+REP_TRIES = 3  # members timed per group before expanding it, when ranking the reference
 BATCH_PER_JOB = 8  # groups popped per worker and round of the best-first search
 
 
@@ -105,23 +108,25 @@ def task_expand(items: list[tuple[int, Group]]) -> list[tuple[int, list[Evaluati
     return out
 
 
-def task_representative(items: list[tuple[int, Group]]) -> list[tuple[int, list[Evaluation], Evaluation | None]]:
-    """The preferred member of each group that fits (timed), or why none fits."""
+def task_representative(items: list[tuple[int, Group, float, int]]) -> list[tuple[int, list[Evaluation], Evaluation | None]]:
+    """Members of each group in its preference order: fitting ones are timed until one is faster
+    than the target or ``tries`` were timed; returns (index, timed members, why none fits)."""
     ev = evaluator("screen")
     out = []
-    for i, g in items:
-        failures = []
+    for i, g, target, tries in items:
+        failures: list[Evaluation] = []
+        timed: list[Evaluation] = []
         for c in g.candidates():
             r = ev.evaluate(c, memory_only=True)
             if r.status == "ok":
-                out.append((i, [ev.evaluate(c)], None))
-                break
+                timed.append(ev.evaluate(c))
+                if timed[-1].step_time_s < target or len(timed) >= tries:
+                    break
+                continue
             failures.append(r)
             if r.status != "oom" or ev.floor_exceeds_budget(c):
-                out.append((i, [], r))
                 break
-        else:
-            out.append((i, [], _smallest_failure(failures)))
+        out.append((i, timed, None if timed else _smallest_failure(failures)))
     return out
 
 
@@ -147,6 +152,7 @@ class Screen:
             self._units.setdefault(s.group.layout_key, []).append(i)
         self.result.layouts = len(self._units)
         self._best: list[float] = []  # max-heap (negated) of the keep best plan times
+        self._wins: dict[tuple[Any, ...], int] = {}  # (kind, optimizer choice) -> groups it won
 
     # --- bookkeeping
     def threshold_s(self) -> float:
@@ -184,6 +190,9 @@ class Screen:
                 s.rep = best
             if expanded:
                 s.best = best
+                key = (best.candidate.optimizer, (best.candidate.layout, best.candidate.tp_mode,
+                                                  best.candidate.load_balance, best.candidate.hide))
+                self._wins[key] = self._wins.get(key, 0) + 1
                 heapq.heappush(self._best, -best.step_time_s)
                 if len(self._best) > self.keep:
                     heapq.heappop(self._best)
@@ -272,7 +281,7 @@ class Screen:
                 if not s.own_bound:
                     bounds.append(s.group.layout_key)
                 elif decide is not None and s.rep is None:
-                    reps.append((i, s.group))
+                    reps.append((i, self._preferred(s.group), limit(), REP_TRIES))
                 elif decide is None or not decide(s):
                     full.append((i, s.group))
             if bounds:
@@ -285,7 +294,7 @@ class Screen:
                     self._apply_members(i, timed, failure, expanded=True)
             expanded += len(full)
             done += len(reps) + len(full)
-            for i in {*(i for i, _ in reps), *(i for i, _ in full)} | {
+            for i in {*(item[0] for item in reps), *(item[0] for item in full)} | {
                     j for u in dict.fromkeys(bounds) for j in self._units[u]}:
                 s = self.states[i]
                 if not s.expanded and s.failure is None and s.bound_s < limit():
@@ -293,16 +302,22 @@ class Screen:
             self.progress(label, done, done + len(heap))
         return expanded
 
-    def _tasks(self, items: list[tuple[int, Group]]) -> list[list[tuple[int, Group]]]:
+    def _preferred(self, group: Group) -> Group:
+        """The group with its optimizer choices ordered by how often each won an expanded group."""
+        wins = self._wins
+        order = sorted(group.choices, key=lambda ch: -wins.get((group.kind, ch), 0))
+        return dataclasses.replace(group, choices=tuple(order))
+
+    def _tasks(self, items: list[Any]) -> list[list[Any]]:
         """Split items into about one task per worker, keeping groups that share an optimizer plan
         (same tp, pp, vpp, ep, etp) together so that a worker builds each plan once."""
         if not items:
             return []
-        by_plan: dict[tuple[int, ...], list[tuple[int, Group]]] = {}
+        by_plan: dict[tuple[int, ...], list[Any]] = {}
         for item in items:
             st = item[1].structure
             by_plan.setdefault((st[0], st[1], st[2], st[4], st[5]), []).append(item)
-        tasks: list[list[tuple[int, Group]]] = [[] for _ in range(min(self.pool.jobs, len(by_plan)))]
+        tasks: list[list[Any]] = [[] for _ in range(min(self.pool.jobs, len(by_plan)))]
         for members in sorted(by_plan.values(), key=len, reverse=True):
             min(tasks, key=len).extend(members)
         return [t for t in tasks if t]
