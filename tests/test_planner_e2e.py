@@ -123,3 +123,20 @@ def test_cli_plan_json_html_and_errors(run_cli, tmp_path) -> None:
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], (bad, r.stderr)
     assert not missing.parent.exists()
+
+
+def test_ctrl_c_prints_partial_ranking_and_exits_130() -> None:
+    """A real SIGINT during the full search: the parent stops the pool and prints what it has."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "cli.app", "plan", "--optimizer", "muon", "--samples", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(5.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-500:]
+    assert "interrupted (Ctrl-C)" in out and "Traceback" not in err

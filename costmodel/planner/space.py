@@ -8,9 +8,11 @@ listed. A test holds the vectorised filter equal to the validator on the full pr
 
 Default bounds (overridden by ``--max-X``; explicit pins bypass them): tp and etp <= min(8, NVLink
 domain), cp <= 8, vpp <= 8, micro-batch sizes 1, 2, 4, 8; pp divides the GPUs, pp <= layers and
-pp*vpp <= layers (+2 unless the split is 'even'); ep divides the experts. Optimizer choices: AdamW on the element-wise distributed optimizer
-(hiding on/off) and Muon on the layer-wise one (legacy/current layout x load balance none /
-ping_pong / lpt x hiding on/off x the TP Newton-Schulz mode, which only varies when tp or etp > 1).
+pp*vpp <= layers (+2 unless the split is 'even'); ep divides the experts.
+
+Optimizer choices: AdamW on the element-wise distributed optimizer (hiding on/off) and Muon on the
+layer-wise one (legacy/current layout x load balance none / ping_pong / lpt x hiding on/off x the
+TP Newton-Schulz mode, which only varies when tp or etp > 1).
 Settings that cannot matter for a candidate are normalised to ``None`` so that no two candidates
 describe the same run.
 """
