@@ -230,6 +230,8 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     best_report = des[ranked[0].candidate][1] if ranked and ranked[0].candidate in des else None
     if ranked and best_report is None and not interrupted and hasattr(engine, "report"):
         best_report = engine.report(build_scenario(base, ranked[0].candidate))
+    if best_report is not None:  # the engines saw an already calibrated system: say which profile
+        best_report = best_report.model_copy(update={"calibration": calibration_label})
     total = time.perf_counter() - t_start
     covered = sres.candidates
     stats = SpaceStats(
