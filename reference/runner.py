@@ -76,7 +76,7 @@ def run_specs(cfg: RunConfig) -> list[ParamSpec]:
     """The parameters of a run; with AdamW every parameter is on AdamW."""
     specs = param_specs(load_shapes(cfg.shapes), cfg.tp, cfg.etp, cfg.split_qkv)
     if cfg.optimizer == "adamw":
-        specs = [replace(s, optimizer="adamw") for s in specs]
+        specs = [replace(s, tensor=replace(s.tensor, optimizer="adamw")) for s in specs]
     return specs
 
 

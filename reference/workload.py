@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from topologies.inputs import UserInputError
-from workloads.inventory import build_inventory
+from workloads.flops import newton_schulz_cost_proxy
+from workloads.inventory import TensorSpec, build_inventory
 from workloads.models import GqaAttention, ModelSpec, load_model
 
 MAX_PARAMS = 50_000_000  # the reference runs on CPUs: refuse anything bigger
@@ -66,7 +67,8 @@ def load_shapes(name_or_path: str) -> ModelSpec:
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """One parameter of the reference model (one expert copy for experts).
+    """One parameter of the reference model (one expert copy for experts): a named view of the
+    inventory's :class:`TensorSpec`, so the reference and the cost model share shapes and sharding.
 
     ``shard_dim``/``shards`` split the global shape over the ``shard_group`` ('tp' or 'etp');
     ``dp_group`` is where its gradient is reduced ('dp' or 'expert_dp'); ``order`` is the
@@ -74,16 +76,20 @@ class ParamSpec:
     """
 
     name: str
-    role: str
     order: int
-    global_shape: tuple[int, ...]
-    shard_dim: int | None
-    shards: int
-    shard_group: str | None
-    dp_group: str
-    optimizer: str  # 'muon' or 'adamw'
+    tensor: TensorSpec
     qkv_groups: int = 0
     qkv_split: tuple[int, ...] = ()
+
+    role = property(lambda self: self.tensor.role)
+    global_shape = property(lambda self: self.tensor.global_shape)
+    shard_dim = property(lambda self: self.tensor.shard_dim)
+    shards = property(lambda self: self.tensor.shards)
+    shard_group = property(lambda self: self.tensor.shard_group)
+    dp_group = property(lambda self: self.tensor.dp_group)
+    optimizer = property(lambda self: self.tensor.optimizer)  # 'muon' or 'adamw'
+    local_shape = property(lambda self: self.tensor.local_shape)  # this rank's tensor-parallel shard
+    local_numel = property(lambda self: self.tensor.local_numel)
 
     @property
     def is_expert(self) -> bool:
@@ -91,29 +97,11 @@ class ParamSpec:
         return self.dp_group == "expert_dp"
 
     @property
-    def local_shape(self) -> tuple[int, ...]:
-        """Shape of this rank's tensor-parallel shard."""
-        if self.shard_dim is None:
-            return self.global_shape
-        shape = list(self.global_shape)
-        shape[self.shard_dim] //= self.shards
-        return tuple(shape)
-
-    @property
-    def local_numel(self) -> int:
-        """Elements of the local shard."""
-        n = 1
-        for d in self.local_shape:
-            n *= d
-        return n
-
-    @property
     def ns_cost(self) -> int:
         """Megatron's load-balancing cost of the local tensor: max·min² (numel if not 2-D)."""
         if len(self.local_shape) != 2:
             return self.local_numel
-        m, n = sorted(self.local_shape)
-        return n * m * m
+        return newton_schulz_cost_proxy(*self.local_shape)
 
 
 def param_specs(model: ModelSpec, tp: int, etp: int, split_qkv: bool) -> list[ParamSpec]:
@@ -131,11 +119,7 @@ def param_specs(model: ModelSpec, tp: int, etp: int, split_qkv: bool) -> list[Pa
             qkv_split = (att.num_heads // att.num_kv_heads * d, d, d)
         copies = [f"{t.name}{e}" for e in range(t.num_experts)] if t.num_experts > 1 else [t.name]
         for name in copies:
-            out.append(ParamSpec(
-                name=name, role=t.role, order=len(out), global_shape=t.global_shape,
-                shard_dim=t.shard_dim, shards=t.shards, shard_group=t.shard_group, dp_group=t.dp_group,
-                optimizer=t.optimizer, qkv_groups=qkv_groups, qkv_split=qkv_split,
-            ))
+            out.append(ParamSpec(name=name, order=len(out), tensor=t, qkv_groups=qkv_groups, qkv_split=qkv_split))
     return out
 
 
