@@ -4,7 +4,7 @@ over ranks, and the memory per GPU of each pipeline stage by component."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -71,7 +71,7 @@ def describe(
     spec = load_model(model)
     inv = build_inventory(spec)
     terms = model_flop_terms(spec, seq, tp)
-    data = {
+    data: dict[str, Any] = {
         "model": spec.name,
         "params_total": inv.params_total,
         "params_active": active_params(spec),
@@ -132,20 +132,20 @@ def inventory(
         raise UserInputError(f"--stage {stage} is not a pipeline stage; valid: 0..{sc.par.pp - 1}")
     inv = inventory_for(sc)
     memory = memory_by_stage(sc)
-    stages = []
-    for s in range(sc.par.pp):
-        ts = inv.stage_tensors(s)
+    stages: list[dict[str, Any]] = []
+    for st in range(sc.par.pp):
+        ts = inv.stage_tensors(st)
         stages.append({
-            "stage": s,
+            "stage": st,
             "tensors": len(ts),
-            "params_per_rank": inv.rank_numel(s),
+            "params_per_rank": inv.rank_numel(st),
             "muon_params_per_rank": sum(t.rank_numel for t in ts if t.optimizer == "muon"),
             "adamw_params_per_rank": sum(t.rank_numel for t in ts if t.optimizer == "adamw"),
             "expert_params_per_rank": sum(t.rank_numel for t in ts if t.is_expert),
             "muon_matrices_per_rank": sum(len(t.muon_components) * t.experts_per_rank for t in ts if t.optimizer == "muon"),
-            "memory_per_gpu_bytes": memory[s].components_bytes | {"total": memory[s].total_bytes},
+            "memory_per_gpu_bytes": memory[st].components_bytes | {"total": memory[st].total_bytes},
         })
-    tensors = []
+    tensors: list[dict[str, Any]] = []
     if per_tensor or json_out:
         for t in inv.tensors:
             if per_tensor and t.stage != stage:
@@ -156,7 +156,7 @@ def inventory(
                 "dp_group": t.dp_group, "optimizer": t.optimizer, "copies": t.num_experts,
                 "copies_per_rank": t.experts_per_rank, "muon_matrices": [list(c) for c in t.local_muon_components],
             })
-    data = {"params_total": inv.params_total, "dp": sc.dp, "expert_dp": sc.expert_dp, "stages": stages}
+    data: dict[str, Any] = {"params_total": inv.params_total, "dp": sc.dp, "expert_dp": sc.expert_dp, "stages": stages}
     if json_out:
         data["tensors"] = tensors
         print_json(data)
@@ -164,16 +164,16 @@ def inventory(
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"{sc.model.name} on {sc.gpus} GPUs: tp {sc.par.tp}, pp {sc.par.pp}, vpp {sc.par.vpp}, "
-                    f"ep {sc.par.ep}, dp {sc.dp}")
+    st_t = Table(title=f"{sc.model.name} on {sc.gpus} GPUs: tp {sc.par.tp}, pp {sc.par.pp}, vpp {sc.par.vpp}, "
+                       f"ep {sc.par.ep}, dp {sc.dp}")
     for col in ("stage", "tensors", "params/rank", "Muon", "AdamW", "experts", "Muon matrices/rank"):
-        t.add_column(col, justify="right")
+        st_t.add_column(col, justify="right")
     for s in stages:
-        t.add_row(str(s["stage"]), str(s["tensors"]), f"{s['params_per_rank'] / 1e9:.3f} B",
-                  f"{s['muon_params_per_rank'] / 1e9:.3f} B", f"{s['adamw_params_per_rank'] / 1e9:.3f} B",
-                  f"{s['expert_params_per_rank'] / 1e9:.3f} B", str(s["muon_matrices_per_rank"]))
+        st_t.add_row(str(s["stage"]), str(s["tensors"]), f"{s['params_per_rank'] / 1e9:.3f} B",
+                     f"{s['muon_params_per_rank'] / 1e9:.3f} B", f"{s['adamw_params_per_rank'] / 1e9:.3f} B",
+                     f"{s['expert_params_per_rank'] / 1e9:.3f} B", str(s["muon_matrices_per_rank"]))
     console = Console()
-    console.print(t)
+    console.print(st_t)
     mt = Table(title=f"memory per GPU, GB (capacity {sc.system.gpu.hbm_bytes / 1e9:.0f} GB; "
                      f"recompute {sc.par.recompute})")
     names = list(memory[0].components_bytes)

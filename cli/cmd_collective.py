@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -31,7 +31,8 @@ def size_sweep(min_bytes: float, max_bytes: float, factor: float) -> list[float]
         raise CliError(f"--step-factor must be > 1, got {factor}")
     if min_bytes <= 0 or max_bytes < min_bytes:
         raise CliError(f"need 0 < --min-size <= --max-size, got {min_bytes:g} and {max_bytes:g}")
-    sizes, s = [], min_bytes
+    sizes: list[float] = []
+    s = min_bytes
     while s <= max_bytes * (1 + 1e-9) and len(sizes) < 200:
         sizes.append(s)
         s *= factor
@@ -127,7 +128,7 @@ def topology(
     if json_out:
         print_json(summary)
         return
-    s = summary
+    s: dict[str, Any] = summary
     lines = [
         f"{sys_spec.display_name or sys_spec.name}: {s['gpus']} GPUs on {s['domains']} NVLink domain(s) of "
         f"{s['domain_size']} ({s['gpus_per_domain']} used per domain)",
