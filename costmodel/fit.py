@@ -44,6 +44,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -308,7 +309,7 @@ def fit_factors(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapping
     """
     count = _Counted()
     names = {r.system: settings.factors for r in runs}
-    lins = [linearize(lambda f, r=r: count(r, f), default_factor_values(names[r.system], defaults_by_system[r.system]),
+    lins = [linearize(partial(count, r), default_factor_values(names[r.system], defaults_by_system[r.system]),
                       names[r.system], FACTOR_BOUNDS) for r in runs]
     params, dropped = _candidate_params(runs, lins, defaults_by_system, settings)
     fitted = {r.system: tuple(p.factor for p in params if p.kind == "system" and p.key == r.system) for r in runs}
@@ -333,7 +334,7 @@ def fit_factors(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapping
         if not improved:
             break  # the last accepted point (x, lins) stands
         x, current = proposal, value
-        lins = [linearize(lambda f, r=r: count(r, f), pt, fitted[r.system], FACTOR_BOUNDS, t0_s=t)
+        lins = [linearize(partial(count, r), pt, fitted[r.system], FACTOR_BOUNDS, t0_s=t)
                 for r, pt, t in zip(runs, points, t_true, strict=True)]
         problem = _problem(runs, lins, params)
         if gap <= settings.outer_tolerance:

@@ -30,7 +30,9 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -84,7 +86,7 @@ def measure_gemm(dtype: str = "bf16", sizes: Sequence[int] = GEMM_SIZES, threads
         for n in sizes:
             a = torch.randn(n, n, generator=gen).to(torch_dtype)
             b = torch.randn(n, n, generator=gen).to(torch_dtype)
-            out.append((2.0 * n ** 3, _time_call(lambda a=a, b=b: torch.matmul(a, b), min_time_s)))
+            out.append((2.0 * n ** 3, _time_call(partial(torch.matmul, a, b), min_time_s)))
         return out
     finally:
         torch.set_num_threads(previous)
@@ -114,7 +116,7 @@ def measure_newton_schulz(dtype: str = "bf16", shapes: Sequence[tuple[int, int]]
     out = []
     for rows, cols in shapes:
         g = torch.randn(rows, cols, generator=gen)
-        out.append(((rows, cols), _time_call(lambda g=g: ns(g), min_time_s)))
+        out.append(((rows, cols), _time_call(partial(ns, g), min_time_s)))
     return out
 
 
@@ -153,7 +155,7 @@ def _worker(rank: int, world: int, port: int, out_path: str, sizes: Sequence[int
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        results: dict[str, list[tuple[float, float]]] = {}
+        results: dict[str, list[tuple[Any, float]]] = {}
         for dtype in ("bf16", "fp32"):
             points = []
             for n in gemm_sizes:
@@ -170,7 +172,7 @@ def _worker(rank: int, world: int, port: int, out_path: str, sizes: Sequence[int
                 worst = torch.tensor([t])
                 dist.all_reduce(worst, op=dist.ReduceOp.MAX)
                 ns_points.append((shape, float(worst[0])))
-            results[f"ns_{dtype}"] = ns_points  # type: ignore[assignment]
+            results[f"ns_{dtype}"] = ns_points
         for op in COLLECTIVE_OPS:
             results[op] = []
             for size in sizes:
@@ -216,10 +218,11 @@ def _worker(rank: int, world: int, port: int, out_path: str, sizes: Sequence[int
 
 def measure_ranks(world_size: int = 2, sizes: Sequence[int] = COLLECTIVE_SIZES_BYTES,
                   gemm_sizes: Sequence[int] = GEMM_SIZES, min_time_s: float = 0.03,
-                  timeout_s: float = 120.0) -> dict[str, list[tuple[float, float]]]:
+                  timeout_s: float = 120.0) -> dict[str, list[tuple[Any, float]]]:
     """Timings on ``world_size`` forked gloo processes, slowest rank's.
 
     Keys ``gemm_bf16`` / ``gemm_fp32``: (FLOPs, seconds) of one matmul, all ranks busy at once;
+    keys ``ns_bf16`` / ``ns_fp32``: ([rows, cols], seconds) of one Newton-Schulz call;
     one key per collective op: (size_bytes, seconds), each the 20th percentile of its samples.
     """
     import torch.multiprocessing as mp

@@ -13,7 +13,7 @@ which the discrete-event engine must match the analytic engine.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,6 +151,10 @@ class FluidNetwork:
         if version == self._version and not self._wake.triggered:
             self._wake.succeed()
 
+    def _ring_callback(self, version: int) -> Callable[[simpy.Event], None]:
+        """The timer's callback for the plan numbered ``version`` (a SimPy event callback)."""
+        return lambda _event: self._ring(version)
+
     def _scheduler(self) -> Generator[simpy.Event, Any, None]:
         """Wake at the next completion (or when a flow arrives), finish flows, re-plan the rates."""
         while True:
@@ -159,7 +163,7 @@ class FluidNetwork:
                 dt = min(f.remaining / f.rate for f in self.flows)
                 self._version += 1
                 version = self._version
-                self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _, v=version: self._ring(v))
+                self.env.timeout(max(dt, 0.0)).callbacks.append(self._ring_callback(version))
             yield self._wake
             self._advance()
             finished = [f for f in self.flows if f.remaining <= DONE_EPS_S * max(1.0, f.volume)]
