@@ -211,10 +211,11 @@ def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: Model
             phases.append(PhaseComparison("newton_schulz", rank, measured["newton_schulz"] - measured.get("ns_comm", 0.0),
                                           ns_s))
         if measured.get("grad_reduce"):
-            calls = [c for c in expected[rank] if c.phase == "grad_reduce"]
-            times = [local.collective_time_s(c.op, c.bytes) for c in calls]
-            if calls and all(t is not None for t in times):
-                predicted = sum(t * c.count for t, c in zip(times, calls, strict=True))  # type: ignore[operator]
+            reduce_calls = [c for c in expected[rank] if c.phase == "grad_reduce"]
+            times = [local.collective_time_s(c.op, c.bytes) for c in reduce_calls]
+            known = [t for t in times if t is not None]
+            if reduce_calls and len(known) == len(times):
+                predicted = sum(t * c.count for t, c in zip(known, reduce_calls, strict=True))
                 phases.append(PhaseComparison("grad_reduce", rank, measured["grad_reduce"], predicted))
     if config.get("param_dtype", "bf16") != "bf16":
         notes.append(f"param_dtype {config.get('param_dtype')}: the cost model's parameter gathers assume bf16")

@@ -73,7 +73,7 @@ def build_report(scenario: Scenario, engine: str, step_time_s: float, breakdown:
     peak = scenario.system.peak_flops_per_s(scenario.precision)
     mem, mem_warn = memory_report(scenario)
     return StepReport(
-        engine=engine,  # type: ignore[arg-type]
+        engine=engine,
         scenario=scenario.config.model_dump(mode="json"),
         step_time_s=step_time_s,
         tokens_per_s_per_gpu=tokens / step_time_s / gpus,

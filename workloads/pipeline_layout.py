@@ -30,9 +30,9 @@ def virtual_stage_layer_counts(num_layers: int, pp: int, vpp: int, split: Pipeli
     # each fill a virtual stage of their own (Llama 3.1 405B: 126 layers on pp 16 x vpp 8)
     limit = num_layers if split == "even" else num_layers + 2
     if stages > limit:
-        extra = "" if split == "even" else " + 2 (embedding and loss)"
+        plus = "" if split == "even" else " + 2 (embedding and loss)"
         raise UserInputError(
-            f"pp·vpp = {stages} virtual pipeline stages exceed the model's {num_layers} layers{extra}; use a smaller pp or vpp"
+            f"pp·vpp = {stages} virtual pipeline stages exceed the model's {num_layers} layers{plus}; use a smaller pp or vpp"
         )
     if num_layers % stages == 0 and split in ("auto", "even"):
         return [num_layers // stages] * stages
