@@ -143,12 +143,12 @@ def compare(params: dict[str, torch.Tensor], reference: dict[str, torch.Tensor],
 
 def numerical_checks(cfg: RunConfig, params: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Compare a run's final parameters with the single-process reference (one thread, in-process)."""
-    from reference.serial import initial_params, serial_reference
+    from reference.serial import SerialNS, initial_params, serial_reference
 
     sharded_tp = cfg.optimizer == "muon" and (cfg.tp > 1 or cfg.etp > 1)
     with _one_thread():
         initial = initial_params(cfg)
-        same_math = "blockwise" if sharded_tp and cfg.tp_mode == "blockwise" else "full"
+        same_math: SerialNS = "blockwise" if sharded_tp and cfg.tp_mode == "blockwise" else "full"
         ref = serial_reference(cfg, same_math)
         out: dict[str, Any] = {"serial_math": same_math, **compare(params, ref, initial)}
         out["bitwise_equal_serial"] = all(torch.equal(params[n], ref[n]) for n in ref)

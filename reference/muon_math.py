@@ -88,7 +88,7 @@ class MatrixInfo:
 class Orthogonalizer(Protocol):
     """Orthogonalises one component (local fp32 shard) and returns the scaled local result."""
 
-    def __call__(self, u_local: torch.Tensor, global_shape: tuple[int, int], info: MatrixInfo) -> torch.Tensor: ...
+    def __call__(self, u_local: torch.Tensor, global_shape: tuple[int, int], info: MatrixInfo, /) -> torch.Tensor: ...
 
 
 def split_qkv(u: torch.Tensor, groups_local: int, split: tuple[int, ...]) -> list[torch.Tensor]:

@@ -53,7 +53,7 @@ GROUP_KINDS = ("dp", "expert_dp")
 def matrix_info(spec: ParamSpec) -> MatrixInfo:
     """What the Muon step needs to know about a 2-D parameter."""
     return MatrixInfo(
-        name=spec.name, global_shape=spec.global_shape, shard_dim=spec.shard_dim,  # type: ignore[arg-type]
+        name=spec.name, global_shape=spec.global_shape, shard_dim=spec.shard_dim,
         shards=spec.shards, tp_group=spec.shard_group or "tp", qkv_groups=spec.qkv_groups, qkv_split=spec.qkv_split,
     )
 

@@ -32,11 +32,11 @@ def _orthogonalize(u: torch.Tensor, spec: ParamSpec, ns: SerialNS, full: FullMat
                    blockwise: BlockwiseNS) -> torch.Tensor:
     shape = spec.global_shape
     if ns == "blockwise" and spec.shard_dim is not None and spec.shards > 1:
-        info = MatrixInfo(spec.name, shape, spec.shard_dim, spec.shards, spec.shard_group or "tp",  # type: ignore[arg-type]
+        info = MatrixInfo(spec.name, shape, spec.shard_dim, spec.shards, spec.shard_group or "tp",
                           spec.qkv_groups, spec.qkv_split)
         parts = [orthogonalize_param(p.contiguous(), info, blockwise) for p in u.chunk(spec.shards, spec.shard_dim)]
         return torch.cat(parts, dim=spec.shard_dim)
-    info = MatrixInfo(spec.name, shape, None, 1, "tp", spec.qkv_groups, spec.qkv_split)  # type: ignore[arg-type]
+    info = MatrixInfo(spec.name, shape, None, 1, "tp", spec.qkv_groups, spec.qkv_split)
     return orthogonalize_param(u, info, full)
 
 

@@ -82,13 +82,15 @@ class TensorParallelNS(FullMatrixNS):
 
     def _duplicated(self, u: torch.Tensor, global_shape: tuple[int, int], info: MatrixInfo) -> torch.Tensor:
         group = self.comm.groups[info.tp_group]
+        shard_dim = info.shard_dim
+        assert shard_dim is not None  # __call__ sends only sharded matrices here
         t = group.size
         flat = torch.empty(u.numel() * t, dtype=torch.float32, device=u.device)
         self.comm.all_gather(flat, u.contiguous().view(-1), info.tp_group, "ns_gather")
         parts = flat.view(t, *u.shape).unbind(0)
-        full = torch.cat(parts, dim=info.shard_dim)
+        full = torch.cat(parts, dim=shard_dim)
         out = self._ns(full) * muon_scale(*global_shape, self.hyper)
-        return out.chunk(t, dim=info.shard_dim)[group.rank].contiguous()
+        return out.chunk(t, dim=shard_dim)[group.rank].contiguous()
 
     def _distributed(self, u: torch.Tensor, global_shape: tuple[int, int], info: MatrixInfo) -> torch.Tensor:
         h = self.hyper

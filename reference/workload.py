@@ -112,7 +112,8 @@ def param_specs(model: ModelSpec, tp: int, etp: int, split_qkv: bool) -> list[Pa
     for t in inv.tensors:
         if t.optimizer == "none":
             continue
-        qkv_groups, qkv_split = 0, ()
+        qkv_groups = 0
+        qkv_split: tuple[int, ...] = ()
         if t.role == "qkv" and split_qkv and isinstance(att, GqaAttention):
             d = att.head_dim
             qkv_groups = att.num_kv_heads
