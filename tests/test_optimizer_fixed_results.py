@@ -1,0 +1,76 @@
+"""Speed work must not move a number: step times, optimizer plans and step structures of fixed
+scenarios, pinned to the values computed before the plan / step-structure fast paths (1e-9 relative).
+
+Covers every load balance of the current layer-wise layout (stage 0 closes chunks on the bucket
+size: the absorbable-padding walk), legacy, AdamW element-wise, tp/etp > 1 with each TP mode, cp,
+recompute, and expert_dp from 1 to 32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from costmodel.analytic import run_analytic
+from costmodel.optimizer.plan import build_optimizer_plan
+from costmodel.planner.fast_analytic import FastAnalytic
+from costmodel.step_structure import build_step_structure
+from workloads.scenario import DEFAULT_SCENARIO
+
+# (overrides of the default scenario, analytic step s, sum over stages of the critical rank's optimizer s,
+#  integer checksum of buckets and owners, step-structure fingerprint s)
+CASES = [  # noqa: E501
+    ({}, 12.420736344477358, 1.0824584648147368, 778000501255, 564.6363833053248),
+    ({'load_balance': 'ping_pong'}, 12.420736344477358, 1.0466100680673995, 778000496861, 564.6005349085774),
+    ({'load_balance': 'none'}, 12.420736344477358, 1.066161710831834, 778000532624, 564.6200865513418),
+    ({'layer_wise_layout': 'legacy'}, 12.266790291142154, 0.9926510748628108, 173648572345, 404.041689681574),
+    ({'optimizer': 'adamw'}, 12.021597410156033, 0.07517638252500002, 173647675392, 403.03909756596664),
+    ({'tp': 2, 'pp': 8, 'vpp': 1, 'ep': 8, 'tp_mode': 'distributed'}, 14.248816471693518, 1.9650714874002642, 1246988492670, 851.9542327379706),
+    ({'tp': 4, 'pp': 2, 'vpp': 2, 'ep': 4, 'etp': 2, 'tp_mode': 'duplicated', 'load_balance': 'lpt'}, 20.205589889750538, 0.9909107550800345, 2619970547705, 822.3234578628796),
+    ({'tp': 1, 'pp': 8, 'vpp': 6, 'ep': 2, 'load_balance': 'none', 'recompute': 'full', 'micro_batch_size': 8}, 15.677214617056833, 2.2399240687204913, 5764690453800, 1598.5474979972812),
+    ({'tp': 8, 'pp': 8, 'vpp': 4, 'ep': 4, 'etp': 2, 'tp_mode': 'blockwise', 'recompute': 'full', 'micro_batch_size': 2}, 38.5453424524315, 1.072920621800869, 846866828247, 1036.3964444701412),
+    ({'tp': 1, 'pp': 2, 'vpp': 7, 'ep': 32, 'layer_wise_layout': 'legacy', 'load_balance': 'lpt', 'hide_param_gather': True}, 11.464321236358247, 0.5055514511828115, 399382687043, 390.46619387879696),
+    ({'tp': 2, 'pp': 4, 'vpp': 2, 'cp': 2, 'ep': 16, 'load_balance': 'ping_pong', 'recompute': 'selective'}, 14.205190615442591, 1.006553924184351, 709543309629, 553.990647917563),
+    ({'tp': 1, 'pp': 2, 'vpp': 1, 'ep': 8, 'load_balance': 'ping_pong'}, 11.993353240297495, 0.5057791264226378, 8333451656208, 727.1441546743549),
+    ({'tp': 1, 'pp': 16, 'vpp': 1, 'ep': 8, 'load_balance': 'lpt', 'hide_param_gather': True}, 14.541306220999719, 3.913309244000258, 842738367778, 919.050754255992),
+]
+
+
+def plan_checksum(plan) -> int:  # noqa: ANN001
+    """Exact integer digest of every bucket (order, padded and used elements) and every owner array."""
+    total = 0
+    for s in plan.stages:
+        for b in s.buckets:
+            total += int(b.numel) * (b.order + 1) + int(b.used_numel)
+        for r in s.roles:
+            total += int(np.dot(r.owner.astype(np.int64), np.arange(1, len(r.owner) + 1)))
+    return total
+
+
+def structure_fingerprint_s(structure) -> float:  # noqa: ANN001
+    """Weighted sum of every chunk's pass times, exposed and latency comm, and bucket times (seconds)."""
+    total = 0.0
+    for st in structure.stages:
+        for c in st.chunks:
+            for w, ps in ((1.0, c.fwd), (2.0, c.bwd)):
+                total += w * (ps.compute_s + 3.0 * ps.exposed_comm_s + 5.0 * sum(b.latency_s for b in ps.comm))
+        total += sum(b.reduce_s + 7.0 * b.gather_s + 11.0 * b.bwd_ready_fraction for b in st.buckets)
+        total += st.optimizer_compute_s + 13.0 * st.optimizer_tp_s
+    return total
+
+
+@pytest.fixture(scope="module")
+def base():
+    return DEFAULT_SCENARIO.resolve()
+
+
+@pytest.mark.parametrize("overrides,step_s,optimizer_s,checksum,structure_s", CASES,
+                         ids=[",".join(f"{k}={v}" for k, v in c[0].items()) or "default" for c in CASES])
+def test_fixed_results(base, overrides, step_s, optimizer_s, checksum, structure_s) -> None:  # noqa: ANN001
+    sc = base.with_updates(**overrides)
+    plan = build_optimizer_plan(sc)
+    assert plan_checksum(plan) == checksum
+    assert sum(max(r.total_s for r in s.ranks) for s in plan.stages) == pytest.approx(optimizer_s, rel=1e-9)
+    assert structure_fingerprint_s(build_step_structure(sc)) == pytest.approx(structure_s, rel=1e-9)
+    assert float(run_analytic(sc).step_time_s) == pytest.approx(step_s, rel=1e-9)
+    assert FastAnalytic().step(sc)[0] == pytest.approx(step_s, rel=1e-9)
