@@ -12,6 +12,7 @@ from cli.common import print_json, resolve_scenario, user_errors, with_scenario_
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``catalog``, ``describe`` and ``inventory`` commands."""
     app.command("catalog")(catalog)
     app.command("describe")(describe)
     app.command("inventory")(inventory)

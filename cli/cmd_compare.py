@@ -33,6 +33,7 @@ _FLAG_OF = {key: "--" + flag.replace("_", "-") for flag, (key, _, _) in SCENARIO
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``compare`` command."""
     app.command("compare")(compare)
 
 

@@ -24,6 +24,7 @@ WarmupOpt = Annotated[int, typer.Option("--warmup", min=0, help="Megatron logs: 
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``validate`` and ``calibrate`` commands."""
     app.command("validate")(validate)
     app.command("calibrate")(calibrate)
 

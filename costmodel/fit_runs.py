@@ -70,6 +70,7 @@ class CalibrationReport:
 
     @property
     def heldout(self) -> Metrics:
+        """Error metrics of the held-out predictions over all systems."""
         return error_metrics(self.heldout_rows)
 
     def metrics_table(self) -> dict[str, dict[str, Metrics]]:
@@ -84,6 +85,7 @@ class CalibrationReport:
         return out
 
     def to_json_dict(self) -> dict[str, Any]:
+        """The ``--json`` form: profile, metrics table (NaN as null), held-out rows, unsupported runs."""
         table = {scope: {kind: _clean(m.to_json_dict()) for kind, m in kinds.items()}
                  for scope, kinds in self.metrics_table().items()}
         return {

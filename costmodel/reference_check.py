@@ -50,6 +50,7 @@ class PhaseComparison:
 
     @property
     def error_pct(self) -> float:
+        """Signed prediction error in percent of the measured time (NaN when nothing was measured)."""
         return 100.0 * (self.predicted_s - self.measured_s) / self.measured_s if self.measured_s > 0 else math.nan
 
 
@@ -64,6 +65,8 @@ class CollectiveDiff:
 
 @dataclass
 class ReferenceCheck:
+    """A reference run checked against the cost model: collectives per rank, phase seconds, NS FLOPs."""
+
     run_id: str
     world_size: int
     phases: list[PhaseComparison]
@@ -74,9 +77,11 @@ class ReferenceCheck:
 
     @property
     def collectives_match(self) -> bool:
+        """True when every rank issued exactly the collectives the cost model expects."""
         return not self.diffs
 
     def phase(self, name: str) -> list[PhaseComparison]:
+        """The comparisons of phase ``name``, one per rank that measured it."""
         return [p for p in self.phases if p.phase == name]
 
     def summary_lines(self) -> list[str]:
@@ -102,6 +107,7 @@ class ReferenceCheck:
         return lines
 
     def to_json_dict(self) -> dict[str, Any]:
+        """The ``--json`` form: collective diffs, per-phase seconds, NS FLOPs and notes."""
         return {
             "run_id": self.run_id, "world_size": self.world_size, "collectives_match": self.collectives_match,
             "calls_per_rank": self.calls_per_rank,

@@ -31,6 +31,7 @@ class Breakdown(_Out):
 
     @property
     def total_s(self) -> float:
+        """Sum of the terms: the step time they account for, in seconds."""
         return self.compute + self.pipeline_bubble + sum(self.exposed_comm.values()) + self.optimizer + self.other
 
 

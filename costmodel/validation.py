@@ -48,17 +48,21 @@ class PreparedRun:
 
     @property
     def tokens_per_step(self) -> int:
+        """Tokens per optimizer step of the measured run: global batch size x sequence length."""
         return self.run.global_batch_size * self.run.seq_length
 
 
 @dataclass(frozen=True)
 class UnsupportedRun:
+    """A measured run the cost model cannot express, and why (skipped, not scored)."""
+
     run_id: str
     model: str
     system: str
     reason: str
 
     def to_json_dict(self) -> dict[str, str]:
+        """Plain dict of the fields for JSON."""
         return dataclasses.asdict(self)
 
 
@@ -140,9 +144,11 @@ class RunResult:
 
     @property
     def error_pct(self) -> float:
+        """Signed step-time error in percent of the measured time (positive: predicted slower)."""
         return 100.0 * (self.predicted_step_time_s - self.measured_step_time_s) / self.measured_step_time_s
 
     def to_json_dict(self) -> dict[str, Any]:
+        """The ``--json`` row: identity, measured and predicted step time (s), ``error_pct``, training-set flag."""
         return {
             "run_id": self.run_id, "model": self.model, "system": self.system, "release": self.release,
             "num_gpus": self.num_gpus, "measured_step_time_s": self.measured_step_time_s,
@@ -165,6 +171,7 @@ class Metrics:
     kendall_pairs: int
 
     def to_json_dict(self) -> dict[str, Any]:
+        """Plain dict of the fields (percent errors, Kendall's tau) for JSON."""
         return dataclasses.asdict(self)
 
 
@@ -250,6 +257,7 @@ class ValidationReport:
 
     @property
     def n_in_training_set(self) -> int:
+        """Number of runs that were in the calibration's training set."""
         return sum(r.in_training_set for r in self.rows)
 
     def to_json_dict(self) -> dict[str, Any]:

@@ -221,12 +221,14 @@ class ElementWise(DistOptimizer):
     gather_op = "all_gather"
 
     def build(self) -> None:
+        """Distributed-optimizer DDP buckets (padded for element-wise shards) per dp group kind."""
         for kind in GROUP_KINDS:
             items = layout_items(self.specs_of(kind))
             size = self.group_size(kind)
             self.add_buckets("element_wise", kind, ddp_buckets(items, size, self.cfg.bucket_elements, True))
 
     def step(self, step: int) -> None:
+        """AdamW update of this rank's shard of every bucket (``step`` counts from 1)."""
         for b in self.buckets:
             self.update_shard(b, step)
 
@@ -235,12 +237,14 @@ class Replicated(DistOptimizer):
     """Plain DDP: all-reduce, then every rank updates every parameter."""
 
     def build(self) -> None:
+        """Plain DDP buckets (no shard padding) per dp group kind."""
         for kind in GROUP_KINDS:
             size = self.group_size(kind)
             items = layout_items(self.specs_of(kind))
             self.add_buckets("ddp", kind, ddp_buckets(items, size, self.cfg.bucket_elements, False))
 
     def step(self, step: int) -> None:
+        """Every rank updates every parameter (``step`` counts from 1)."""
         self.for_each_owned(lambda b, n: self.update_param(b, n, step), lambda b, n: True)
 
 
@@ -250,6 +254,7 @@ class LayerWiseLegacy(DistOptimizer):
     gather_op = "all_gather_v"
 
     def build(self) -> None:
+        """DDP buckets with whole-parameter owners (Muon parameters first, then AdamW)."""
         strategy = self.cfg.resolved_load_balance
         for kind in GROUP_KINDS:
             size = self.group_size(kind)
@@ -263,6 +268,7 @@ class LayerWiseLegacy(DistOptimizer):
             self.add_buckets("legacy", kind, [with_owners(bl, owners) for bl in layouts])
 
     def step(self, step: int) -> None:
+        """Update the parameters this rank owns (``step`` counts from 1)."""
         self.for_each_owned(lambda b, n: self.update_param(b, n, step),
                             lambda b, n: b.slots[n].owner == self.group_rank(b.group))
 
@@ -274,6 +280,7 @@ class LayerWiseCurrent(DistOptimizer):
     gather_op = "all_gather"
 
     def build(self) -> None:
+        """Shard-aligned layer-wise buckets for Muon, element-wise buckets for AdamW, per dp group kind."""
         strategy = self.cfg.resolved_load_balance
         self.lw_uids: set[int] = set()
         for kind in GROUP_KINDS:
@@ -287,6 +294,7 @@ class LayerWiseCurrent(DistOptimizer):
             self.add_buckets("element_wise", kind, ddp_buckets(adam_items, size, bucket_size, True))
 
     def step(self, step: int) -> None:
+        """Muon update of the owned layer-wise parameters, AdamW update of this rank's element-wise shards."""
         self.for_each_owned(
             lambda b, n: self.update_param(b, n, step),
             lambda b, n: b.uid in self.lw_uids and b.slots[n].owner == self.group_rank(b.group))

@@ -36,6 +36,7 @@ class CollectiveCall:
         return (self.op, self.group, self.group_size, self.dtype, self.bytes, self.phase)
 
     def to_dict(self) -> dict[str, object]:
+        """Plain dict of the fields (``bytes`` per call, ``count`` calls per step) for JSON."""
         return asdict(self)
 
 

@@ -30,6 +30,7 @@ class FlopTerms:
 
     @property
     def total(self) -> float:
+        """Model FLOPs per token, all terms summed (forward + backward), in FLOPs."""
         return (self.dense_mlp + self.routed_experts + self.shared_experts + self.attention_projections
                 + self.attention_core + self.mtp_extra + self.logits)
 

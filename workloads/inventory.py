@@ -52,6 +52,7 @@ class TensorSpec:
 
     @property
     def is_expert(self) -> bool:
+        """True for expert tensors: several copies per layer (routed experts) or an ``expert_*`` role."""
         return self.num_experts > 1 or self.role.startswith("expert_")
 
     @property

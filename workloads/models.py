@@ -107,6 +107,7 @@ class ModelSpec(_Strict):
 
     @property
     def num_dense_layers(self) -> int:
+        """Transformer layers with a dense MLP (main layers minus MoE layers)."""
         return self.num_layers - self.num_moe_layers
 
     def padded_vocab_size(self, tp: int = 1) -> int:

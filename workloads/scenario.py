@@ -55,10 +55,12 @@ class Parallelism(_Strict):
 
     @property
     def expert_tp(self) -> int:
+        """Expert tensor-parallel size: ``etp`` when set, else 1."""
         return self.etp if self.etp is not None else 1
 
     @property
     def uses_sequence_parallel(self) -> bool:
+        """Whether sequence parallelism is on (default: when tp > 1)."""
         return self.tp > 1 if self.sequence_parallel is None else self.sequence_parallel
 
 
@@ -82,18 +84,21 @@ class OptimizerSpec(_Strict):
 
     @property
     def resolved_distribution(self) -> Distribution:
+        """The distribution with its default: element-wise for AdamW, layer-wise for Muon."""
         if self.distribution is not None:
             return self.distribution
         return "element_wise" if self.kind == "adamw" else "layer_wise"
 
     @property
     def resolved_load_balance(self) -> LoadBalance:
+        """The layer-wise load balance with its default: lpt (current layout), ping_pong (legacy)."""
         if self.load_balance is not None:
             return self.load_balance
         return "lpt" if self.layer_wise_layout == "current" else "ping_pong"
 
     @property
     def grad_bytes(self) -> int:
+        """Bytes per gradient element in the data-parallel reduction (4 fp32, 2 bf16)."""
         return 4 if self.grad_reduce_dtype == "fp32" else 2
 
 
@@ -190,18 +195,22 @@ class Scenario:
     # ----- convenient views -----
     @property
     def par(self) -> Parallelism:
+        """The parallelism section of the configuration."""
         return self.config.parallelism
 
     @property
     def optimizer(self) -> OptimizerSpec:
+        """The optimizer section of the configuration."""
         return self.config.optimizer
 
     @property
     def precision(self) -> Precision:
+        """Training precision of the transformer GEMMs (bf16, fp8-cs, mxfp8, nvfp4)."""
         return self.config.precision
 
     @property
     def gpus(self) -> int:
+        """GPUs in the job."""
         return self.config.gpus
 
     @property
@@ -223,6 +232,7 @@ class Scenario:
 
     @property
     def tokens_per_step(self) -> int:
+        """Tokens per optimizer step: global batch size (sequences) x sequence length (tokens)."""
         return self.par.global_batch_size * self.par.seq_length
 
     @cached_property
