@@ -1,7 +1,7 @@
 """Optimizer-plan construction time for Kimi K2 at 256 and 8,192 GPUs (goal: under 0.2 s).
 
-``cold`` builds the plan from scratch (plan cache and Newton–Schulz work cache cleared; the tensor
-inventory is rebuilt too); ``warm`` is a repeated call that hits the plan cache (key = model,
+``cold`` builds the plan from scratch (``plan.clear_caches()``: plan, tensor inventory, layer-wise
+layout and Newton–Schulz work caches cleared); ``warm`` is a repeated call that hits the plan cache (key = model,
 system, sizes and optimizer settings). Scenario resolution is not timed. Prints the first run,
 the median and the minimum of ``--repeat`` cold runs.
 
@@ -29,10 +29,9 @@ CASES: tuple[tuple[str, dict], ...] = (
 
 def cold_build_s(scenario) -> float:  # noqa: ANN001
     """Seconds to build the plan of ``scenario`` with every cache cleared."""
-    from costmodel.optimizer import newton_schulz, plan
+    from costmodel.optimizer import plan
 
-    plan._CACHE.clear()
-    newton_schulz._tensor_work.cache_clear()
+    plan.clear_caches()
     start = time.perf_counter()
     plan.build_optimizer_plan(scenario)
     return time.perf_counter() - start

@@ -21,6 +21,7 @@ non-2-D parameters). Outputs are bucket spans and owner arrays; nothing here kno
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -138,35 +139,61 @@ def _aligned(x: np.ndarray | int) -> np.ndarray:
 
 def _assign_chunk(numel: np.ndarray, cost: np.ndarray, d: int, loads: np.ndarray,
                   strategy: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Place one chunk on d shards; returns (owner, start within shard, shard cursors); ``loads`` updated."""
+    """Place one chunk on d shards; returns (owner, start within shard, shard cursors); ``loads`` updated.
+
+    Scalar walk over Python numbers (the same IEEE additions in the same order as an array walk:
+    loads are accumulated item by item, ties go to the lowest rank).
+    """
     n = len(numel)
-    owner = np.empty(n, dtype=np.int64)
-    start = np.empty(n, dtype=np.int64)
-    cursors = np.zeros(d, dtype=np.int64)
+    sizes: list[int] = numel.tolist()
+    costs: list[float] = cost.astype(np.float64).tolist()
+    load: list[float] = loads.astype(np.float64).tolist()
+    owner = [0] * n
+    start = [0] * n
+    cursors = [0] * d
     if strategy == "lpt":
+        order: list[int] = np.argsort(-cost, kind="stable").tolist()
         cap = LPT_CAP * float(numel.sum()) / d
-        for i in np.argsort(-cost, kind="stable"):
-            padded = _aligned(cursors)
-            fits = padded + numel[i] <= cap
-            r = int(np.argmin(np.where(fits, loads, np.inf))) if fits.any() else int(np.argmin(cursors))
-            owner[i], start[i] = r, padded[r]
-            cursors[r] = padded[r] + numel[i]
-            loads[r] += cost[i]
-        return owner, start, cursors
-    if strategy == "ping_pong":
-        order = np.argsort(numel, kind="stable")
-        owner[order] = ping_pong_owner(n, d)
-    elif strategy == "none":
-        order = np.arange(n)
-        owner[:] = round_robin_owner(n, d)
+        if d == 1:
+            for i in order:
+                at = -(-cursors[0] // PARAM_ALIGN) * PARAM_ALIGN
+                start[i] = at
+                cursors[0] = at + sizes[i]
+                load[0] += costs[i]
+        else:
+            padded = [0] * d
+            ranks = range(d)
+            for i in order:
+                size = sizes[i]
+                r, best = -1, math.inf
+                for k in ranks:
+                    if padded[k] + size <= cap and load[k] < best:
+                        r, best = k, load[k]
+                if r < 0:  # nothing fits under the cap: the shortest shard
+                    r = min(ranks, key=cursors.__getitem__)
+                at = padded[r]
+                owner[i], start[i] = r, at
+                cursors[r] = at + size
+                padded[r] = -(-cursors[r] // PARAM_ALIGN) * PARAM_ALIGN
+                load[r] += costs[i]
     else:
-        raise ValueError(f"unknown load balance {strategy!r}; valid: {', '.join(STRATEGIES)}")
-    for i in order.tolist():
-        r = owner[i]
-        start[i] = _aligned(cursors[r])
-        cursors[r] = start[i] + numel[i]
-        loads[r] += cost[i]
-    return owner, start, cursors
+        if strategy == "ping_pong":
+            order = np.argsort(numel, kind="stable").tolist()
+            for i, r in zip(order, ping_pong_owner(n, d).tolist(), strict=True):
+                owner[i] = r
+        elif strategy == "none":
+            order = list(range(n))
+            owner = round_robin_owner(n, d).tolist()
+        else:
+            raise ValueError(f"unknown load balance {strategy!r}; valid: {', '.join(STRATEGIES)}")
+        for i in order:
+            r = owner[i]
+            at = -(-cursors[r] // PARAM_ALIGN) * PARAM_ALIGN
+            start[i] = at
+            cursors[r] = at + sizes[i]
+            load[r] += costs[i]
+    loads[:] = load
+    return np.array(owner, dtype=np.int64), np.array(start, dtype=np.int64), np.array(cursors, dtype=np.int64)
 
 
 def _padded_shard(cursors: np.ndarray, d: int) -> int:
@@ -179,8 +206,39 @@ def _absorbable(numel: np.ndarray, cost: np.ndarray, nxt: int, d: int, loads: np
     return bool((_aligned(cursors) + nxt <= _padded_shard(cursors, d)).any())
 
 
+_LAYER_WISE_MEMO: OrderedDict[tuple[bytes, bytes, int, int | None, str], list[BucketSpan]] = OrderedDict()
+_LAYER_WISE_MEMO_SIZE = 512
+
+
+def clear_memo() -> None:
+    """Forget the memoised layer-wise layouts."""
+    _LAYER_WISE_MEMO.clear()
+
+
 def layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size: int | None,
                        strategy: str = "lpt") -> list[BucketSpan]:
+    """The current layer-wise layout of one buffer (memoised on the buffer's contents: identical
+    chunks of other stages and plans share it; the spans' arrays are read-only)."""
+    numel = np.ascontiguousarray(numel, dtype=np.int64)
+    cost = np.ascontiguousarray(cost, dtype=np.float64)
+    key = (numel.tobytes(), cost.tobytes(), d, bucket_size, strategy)
+    hit = _LAYER_WISE_MEMO.get(key)
+    if hit is not None:
+        _LAYER_WISE_MEMO.move_to_end(key)
+        return list(hit)
+    spans = _layer_wise_buckets(numel, cost, d, bucket_size, strategy)
+    for span in spans:
+        span.starts.setflags(write=False)
+        if span.owner is not None:
+            span.owner.setflags(write=False)
+    _LAYER_WISE_MEMO[key] = spans
+    if len(_LAYER_WISE_MEMO) > _LAYER_WISE_MEMO_SIZE:
+        _LAYER_WISE_MEMO.popitem(last=False)
+    return list(spans)
+
+
+def _layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size: int | None,
+                        strategy: str) -> list[BucketSpan]:
     """The current layer-wise layout of one buffer (§4.1): whole parameters per shard.
 
     Parameters are walked in backprop order into chunks; a chunk closes once it holds at least

@@ -25,11 +25,42 @@ from topologies.hardware import SystemSpec
 from workloads.comm import CollectiveCall
 from workloads.inventory import Inventory
 
-__all__ = ["Grid", "build_optimizer_plan", "expected_rank_collectives", "optimizer_report", "plan_from_inventory",
-           "plan_key"]
+__all__ = ["Grid", "build_optimizer_plan", "cached_inventory", "clear_caches", "expected_rank_collectives",
+           "optimizer_report", "plan_from_inventory", "plan_key"]
 
 _CACHE: OrderedDict[tuple, OptimizerPlan] = OrderedDict()
 _CACHE_SIZE = 256
+_INVENTORIES: OrderedDict[tuple, Inventory] = OrderedDict()
+_INVENTORY_CACHE_SIZE = 64
+
+
+def cached_inventory(scenario) -> Inventory:  # noqa: ANN001 - workloads.scenario.Scenario
+    """``workloads.inventory.inventory_for(scenario)``, memoised on what the inventory depends on
+    (model, tp, pp, vpp, ep, etp, QKV split, pipeline split): shared by every plan and memory
+    estimate of the same sizes."""
+    from workloads.inventory import inventory_for
+
+    p = scenario.par
+    key = (scenario.model, p.tp, p.pp, p.vpp, p.ep, p.expert_tp, scenario.optimizer.split_qkv, p.pipeline_split)
+    inv = _INVENTORIES.get(key)
+    if inv is None:
+        inv = inventory_for(scenario)
+        _INVENTORIES[key] = inv
+        if len(_INVENTORIES) > _INVENTORY_CACHE_SIZE:
+            _INVENTORIES.popitem(last=False)
+    else:
+        _INVENTORIES.move_to_end(key)
+    return inv
+
+
+def clear_caches() -> None:
+    """Forget every memoised plan, inventory, layer-wise layout and Newton–Schulz work (cold timings)."""
+    from costmodel.optimizer import newton_schulz
+
+    _CACHE.clear()
+    _INVENTORIES.clear()
+    lay.clear_memo()
+    newton_schulz._tensor_work.cache_clear()
 
 
 def plan_key(scenario) -> tuple:  # noqa: ANN001 - workloads.scenario.Scenario
@@ -47,12 +78,11 @@ def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads
         _CACHE.move_to_end(key)
         return plan
     from topologies.placement import placement_for
-    from workloads.inventory import inventory_for
 
     p = scenario.par
     placement = placement_for(scenario)
     grid = Grid(dp=scenario.dp * p.cp, expert_dp=scenario.expert_dp, tp=p.tp, etp=p.expert_tp, ep=p.ep)
-    plan = plan_from_inventory(inventory_for(scenario), scenario.optimizer, grid, scenario.system, placement.shape)
+    plan = plan_from_inventory(cached_inventory(scenario), scenario.optimizer, grid, scenario.system, placement.shape)
     _CACHE[key] = plan
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)

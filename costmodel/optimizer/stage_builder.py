@@ -141,7 +141,11 @@ class _Role:
 
 @dataclass(frozen=True, eq=False)
 class _Buffer:
-    """Parameters of one buffer (stage, chunk, dp group) in backprop order."""
+    """Parameters of one buffer (stage, chunk, dp group) in backprop order.
+
+    Expert copies of one tensor share its :class:`TensorSpec`: ``unique`` lists the distinct
+    tensors and ``tid`` maps every item to its entry there.
+    """
 
     chunk: int
     group: str
@@ -151,6 +155,8 @@ class _Buffer:
     cost: np.ndarray
     muon: np.ndarray
     position: np.ndarray  # index in the chunk's backprop order (bucket readiness)
+    unique: tuple[TensorSpec, ...] = ()
+    tid: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def _cost(t: TensorSpec) -> int:
@@ -160,26 +166,32 @@ def _cost(t: TensorSpec) -> int:
 
 def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str) -> list[_Buffer]:
     """Split one chunk's tensors (definition order) into dense and expert buffers, backprop order."""
-    rows: dict[str, list[tuple[TensorSpec, str, int]]] = {g: [] for g in GROUPS}
+    runs: dict[str, list[tuple[TensorSpec, int, int]]] = {g: [] for g in GROUPS}  # (tensor, copies, first position)
     pos = 0
     for t in reversed(tensors):
         if t.optimizer == "none":
             continue
-        for k in reversed(range(t.experts_per_rank)):
-            rows[t.dp_group].append((t, f"{t.name}{k}" if t.num_experts > 1 else t.name, pos))
-            pos += 1
+        copies = t.experts_per_rank
+        runs[t.dp_group].append((t, copies, pos))
+        pos += copies
     out = []
     for g in GROUPS:
-        items = rows[g]
+        items = runs[g]
         if not items:
             continue
-        ts = [t for t, _, _ in items]
+        uniq = tuple(t for t, _, _ in items)
+        counts = np.array([c for _, c, _ in items], dtype=np.int64)
+        firsts = np.array([p for _, _, p in items], dtype=np.int64)
+        tid = np.repeat(np.arange(len(items), dtype=np.int64), counts)
+        offset = np.arange(len(tid), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        names = [n for t, c, _ in items
+                 for n in ([f"{t.name}{k}" for k in reversed(range(c))] if t.num_experts > 1 else [t.name] * c)]
         out.append(_Buffer(
-            chunk=chunk, group=g, tensors=ts, names=[n for _, n, _ in items],
-            numel=np.array([t.local_numel for t in ts], dtype=np.int64),
-            cost=np.array([_cost(t) for t in ts], dtype=np.float64),
-            muon=np.array([kind == "muon" and t.optimizer == "muon" for t in ts], dtype=bool),
-            position=np.array([p for _, _, p in items], dtype=np.int64),
+            chunk=chunk, group=g, tensors=[uniq[i] for i in tid.tolist()], names=names,
+            numel=np.array([t.local_numel for t in uniq], dtype=np.int64)[tid],
+            cost=np.array([_cost(t) for t in uniq], dtype=np.float64)[tid],
+            muon=np.array([kind == "muon" and t.optimizer == "muon" for t in uniq], dtype=bool)[tid],
+            position=firsts[tid] + offset, unique=uniq, tid=tid,
         ))
     return out
 
@@ -194,6 +206,7 @@ class StageBuilder:
         self.gb = spec.grad_bytes
         self.grad_dtype = "fp32" if self.gb == 4 else "bf16"
         self._muon_memo: dict[int, tuple[float, float, float, float, tuple[CollectiveCall, ...]]] = {}
+        self._buffer_memo: dict[int, tuple[_Buffer, np.ndarray, list[tuple[CollectiveCall, ...]]]] = {}
 
     def bucket_size(self, chunk: int) -> int | None:
         """Elements per bucket; None (one bucket) for pp ranks > 0, chunks > 0, or no overlap."""
@@ -221,24 +234,41 @@ class StageBuilder:
             self._muon_memo[key] = (w.flops, ns_s, tp_s, float(mem), w.calls)
         return self._muon_memo[key]
 
+    def _per_tensor(self, buf: _Buffer) -> tuple[np.ndarray, list[tuple[CollectiveCall, ...]]]:
+        """(numel, NS FLOPs, NS s, TP comm s, HBM bytes) per distinct tensor of ``buf`` as an
+        (items, 4) array without numel, and each one's TP calls (empty for non-Muon tensors)."""
+        hit = self._buffer_memo.get(id(buf))
+        if hit is not None and hit[0] is buf:
+            return hit[1], hit[2]
+        muon = np.zeros(len(buf.unique), dtype=bool)
+        muon[buf.tid] = buf.muon
+        rows, calls = [], []
+        for t, m in zip(buf.unique, muon.tolist(), strict=True):
+            if m:
+                flops, ns_s, tp_s, mem, c = self.muon_item(t)
+                rows.append((flops, ns_s, tp_s, mem))
+                calls.append(c)
+            else:
+                rows.append((0.0, 0.0, 0.0, float(t.local_numel * adam_bytes_per_element(self.gb))))
+                calls.append(())
+        per = np.array(rows, dtype=np.float64).reshape(len(rows), 4)
+        self._buffer_memo[id(buf)] = (buf, per, calls)
+        return per, calls
+
     def step_whole(self, buf: _Buffer, sel: np.ndarray, owner: np.ndarray) -> None:
         """Owners step whole parameters ``buf[sel]``: Muon (NS + update) or AdamW on the full tensor."""
-        role = self.roles[buf.group]
-        vals = []
-        for i in sel.tolist():
-            t = buf.tensors[i]
-            if buf.muon[i]:
-                flops, ns_s, tp_s, mem, calls = self.muon_item(t)
-                role.names.append(buf.names[i])
-                role.calls.append(calls)
-            else:
-                flops, ns_s, tp_s, mem = 0.0, 0.0, 0.0, float(t.local_numel * adam_bytes_per_element(self.gb))
-            vals.append((buf.numel[i], flops, ns_s, tp_s, mem))
-        if not vals:
+        if len(sel) == 0:
             return
-        cols = np.array(vals, dtype=np.float64).T
-        role.add_owned(owner, *cols)
-        role.owners.append(owner[buf.muon[sel]])
+        role = self.roles[buf.group]
+        per, calls = self._per_tensor(buf)
+        vals = per[buf.tid[sel]]
+        role.add_owned(owner, buf.numel[sel].astype(np.float64), vals[:, 0], vals[:, 1], vals[:, 2], vals[:, 3])
+        is_muon = buf.muon[sel]
+        if is_muon.any():
+            picked = sel[is_muon]
+            role.names.extend([buf.names[i] for i in picked.tolist()])
+            role.calls.extend([calls[j] for j in buf.tid[picked].tolist()])
+        role.owners.append(owner[is_muon])
 
     def element_wise(self, buf: _Buffer, sel: np.ndarray) -> None:
         """AdamW on equal shards of padded DDP buckets (reduce-scatter + all-gather)."""

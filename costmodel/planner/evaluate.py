@@ -11,7 +11,6 @@ compact :class:`Evaluation` (not a whole StepReport) is what crosses process bou
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -114,25 +113,14 @@ class InventoryMemory:
     """``workloads.memory`` per stage with the tensor inventory cached between candidates.
 
     Same totals as ``memory_breakdown(scenario)`` (the most loaded stage); the inventory depends only
-    on the model, tp, pp, vpp, ep, etp, the QKV split and the pipeline split.
+    on the model, tp, pp, vpp, ep, etp, the QKV split and the pipeline split, and is shared with the
+    optimizer plans (:func:`costmodel.optimizer.plan.cached_inventory`).
     """
 
-    def __init__(self, max_inventories: int = 64) -> None:
-        self._inventories: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-        self.max_inventories = max_inventories
-
     def _inventory(self, scenario: Scenario) -> Any:
-        from workloads.inventory import inventory_for
+        from costmodel.optimizer.plan import cached_inventory
 
-        p = scenario.par
-        key = (scenario.model, p.tp, p.pp, p.vpp, p.ep, p.expert_tp, scenario.optimizer.split_qkv, p.pipeline_split)
-        inv = self._inventories.get(key)
-        if inv is None:
-            inv = inventory_for(scenario)
-            self._inventories[key] = inv
-            if len(self._inventories) > self.max_inventories:
-                self._inventories.popitem(last=False)
-        return inv
+        return cached_inventory(scenario)
 
     def __call__(self, scenario: Scenario) -> MemoryEstimate:
         from workloads.memory import stage_memory
