@@ -68,6 +68,8 @@ class ReleaseCalibration(_FactorSet):
 
 
 class SystemCalibration(_FactorSet):
+    """Fitted factor values (and their 1-sigma) for one system."""
+
     release: str | None = None
     cross_validation: dict[str, float] | None = Field(None, description="held-out error metrics of this system's fit")
     releases: dict[str, ReleaseCalibration] = Field(default_factory=dict)
@@ -130,6 +132,8 @@ class LocalMeasurements(BaseModel):
 
 
 class CalibrationProfile(BaseModel):
+    """A calibration profile: fitted efficiency factors per system (YAML, user-editable)."""
+
     model_config = ConfigDict(extra="forbid")
 
     name: str = "custom"

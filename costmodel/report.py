@@ -36,12 +36,16 @@ class Breakdown(_Out):
 
 
 class Stats(_Out):
+    """Minimum, mean and maximum of a per-rank quantity."""
+
     min: float
     mean: float
     max: float
 
 
 class CollectiveOut(_Out):
+    """One collective kind per step per GPU: op, group, exact bytes (nccl-tests size), count, time in s."""
+
     op: str
     group: str
     group_size: int
@@ -53,6 +57,8 @@ class CollectiveOut(_Out):
 
 
 class OptimizerReport(_Out):
+    """The optimizer section of a StepReport (seconds, FLOPs, bytes)."""
+
     kind: str
     distribution: str
     layout: str | None = None
@@ -70,6 +76,8 @@ class OptimizerReport(_Out):
 
 
 class MemoryReport(_Out):
+    """Memory per GPU on the most loaded stage, in bytes, by component."""
+
     total_bytes: float
     components_bytes: dict[str, float]
     capacity_bytes: float
@@ -77,6 +85,8 @@ class MemoryReport(_Out):
 
 
 class TimelineEvent(_Out):
+    """One interval of the simulated timeline (seconds from the start of the first step)."""
+
     rank: str = Field(description="representative rank label, e.g. 'pp0'")
     stream: str = Field(description="compute, tp, ep, cp, pp, dp, optimizer")
     name: str
@@ -87,6 +97,8 @@ class TimelineEvent(_Out):
 
 
 class StepReport(_Out):
+    """What both engines return for one scenario (seconds, bytes, per-GPU throughput)."""
+
     engine: EngineName
     scenario: dict[str, Any]
     step_time_s: float

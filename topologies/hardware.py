@@ -53,6 +53,8 @@ class PeakFlops(_Strict):
 
 
 class GpuSpec(_Strict):
+    """One GPU: dense peaks (FLOP/s), usable HBM (bytes), HBM bandwidth (bytes/s), SM count."""
+
     name: str
     peak_flops_per_s: PeakFlops
     hbm_bytes: float = Field(gt=0, description="usable HBM capacity per GPU")

@@ -59,6 +59,8 @@ class MlaAttention(_Strict):
 
 
 class MoeSpec(_Strict):
+    """Mixture-of-experts MLP: routed experts (count, top-k, FFN size), shared experts, dense prefix."""
+
     num_experts: PositiveInt
     topk: PositiveInt
     expert_ffn_hidden_size: PositiveInt
