@@ -395,6 +395,31 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
     return tuple(out)
 
 
+_STAGE_CACHE_LIMIT = 2048  # entries keep their plans alive: bounded like the planner's plan cache
+_STAGE_CACHE: dict[tuple, tuple[OptimizerPlan, SystemSpec, tuple[tuple[BucketCost, ...], float, float]]] = {}
+
+
+def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placement,  # noqa: ANN001
+                     overlap: bool) -> tuple[tuple[BucketCost, ...], float, float]:
+    """(DP buckets, optimizer compute s, optimizer TP comm s) of one stage, memoised per plan,
+    stage, placement shapes of the plan's dp groups, system and overlap (candidates sharing a plan
+    share them)."""
+    system = scenario.system
+    shapes = tuple(placement.shape(g) for g in ("dp", "expert_dp"))
+    key = (id(plan), stage, shapes, id(system), overlap)
+    hit = _STAGE_CACHE.get(key)
+    if hit is not None and hit[0] is plan and hit[1] is system:
+        return hit[2]
+    sp = next((x for x in plan.stages if x.stage == stage), None)
+    crit = max(sp.ranks, key=lambda r: r.total_s) if sp and sp.ranks else None
+    out = (_stage_buckets(plan, stage, scenario, placement, overlap),
+           (crit.newton_schulz_s + crit.elementwise_s) if crit else 0.0, crit.tp_comm_s if crit else 0.0)
+    if len(_STAGE_CACHE) > _STAGE_CACHE_LIMIT:
+        _STAGE_CACHE.clear()
+    _STAGE_CACHE[key] = (plan, system, out)  # identity-checked: the entry keeps plan and system alive
+    return out
+
+
 def build_step_structure(scenario: Scenario, overlap: bool = True, plan: OptimizerPlan | None = None) -> StepStructure:
     """The step's structure for ``scenario`` (raises UnsupportedScenario for fsdp > 0).
 
@@ -431,23 +456,23 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
         _KIND_CACHE[key] = (model, system, per_kind[kind])  # identity-checked: ids cannot be reused
     plan = build_optimizer_plan(scenario) if plan is None else plan
     stages = []
+    passes: dict[tuple[str, ...], tuple[int, PassCost, PassCost]] = {}  # chunks with the same layers share them
     for s in range(p.pp):
         chunks = []
         for c in range(p.vpp):
-            kinds = items[c * p.pp + s]
-            f = sum(per_kind[k][0] for k in kinds)
-            b = sum(per_kind[k][1] for k in kinds)
-            cf = _merge([blk for k in kinds for blk in per_kind[k][2]])
-            cb = _merge([blk for k in kinds for blk in per_kind[k][3]])
-            layers = sum(1 for k in kinds if k in ("dense", "moe", "mtp"))
-            chunks.append(ChunkCost(s, c, layers, PassCost(f, cf), PassCost(b, cb)))
-        sp = next((x for x in plan.stages if x.stage == s), None)
-        crit = max(sp.ranks, key=lambda r: r.total_s) if sp and sp.ranks else None
-        stages.append(StageCost(
-            stage=s, chunks=tuple(chunks), buckets=_stage_buckets(plan, s, scenario, placement, overlap),
-            optimizer_compute_s=(crit.newton_schulz_s + crit.elementwise_s) if crit else 0.0,
-            optimizer_tp_s=crit.tp_comm_s if crit else 0.0,
-        ))
+            kinds = tuple(items[c * p.pp + s])
+            shared = passes.get(kinds)
+            if shared is None:
+                f = sum(per_kind[k][0] for k in kinds)
+                b = sum(per_kind[k][1] for k in kinds)
+                cf = _merge([blk for k in kinds for blk in per_kind[k][2]])
+                cb = _merge([blk for k in kinds for blk in per_kind[k][3]])
+                layers = sum(1 for k in kinds if k in ("dense", "moe", "mtp"))
+                shared = passes[kinds] = (layers, PassCost(f, cf), PassCost(b, cb))
+            chunks.append(ChunkCost(s, c, *shared))
+        buckets, opt_compute_s, opt_tp_s = _stage_optimizer(plan, s, scenario, placement, overlap)
+        stages.append(StageCost(stage=s, chunks=tuple(chunks), buckets=buckets,
+                                optimizer_compute_s=opt_compute_s, optimizer_tp_s=opt_tp_s))
     pps = shapes["pp"]
     p2p_bytes = float(shape.sp_tokens * model.hidden_size * ACT_BYTES)
     pair = GroupShape(2, 2, 1) if pps.intra_domain else GroupShape(2, 1, 2)

@@ -291,6 +291,7 @@ class StageBuilder:
         spans = lay.layer_wise_buckets(buf.numel[sel], buf.cost[sel], gs, self.bucket_size(buf.chunk), strategy)
         for span in spans:
             idx = sel[span.first:span.stop]
+            assert span.owner is not None  # layer-wise spans always carry their owners
             self.step_whole(buf, idx, span.owner)
             self.add_bucket(buf, idx, span.numel, span.used, "reduce_scatter", "all_gather", "layer_wise")
 

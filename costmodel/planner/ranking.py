@@ -36,7 +36,7 @@ def pareto_front(time_s: np.ndarray, memory_bytes: np.ndarray) -> np.ndarray:
     return order[t < best_before]
 
 
-def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
+def kendall_tau(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
     """Kendall's tau-b between two score vectors over the same items (1 = same order)."""
     x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if x.size < 2:

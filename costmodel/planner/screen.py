@@ -95,7 +95,7 @@ def task_expand(items: list[tuple[int, Group]]) -> list[tuple[int, list[Evaluati
     activations) exceeds the budget, no other member is evaluated.
     """
     ev = evaluator("screen")
-    out = []
+    out: list[tuple[int, list[Evaluation], Evaluation | None]] = []
     for i, g in items:
         cands = g.candidates()
         first = ev.evaluate(cands[0], memory_only=True)
@@ -136,7 +136,7 @@ class Screen:
 
     def __init__(self, groups: list[Group], pool: TaskPool, keep: int, progress: Progress | None = None,
                  exhaustive: bool = False, reference_time_s: float | None = None,
-                 max_rank_expansions: int = 200, max_rank_evaluations: int = 400, seed: int = 0) -> None:
+                 max_rank_expansions: int = 600, max_rank_evaluations: int = 2000, seed: int = 0) -> None:
         self.states = [GroupState(g) for g in groups]
         self.pool = pool
         self.keep = max(keep, 1)
@@ -274,7 +274,9 @@ class Screen:
         batch_size = BATCH_PER_JOB * self.pool.jobs
         done = expanded = 0
         while heap and heap[0][0] < limit():
-            bounds, reps, full = [], [], []
+            bounds: list[tuple[Any, ...]] = []
+            reps: list[tuple[int, Group, float, int]] = []
+            full: list[tuple[int, Group]] = []
             while heap and heap[0][0] < limit() and len(bounds) + len(reps) + len(full) < batch_size:
                 _, i = heapq.heappop(heap)
                 s = self.states[i]

@@ -69,7 +69,7 @@ def factor_sigmas(profile: CalibrationProfile | None, system_name: str, factors:
     sigmas: dict[str, float] = {}
     source = []
     entry = profile.systems.get(system_name) if profile is not None else None
-    if entry is not None and entry.uncertainty:
+    if profile is not None and entry is not None and entry.uncertainty:
         sigmas.update({k: float(v) for k, v in entry.uncertainty.items() if v > 0})
         source.append(f"fitted 1-sigma of {len(sigmas)} factors from profile '{profile.name}' ({system_name})")
     if assumed_relative_sigma:
@@ -118,7 +118,9 @@ def run_sensitivity(plans: list[Candidate], nominal_s: list[float], sigmas: dict
         return SensitivityResult(samples=0, plans=labels, sigmas=sigmas, source=source, note=note)
     nominal = np.asarray(nominal_s, dtype=np.float64)
     draws = draw_factors(plans_base_factors(), sigmas, samples, seed)
-    taus, ranks, best = [], [], Counter()
+    taus: list[float] = []
+    ranks: list[np.ndarray] = []
+    best: Counter[str] = Counter()
     for times_list in mapper(task_sample, [(d, plans) for d in draws]):
         times = np.asarray(times_list, dtype=np.float64)
         taus.append(kendall_tau(nominal, times))
