@@ -3,12 +3,18 @@ over ranks, and the memory per GPU of each pipeline stage by component."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from cli.common import print_json, resolve_scenario, user_errors, with_scenario_flags
+from cli.common import (
+    JsonOpt,
+    ScenarioFileArg,
+    print_json,
+    resolve_scenario,
+    user_errors,
+    with_scenario_flags,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -19,7 +25,7 @@ def register(app: typer.Typer) -> None:
 
 
 @user_errors
-def catalog(json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False) -> None:
+def catalog(json_out: JsonOpt = False) -> None:
     """List the systems and models in the catalogues."""
     from topologies.hardware import load_system, system_names
     from workloads.models import load_model, model_names
@@ -61,7 +67,7 @@ def describe(
     model: Annotated[str, typer.Argument(help="catalogue name or model YAML file")],
     seq_flag: Annotated[str, typer.Option("--seq", metavar="INT", help="sequence length for attention FLOPs (tokens)")] = "4096",
     tp_flag: Annotated[str, typer.Option("--tp", metavar="INT", help="tensor parallel size (pads the vocabulary)")] = "1",
-    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Parameters (total, active) and model FLOPs per token of a model."""
     from workloads.flops import model_flop_terms
@@ -116,10 +122,10 @@ def _count_flag(flag: str, value: str, minimum: int = 1) -> int:
 @user_errors
 @with_scenario_flags
 def inventory(
-    scenario_file: Annotated[Path | None, typer.Argument(help="scenario YAML (default: built-in scenario)")] = None,
+    scenario_file: ScenarioFileArg = None,
     per_tensor: Annotated[bool, typer.Option("--tensors", help="list every tensor of the chosen stage")] = False,
     stage_flag: Annotated[str, typer.Option("--stage", metavar="INT", help="pipeline stage for --tensors")] = "0",
-    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    json_out: JsonOpt = False,
     *, scenario_flags: dict[str, str],
 ) -> None:
     """The tensor inventory of a scenario: per pipeline stage and per rank."""

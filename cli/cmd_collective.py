@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import CliError, print_json, user_errors, write_text_atomically
+from cli.common import CliError, JsonOpt, print_json, user_errors, write_text_atomically
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -77,7 +77,7 @@ def collective(
     ep: Annotated[int, typer.Option("--ep", help="expert parallel size")] = 1,
     etp: Annotated[int, typer.Option("--etp", help="expert tensor parallel size")] = 1,
     gpus_per_domain: Annotated[int | None, typer.Option("--gpus-per-domain", help="GPUs used per NVLink domain")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Predicted cost of a collective over a size sweep, as nccl-tests prints it (algbw, busbw)."""
     from topologies.collectives import OPS, collective_cost
@@ -113,7 +113,7 @@ def topology(
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs in the job")] = 72,
     gpus_per_domain: Annotated[int | None, typer.Option("--gpus-per-domain", help="GPUs used per NVLink domain")] = None,
     html: Annotated[Path | None, typer.Option("--html", help="write a plotly picture of (a representative part of) the fabric")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Summarise the fabric under a job: GPUs, domains, switches per tier, bisection, NIC rails."""
     from topologies.fabric import fabric_summary

@@ -20,7 +20,11 @@ import typer
 
 from cli.common import (
     SCENARIO_FLAGS,
+    CalibrationOpt,
     CliError,
+    EngineOpt,
+    JsonOpt,
+    ScenarioFileArg,
     print_json,
     resolve_scenario,
     user_errors,
@@ -159,11 +163,11 @@ def _memory_cell(report: Any) -> str:
 @user_errors
 @with_scenario_flags
 def compare(
-    scenario_file: Annotated[Path | None, typer.Argument(help="scenario YAML (default: built-in scenario)")] = None,
-    engine: Annotated[str, typer.Option("--engine", metavar="analytic|des", help="step engine")] = "analytic",
-    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    scenario_file: ScenarioFileArg = None,
+    engine: EngineOpt = "analytic",
+    json_out: JsonOpt = False,
     html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write a plotly figure of per-GPU optimizer load")] = None,
-    calibration: Annotated[Path | None, typer.Option("--calibration", metavar="FILE", help="calibration profile YAML; default: the built-in profile; 'none': datasheet defaults")] = None,
+    calibration: CalibrationOpt = None,
     *, scenario_flags: dict[str, str],
 ) -> None:
     """Compare scenario variants side by side (any scenario flag may hold comma-separated values)."""

@@ -17,7 +17,16 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import CliError, print_json, user_errors, with_scenario_flags, write_text_atomically
+from cli.common import (
+    CalibrationOpt,
+    CliError,
+    JsonOpt,
+    ScenarioFileArg,
+    print_json,
+    user_errors,
+    with_scenario_flags,
+    write_text_atomically,
+)
 
 BOUND_FLAGS = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")
 EXIT_INTERRUPTED = 130
@@ -102,7 +111,7 @@ def _base_and_reference(scenario_file: Path | None, flags: dict[str, str]) -> tu
 @with_scenario_flags
 @with_bound_flags
 def plan(
-    scenario_file: Annotated[Path | None, typer.Argument(help="scenario YAML (default: built-in scenario)")] = None,
+    scenario_file: ScenarioFileArg = None,
     memory_headroom: Annotated[float, typer.Option("--memory-headroom", metavar="FRACTION", help="fraction of HBM kept free")] = 0.1,
     top_k: Annotated[int, typer.Option("--top-k", metavar="INT", help="best plans re-ranked with the discrete-event engine (0 = none)")] = 5,
     limit: Annotated[int, typer.Option("--limit", metavar="INT", help="plans listed")] = 10,
@@ -112,8 +121,8 @@ def plan(
     sensitivity_sigma: Annotated[float | None, typer.Option("--sensitivity-sigma", metavar="REL", help="assumed relative 1-sigma for factors without a fitted uncertainty")] = None,
     seed: Annotated[int, typer.Option("--seed", help="random seed of the sensitivity draws")] = 0,
     exhaustive: Annotated[bool, typer.Option("--exhaustive", help="evaluate every candidate (no pruning)")] = False,
-    calibration: Annotated[Path | None, typer.Option("--calibration", metavar="FILE", help="calibration profile YAML (default: the built-in profile if any)")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    calibration: CalibrationOpt = None,
+    json_out: JsonOpt = False,
     html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write plotly figures (all plans, Pareto front, breakdowns)")] = None,
     *, scenario_flags: dict[str, str], bounds: dict[str, int | None],
 ) -> None:

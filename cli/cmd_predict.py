@@ -8,7 +8,11 @@ from typing import Annotated
 import typer
 
 from cli.common import (
+    CalibrationOpt,
     CliError,
+    EngineOpt,
+    JsonOpt,
+    ScenarioFileArg,
     print_json,
     resolve_scenario,
     user_errors,
@@ -27,12 +31,12 @@ def register(app: typer.Typer) -> None:
 @user_errors
 @with_scenario_flags
 def predict(
-    scenario_file: Annotated[Path | None, typer.Argument(help="scenario YAML (default: built-in scenario)")] = None,
-    engine: Annotated[str, typer.Option("--engine", metavar="analytic|des", help="step engine")] = "analytic",
-    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    scenario_file: ScenarioFileArg = None,
+    engine: EngineOpt = "analytic",
+    json_out: JsonOpt = False,
     trace: Annotated[Path | None, typer.Option("--trace", metavar="FILE", help="write a Perfetto/Chrome trace (des engine)")] = None,
     html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write a plotly HTML report")] = None,
-    calibration: Annotated[Path | None, typer.Option("--calibration", metavar="FILE", help="calibration profile YAML; default: the built-in profile; 'none': datasheet defaults")] = None,
+    calibration: CalibrationOpt = None,
     *, scenario_flags: dict[str, str],
 ) -> None:
     """Predict one training step: step time, throughput, MFU and the breakdown of where time goes."""

@@ -13,7 +13,14 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import CliError, print_json, user_errors, with_scenario_flags, write_text_atomically
+from cli.common import (
+    CliError,
+    JsonOpt,
+    print_json,
+    user_errors,
+    with_scenario_flags,
+    write_text_atomically,
+)
 
 RunsArg = Annotated[list[Path] | None, typer.Argument(
     help="runs files: CSV/JSON of the measured-run schema, Megatron training logs (.log/.txt/.out), "
@@ -74,7 +81,7 @@ def validate(
         "--calibration", help="calibration profile YAML (default: the built-in profile)")] = None,
     datasheet: Annotated[bool, typer.Option("--datasheet", help="no calibration: datasheet factors")] = False,
     engine: Annotated[str, typer.Option("--engine", help="analytic or des")] = "analytic",
-    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    json_out: JsonOpt = False,
     html: Annotated[Path | None, typer.Option("--html", help="write a plotly scatter + histogram page")] = None,
     warmup: WarmupOpt = 10,
     *, scenario_flags: dict[str, str],
@@ -191,7 +198,7 @@ def calibrate(
     loss: Annotated[str, typer.Option("--loss", help="soft_l1, huber or linear")] = "soft_l1",
     microbench: Annotated[bool, typer.Option(
         "--microbench", help="measure this machine (GEMM, gloo α-β) instead of fitting runs")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    json_out: JsonOpt = False,
     warmup: WarmupOpt = 10,
     *, scenario_flags: dict[str, str],
 ) -> None:

@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -52,6 +52,15 @@ SCENARIO_FLAGS: dict[str, tuple[str, str, str]] = {
     "grad_dtype": ("grad_reduce_dtype", "DTYPE", "gradient reduce dtype: fp32 or bf16"),
     "gpus_per_domain": ("gpus_per_domain", "INT", "GPUs used per NVLink domain (placement policy override)"),
 }
+
+
+# Options shared by several verbs (one definition each).
+ScenarioFileArg = Annotated[Path | None, typer.Argument(help="scenario YAML (default: built-in scenario)")]
+EngineOpt = Annotated[str, typer.Option("--engine", metavar="analytic|des", help="step engine")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+CalibrationOpt = Annotated[Path | None, typer.Option(
+    "--calibration", metavar="FILE",
+    help="calibration profile YAML; default: the built-in profile; 'none': datasheet defaults")]
 
 
 class CliError(Exception):
