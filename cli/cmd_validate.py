@@ -59,13 +59,13 @@ def _gather_runs(paths: list[Path] | None, datasets: list[str] | None, flags: di
 
 
 def _calibration(path: Path | None, datasheet: bool) -> Any:
-    from costmodel.calibration import default_profile, load_profile
+    from cli.common import load_calibration
 
     if path is not None and datasheet:
         raise CliError("--calibration and --datasheet exclude each other")
     if datasheet:
         return None
-    return load_profile(path) if path is not None else default_profile()
+    return load_calibration(path)  # like predict/compare/plan: 'none' = datasheet defaults
 
 
 def _fmt(value: float | None, spec: str = ".1f") -> str:
@@ -78,7 +78,7 @@ def validate(
     runs_files: RunsArg = None,
     dataset: DatasetOpt = None,
     calibration: Annotated[Path | None, typer.Option(
-        "--calibration", help="calibration profile YAML (default: the built-in profile)")] = None,
+        "--calibration", help="calibration profile YAML (default: the built-in profile); 'none': datasheet defaults")] = None,
     datasheet: Annotated[bool, typer.Option("--datasheet", help="no calibration: datasheet factors")] = False,
     engine: Annotated[str, typer.Option("--engine", help="analytic or des")] = "analytic",
     json_out: JsonOpt = False,

@@ -56,6 +56,13 @@ def test_validate_json_lists_rows_metrics_and_unsupported(run_cli, b300_csv):
     assert data["mape_pct"] == pytest.approx(sum(abs(r["error_pct"]) for r in data["rows"]) / 10)
 
 
+def test_validate_calibration_none_means_datasheet_like_predict(run_cli, b300_csv):
+    none = run_cli("validate", b300_csv, "--calibration", "none", "--json")
+    assert none.exit_code == 0, none.output
+    datasheet = run_cli("validate", b300_csv, "--datasheet", "--json")
+    assert json.loads(none.stdout)["mape_pct"] == json.loads(datasheet.stdout)["mape_pct"]
+
+
 def test_validate_table_and_html(run_cli, b300_csv, tmp_path):
     page = tmp_path / "v.html"
     result = run_cli("validate", b300_csv, "--datasheet", "--html", page)
