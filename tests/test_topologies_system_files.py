@@ -57,6 +57,9 @@ BAD = {
     "negative_rate": (_variant(**{"scale_out.nic_bandwidth_Bps": -5}), "scale_out.nic_bandwidth_Bps"),
     "typo_field": (_variant(**{"scale_out.plains": 2}), "scale_out.plains"),
     "missing_nvlink": (_variant(nvlink=None), "nvlink"),
+    "misspelt_required_field": (  # name the typo, not only "link_bandwidth_Bps: Field required"
+        _variant(**{"nvlink.link_bandwidth_Bps": None, "nvlink.link_bandwidth_bps": 50e9}),
+        "nvlink.link_bandwidth_bps: Extra inputs"),
     "rails_do_not_divide": (_variant(**{"scale_out.rails": 5}), "scale_out.rails 5 must divide"),
     "tiers_out_of_range": (_variant(**{"scale_out.tiers": 4}), "scale_out.tiers"),
     "not_a_mapping": ("- just\n- a list\n", "mapping"),
@@ -74,6 +77,11 @@ def test_bad_system_files_fail_with_one_clear_line(tmp_path, run_cli, case):
     result = run_cli("topology", "--system", path, "--gpus", "144")
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and needle in result.stderr and "Traceback" not in result.output
+
+
+def test_a_directory_given_as_system_file_is_named_as_such(tmp_path, run_cli):
+    result = run_cli("topology", "--system", str(tmp_path), "--gpus", "72")
+    assert result.exit_code == 2 and "is a directory" in result.stderr and result.stderr.count("\n") == 1
 
 
 def test_a_fabric_too_small_for_the_job_is_one_line(tmp_path, run_cli):

@@ -25,6 +25,8 @@ class UserInputError(ValueError):
 def load_yaml_file(path: str | Path, what: str = "file") -> dict[str, Any]:
     """Read a YAML mapping from ``path`` safely; raise UserInputError on any problem."""
     p = Path(path)
+    if p.is_dir():
+        raise UserInputError(f"{what} '{p}' is a directory, not a YAML file")
     if not p.is_file():
         raise UserInputError(f"{what} '{p}' does not exist")
     try:
@@ -42,8 +44,13 @@ def load_yaml_file(path: str | Path, what: str = "file") -> dict[str, Any]:
 
 
 def describe_validation_error(err: ValidationError, source: str) -> str:
-    """Turn the first pydantic error into one line: ``source: field.path: message``."""
-    first = err.errors()[0]
+    """Turn the first pydantic error into one line: ``source: field.path: message``.
+
+    An unknown field is reported before a missing one: a misspelt name causes both, and the
+    unknown name is the one the user has to fix.
+    """
+    errors = err.errors()
+    first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
     loc = ".".join(str(part) for part in first.get("loc", ()) if part != "__root__")
     msg = first.get("msg", "invalid value")
     msg = msg.removeprefix("Value error, ")
