@@ -146,11 +146,21 @@ def render(data: dict[str, Any], reports: list[Any]) -> Any:
     lines = [f"[bold]{v['label']}[/bold] vs baseline: {v['delta_step_time_pct']:+.2f} %; {where_it_comes_from(v)}"
              for v in variants[1:]]
     warnings = sorted({w for r in reports for w in r.warnings})
-    notes = sorted({n for r in reports if r.optimizer for n in r.optimizer.notes})
+    notes = labelled_notes([v["label"] for v in variants], reports)
     parts: list[Any] = [t, *lines]
     parts += [f"[dim]note:[/dim] {n}" for n in notes]
     parts += [f"[yellow]warning:[/yellow] {w}" for w in warnings]
     return Group(*parts)
+
+
+def labelled_notes(labels: list[str], reports: list[Any]) -> list[str]:
+    """The optimizer notes of all variants; a note that not every variant has names its variants."""
+    per = [set(r.optimizer.notes) if r.optimizer else set() for r in reports]
+    out = []
+    for note in sorted(set().union(*per)):
+        having = [label for label, notes in zip(labels, per, strict=True) if note in notes]
+        out.append(note if len(having) == len(per) else f"({', '.join(having)}) {note}")
+    return out
 
 
 def _memory_cell(report: Any) -> str:

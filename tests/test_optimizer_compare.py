@@ -59,6 +59,15 @@ def test_compare_table_and_html(run_cli, tmp_path) -> None:
     assert "plotly" in text.lower() and "Optimizer step time per GPU" in text
 
 
+def test_notes_that_differ_between_variants_name_their_variants(run_cli) -> None:
+    # the critical pipeline stage differs between these two variants: each note must say whose it is
+    res = run_cli("compare", "--tp", "2", "--etp", "2", "--gpus", "512", "--tp-mode", "duplicated,blockwise")
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stdout.split())
+    assert "(tp-mode=duplicated) per-rank statistics" in text
+    assert "(tp-mode=blockwise) per-rank statistics" in text
+
+
 def test_figure_expands_rank_classes_to_every_gpu() -> None:
     from costmodel.optimizer import build_optimizer_plan
     from costmodel.optimizer.figures import per_gpu_loads_s
