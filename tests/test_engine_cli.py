@@ -80,3 +80,13 @@ def test_predict_reads_a_scenario_file(run_cli, tmp_path) -> None:
     data = json.loads(res.stdout)
     assert data["scenario"]["model"] == "llama3-8b" and data["engine"] == "des"
     assert data["breakdown_s"]["pipeline_bubble"] == 0.0
+
+
+def test_nvfp4_on_a_gpu_without_fp4_is_flagged(run_cli) -> None:
+    args = ("predict", "--system", "dgx-h100", "--model", "llama3-8b", "--gpus", "8", "--pp", "1", "--vpp", "1",
+            "--ep", "1", "--gbs", "128", "--precision", "nvfp4", "--json")
+    result = run_cli(*args)
+    assert result.exit_code == 0, result.output
+    assert any("no FP4 tensor cores" in w for w in json.loads(result.stdout)["warnings"])
+    on_b200 = run_cli(*args[:2], "dgx-b200", *args[3:])
+    assert not any("FP4" in w for w in json.loads(on_b200.stdout)["warnings"])
