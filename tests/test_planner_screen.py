@@ -127,6 +127,8 @@ def test_explain_invalid_memory_ranked_and_outside(default_scenario) -> None:
     assert "loses" in ranked["message"] and "comm:tp" in ranked["message"]
     outside = by["pp=16"]
     assert not outside["in_space"] and outside["verdict"] in ("ranked", "out_of_memory", "invalid")
+    if outside["verdict"] != "ranked":  # only one configuration was tried: never "the smallest"
+        assert "outside the search space" in outside["message"] and "the smallest" not in outside["message"]
     adamw = by["optimizer=adamw,hide_param_gather=False"]
     assert adamw["plan"] is not None and "adamw no-hide" in adamw["plan"]
 

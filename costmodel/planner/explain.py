@@ -92,17 +92,25 @@ def _ranked(query: str, e: Evaluation, ranked: list[Evaluation], threshold_s: fl
 
 
 def _failure(query: str, failures: list[Evaluation], in_space: bool) -> Explanation:
+    # outside the search space only one configuration was tried (the best plan with these settings):
+    # say so instead of calling it "the smallest" of configurations that were never evaluated
     ooms = [f for f in failures if f.status == "oom"]
     if ooms:
         f = min(ooms, key=lambda x: x.memory_bytes)
         over = f.memory_bytes - f.budget_bytes
-        msg = (f"{query}: does not fit in memory; the smallest ({f.candidate.label()}) needs "
+        which = (f"the smallest ({f.candidate.label()})" if in_space else
+                 f"{f.candidate.label()} (outside the search space: only the best plan with these settings substituted "
+                 "was tried)")
+        msg = (f"{query}: does not fit in memory; {which} needs "
                f"{f.memory_bytes / 1e9:.1f} GB per GPU, {over / 1e9:.1f} GB over the {f.budget_bytes / 1e9:.1f} GB budget")
         return Explanation(query, "out_of_memory", msg, plan=f.candidate.label(), in_space=in_space,
                            memory_bytes=f.memory_bytes)
     f = failures[0]
     verdict = "invalid" if f.status == "invalid" else "unsupported"
-    return Explanation(query, verdict, f"{query}: {verdict}: {f.message}", plan=f.candidate.label(), in_space=in_space)
+    tried = "" if in_space else (f" (outside the search space: only {f.candidate.label()}, the best plan with these "
+                                 "settings substituted, was tried)")
+    return Explanation(query, verdict, f"{query}: {verdict}: {f.message}{tried}", plan=f.candidate.label(),
+                       in_space=in_space)
 
 
 def _start_settings(evaluator: Evaluator, ranked: list[Evaluation]) -> dict[str, Any]:
