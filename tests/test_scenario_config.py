@@ -35,6 +35,19 @@ def test_yaml_file_then_flags_override_it(tmp_path: Path) -> None:
     assert sc.par.uses_sequence_parallel  # default on with tp > 1
 
 
+def test_model_and_system_paths_in_a_scenario_file_may_be_relative_to_it(tmp_path: Path, monkeypatch) -> None:
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "my-model.yaml").write_text((root / "workloads/data/models/llama3-8b.yaml").read_text())
+    (tmp_path / "my-system.yaml").write_text((root / "topologies/data/systems/dgx-h100.yaml").read_text())
+    f = tmp_path / "s.yaml"
+    f.write_text("model: my-model.yaml\nsystem: my-system.yaml\ngpus: 8\n"
+                 "parallelism: {pp: 1, vpp: 1, ep: 1, micro_batch_size: 1, global_batch_size: 128,"
+                 " seq_length: 8192}\n", encoding="utf-8")
+    monkeypatch.chdir(root)  # not the scenario's directory
+    sc = load_scenario_config(f).resolve()
+    assert (sc.model.name, sc.system.name) == ("llama3-8b", "dgx-h100")
+
+
 def test_with_updates_revalidates(default_scenario) -> None:
     sc = default_scenario.with_updates(optimizer="adamw", gpus=512)
     assert sc.optimizer.resolved_distribution == "element_wise" and sc.dp == 128

@@ -141,6 +141,12 @@ DEFAULT_SCENARIO = ScenarioConfig()
 def load_scenario_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ScenarioConfig:
     """Read a scenario YAML file and apply flat CLI-style overrides (see :func:`apply_overrides`)."""
     data = load_yaml_file(path, "scenario file")
+    for key in ("system", "model"):  # a relative path that is not found here is looked up next to the file
+        value = data.get(key)
+        if isinstance(value, str) and value.endswith((".yaml", ".yml")) and not Path(value).is_absolute():
+            beside = Path(path).parent / value
+            if not Path(value).is_file() and beside.is_file():
+                data[key] = str(beside)
     return build_config(data, overrides or {}, source=f"scenario file '{path}'")
 
 
