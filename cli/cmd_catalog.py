@@ -43,9 +43,9 @@ def catalog(json_out: JsonOpt = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="Systems")
-    for col in ("name", "GPU", "NVLink domain", "NVLink GB/s/dir", "NIC GB/s/dir", "BF16 PF", "FP8 PF", "FP4 PF", "HBM GB"):
-        t.add_column(col)
+    t = Table(title="Systems", caption="NVL: NVLink (GPUs per domain; GB/s per GPU and direction); PF: dense peak")
+    for col in ("name", "GPU", "NVL GPUs", "NVL GB/s", "NIC GB/s", "BF16 PF", "FP8 PF", "FP4 PF", "HBM GB"):
+        t.add_column(col, no_wrap=col == "name")  # the names are what users type: never truncate them
     for s in systems:
         pk = s.gpu.peak_flops_per_s
         t.add_row(s.name, s.gpu.name, str(s.nvlink.domain_size), f"{s.nvlink.gpu_bandwidth_Bps / 1e9:.0f}",
@@ -53,7 +53,7 @@ def catalog(json_out: JsonOpt = False) -> None:
                   f"{pk.fp4 / 1e15:.1f}" if pk.fp4 else "-", f"{s.gpu.hbm_bytes / 1e9:.0f}")
     m_t = Table(title="Models")
     for col in ("name", "layers", "hidden", "attention", "experts (top-k)", "vocab", "MTP"):
-        m_t.add_column(col)
+        m_t.add_column(col, no_wrap=col == "name")
     for m in models:
         moe = f"{m.moe.num_experts} ({m.moe.topk})" if m.moe else "dense"
         m_t.add_row(m.name, str(m.num_layers), str(m.hidden_size), m.attention.kind, moe, str(m.vocab_size), str(m.mtp_layers))

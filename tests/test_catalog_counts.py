@@ -59,3 +59,14 @@ def test_newton_schulz_flops_formulas() -> None:
     assert newton_schulz_flops(512, 512, steps=1, use_syrk=True) == 3 * 512**3 + 512**3
     assert newton_schulz_flops(512, 512, steps=1) == 30 * 512**3 / 5
     assert newton_schulz_cost_proxy(100, 300) == 300 * 100 * 100
+
+
+def test_catalog_table_shows_every_name_whole_at_80_columns(run_cli) -> None:
+    from topologies.hardware import system_names
+    from workloads.models import model_names
+
+    result = run_cli("catalog")
+    assert result.exit_code == 0, result.output
+    words = result.stdout.replace("│", " ").split()
+    for name in [*system_names(), *model_names()]:
+        assert name in words, name
