@@ -50,6 +50,8 @@ def predict(
     for path in (trace, html):
         if path is not None and not path.resolve().parent.is_dir():
             raise CliError(f"directory '{path.parent}' does not exist")
+        if path is not None and path.is_dir():
+            raise CliError(f"'{path}' is a directory; give a file name")
     sc = resolve_scenario(scenario_file, scenario_flags)
     profile = load_calibration(calibration)
     report = run_predict(sc, engine, profile)  # type: ignore[arg-type]

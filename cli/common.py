@@ -155,6 +155,12 @@ def write_text_atomically(path: Path, text: str) -> None:
     path = Path(path)
     if path.parent and not path.parent.exists():
         raise CliError(f"directory '{path.parent}' does not exist")
+    if path.is_dir():
+        raise CliError(f"'{path}' is a directory; give a file name")
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise CliError(f"cannot write '{path}': {err.strerror or err}") from None

@@ -53,6 +53,12 @@ def test_predict_writes_nothing_on_error(run_cli, tmp_path) -> None:
     assert res.exit_code == 2 and not out.exists()
     res = run_cli("predict", "--html", str(tmp_path / "missing" / "r.html"))
     assert res.exit_code == 2 and "does not exist" in res.stderr
+    (tmp_path / "adir").mkdir()
+    res = run_cli("predict", "--engine", "des", "--trace", str(tmp_path / "adir"))
+    assert res.exit_code == 2 and "is a directory" in res.stderr and "Traceback" not in res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]  # no half-written temp file
+    res = run_cli("predict", "--engine", "des", "--trace", str(tmp_path / "t.json"), "--html", str(tmp_path / "adir"))
+    assert res.exit_code == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["adir"]  # not even the trace
 
 
 def test_predict_applies_a_calibration_profile(run_cli, tmp_path) -> None:
