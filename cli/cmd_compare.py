@@ -24,7 +24,9 @@ from cli.common import (
     CliError,
     EngineOpt,
     JsonOpt,
+    ReleaseOpt,
     ScenarioFileArg,
+    check_release,
     print_json,
     resolve_scenario,
     user_errors,
@@ -178,6 +180,7 @@ def compare(
     json_out: JsonOpt = False,
     html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write a plotly figure of per-GPU optimizer load")] = None,
     calibration: CalibrationOpt = None,
+    release: ReleaseOpt = None,
     *, scenario_flags: dict[str, str],
 ) -> None:
     """Compare scenario variants side by side (any scenario flag may hold comma-separated values)."""
@@ -196,10 +199,12 @@ def compare(
         except UserInputError as err:
             raise UserInputError(f"variant {label}: {err}") from None
     profile = load_calibration(calibration)
+    for sc in scenarios:
+        check_release(profile, release, sc.system.name)
     from costmodel.engine import predict
 
     labels = [label for label, _ in variants]
-    reports = [predict(sc, engine, profile) for sc in scenarios]  # type: ignore[arg-type]
+    reports = [predict(sc, engine, profile, release) for sc in scenarios]  # type: ignore[arg-type]
     data = comparison_data(labels, reports)
     if html is not None:
         from costmodel.optimizer.figures import optimizer_load_html

@@ -12,7 +12,9 @@ from cli.common import (
     CliError,
     EngineOpt,
     JsonOpt,
+    ReleaseOpt,
     ScenarioFileArg,
+    check_release,
     print_json,
     resolve_scenario,
     user_errors,
@@ -37,6 +39,7 @@ def predict(
     trace: Annotated[Path | None, typer.Option("--trace", metavar="FILE", help="write a Perfetto/Chrome trace (des engine)")] = None,
     html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write a plotly HTML report")] = None,
     calibration: CalibrationOpt = None,
+    release: ReleaseOpt = None,
     *, scenario_flags: dict[str, str],
 ) -> None:
     """Predict one training step: step time, throughput, MFU and the breakdown of where time goes."""
@@ -54,7 +57,8 @@ def predict(
             raise CliError(f"'{path}' is a directory; give a file name")
     sc = resolve_scenario(scenario_file, scenario_flags)
     profile = load_calibration(calibration)
-    report = run_predict(sc, engine, profile)  # type: ignore[arg-type]
+    check_release(profile, release, sc.system.name)
+    report = run_predict(sc, engine, profile, release)  # type: ignore[arg-type]
     from costmodel import exporters
 
     texts: list[tuple[Path, str]] = []

@@ -61,6 +61,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")
 CalibrationOpt = Annotated[Path | None, typer.Option(
     "--calibration", metavar="FILE",
     help="calibration profile YAML; default: the built-in profile; 'none': datasheet defaults")]
+ReleaseOpt = Annotated[str | None, typer.Option(
+    "--release", metavar="TAG",
+    help="software release whose fitted factors to use, e.g. 26.04 (default: the profile's default release)")]
 
 
 class CliError(Exception):
@@ -143,6 +146,19 @@ def load_calibration(path: Path | None, use_default: bool = True):  # noqa: ANN2
     if path is not None:
         return load_profile(path)
     return default_profile() if use_default else None
+
+
+def check_release(profile: Any, release: str | None, system_name: str) -> None:
+    """Raise CliError unless ``release`` (if given) has fitted factors for ``system_name`` in ``profile``."""
+    if release is None:
+        return
+    if profile is None:
+        raise CliError("--release needs a calibration profile (not --calibration none)")
+    cal = profile.systems.get(system_name)
+    if profile._release_entry(system_name, release) is None:
+        known = ", ".join(sorted(cal.releases)) if cal is not None and cal.releases else "none"
+        raise CliError(f"release '{release}' has no fitted factors for {system_name} in calibration "
+                       f"'{profile.name}'; known releases: {known}")
 
 
 def print_json(data: Any) -> None:

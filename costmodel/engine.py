@@ -16,10 +16,14 @@ class UnsupportedScenario(Exception):
 
 
 def predict(scenario: Scenario, engine: EngineName = "analytic",
-            calibration: CalibrationProfile | None = None) -> StepReport:
-    """Predict one training step of ``scenario`` with the analytic or the discrete-event engine."""
+            calibration: CalibrationProfile | None = None, release: str | None = None) -> StepReport:
+    """Predict one training step of ``scenario`` with the analytic or the discrete-event engine.
+
+    ``release`` picks the calibration's factors for that software release (default: the profile's
+    ``default_release``).
+    """
     if calibration is not None:
-        scenario = calibration.apply(scenario)
+        scenario = calibration.apply(scenario, release)
     if engine == "analytic":
         from costmodel.analytic import run_analytic
 
@@ -31,5 +35,5 @@ def predict(scenario: Scenario, engine: EngineName = "analytic",
     else:
         raise ValueError(f"unknown engine {engine!r}")
     if calibration is not None:
-        report.calibration = calibration.label(scenario.system.name)
+        report.calibration = calibration.label(scenario.system.name, release)
     return report
