@@ -26,6 +26,8 @@ from cli.common import (
     JsonOpt,
     ReleaseOpt,
     ScenarioFileArg,
+    check_engine,
+    check_output_paths,
     check_release,
     print_json,
     resolve_scenario,
@@ -33,7 +35,6 @@ from cli.common import (
     with_scenario_flags,
 )
 
-ENGINES = ("analytic", "des")
 MAX_VARIANTS = 24
 _FLAG_OF = {key: "--" + flag.replace("_", "-") for flag, (key, _, _) in SCENARIO_FLAGS.items()}
 
@@ -187,10 +188,8 @@ def compare(
     from cli.common import load_calibration, write_text_atomically
     from topologies.inputs import UserInputError
 
-    if engine not in ENGINES:
-        raise CliError(f"--engine must be one of {', '.join(ENGINES)} (got '{engine}')")
-    if html is not None and not html.resolve().parent.is_dir():
-        raise CliError(f"directory '{html.parent}' does not exist")
+    check_engine(engine)
+    check_output_paths(html)
     variants = expand_variants(scenario_flags)
     scenarios = []
     for label, flags in variants:

@@ -22,6 +22,7 @@ from cli.common import (
     CliError,
     JsonOpt,
     ScenarioFileArg,
+    check_output_paths,
     print_json,
     user_errors,
     with_scenario_flags,
@@ -137,8 +138,7 @@ def plan(
             raise CliError(f"{name} must be at least {low} (got {value})")
     if sensitivity_sigma is not None and not 0 < sensitivity_sigma < 1:
         raise CliError(f"--sensitivity-sigma must be in (0, 1) (got {sensitivity_sigma})")
-    if html is not None and not html.resolve().parent.is_dir():
-        raise CliError(f"directory '{html.parent}' does not exist")
+    check_output_paths(html)
     queries = tuple(explain or ())
     for q in queries:
         parse_query(q)

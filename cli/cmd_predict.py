@@ -14,6 +14,8 @@ from cli.common import (
     JsonOpt,
     ReleaseOpt,
     ScenarioFileArg,
+    check_engine,
+    check_output_paths,
     check_release,
     print_json,
     resolve_scenario,
@@ -21,8 +23,6 @@ from cli.common import (
     with_scenario_flags,
     write_text_atomically,
 )
-
-ENGINES = ("analytic", "des")
 
 
 def register(app: typer.Typer) -> None:
@@ -46,15 +46,10 @@ def predict(
     from cli.common import load_calibration
     from costmodel.engine import predict as run_predict
 
-    if engine not in ENGINES:
-        raise CliError(f"--engine must be one of {', '.join(ENGINES)} (got '{engine}')")
+    check_engine(engine)
     if trace is not None and engine != "des":
         raise CliError("--trace needs the simulated timeline: add --engine des")
-    for path in (trace, html):
-        if path is not None and not path.resolve().parent.is_dir():
-            raise CliError(f"directory '{path.parent}' does not exist")
-        if path is not None and path.is_dir():
-            raise CliError(f"'{path}' is a directory; give a file name")
+    check_output_paths(trace, html)
     sc = resolve_scenario(scenario_file, scenario_flags)
     profile = load_calibration(calibration)
     check_release(profile, release, sc.system.name)

@@ -166,13 +166,31 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+ENGINES = ("analytic", "des")
+
+
+def check_engine(engine: str) -> None:
+    """Raise CliError unless ``engine`` is a step engine name."""
+    if engine not in ENGINES:
+        raise CliError(f"--engine must be one of {', '.join(ENGINES)} (got '{engine}')")
+
+
+def check_output_paths(*paths: Path | None) -> None:
+    """Raise CliError for an output path that cannot be written (checked before any work is done)."""
+    for path in paths:
+        if path is None:
+            continue
+        path = Path(path)
+        if not path.resolve().parent.is_dir():
+            raise CliError(f"directory '{path.parent}' does not exist")
+        if path.is_dir():
+            raise CliError(f"'{path}' is a directory; give a file name")
+
+
 def write_text_atomically(path: Path, text: str) -> None:
     """Write a whole file or nothing (temp file + rename)."""
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise CliError(f"directory '{path.parent}' does not exist")
-    if path.is_dir():
-        raise CliError(f"'{path}' is a directory; give a file name")
+    check_output_paths(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.write_text(text, encoding="utf-8")
