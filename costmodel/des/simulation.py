@@ -128,10 +128,19 @@ class StepSimulation:
 
     # ------------------------------------------------------------------ passes
     def _slice(self, s: int, cost: PassCost, frac: float, name: str, step: int) -> Ev:
-        """``frac`` of a pass: that share of its compute, then of each exposed collective block."""
+        """``frac`` of a pass: its collectives' hidden shares start with its compute; the exposed shares follow it."""
         env, acc = self.env, self.acc[step][s]
         if frac <= 0:
             return
+        exposed: dict[str, list[tuple[str, float, float]]] = {}
+        for blk in cost.comm:
+            vol = max(blk.time_s - blk.latency_s, 0.0) * frac
+            hidden = 1.0 - blk.exposed_fraction
+            if hidden > 0:  # the hidden share runs under this slice's compute (it starts with it)
+                self.net.transfer(vol * hidden, self._res(blk.link, s), 0.0)
+            if blk.exposed_fraction > 0:
+                exposed.setdefault(blk.link, []).append(
+                    (blk.kind, vol * blk.exposed_fraction, blk.latency_s * frac * blk.exposed_fraction))
         if cost.compute_s > 0:
             t0 = env.now
             dur = cost.compute_s * frac
@@ -140,15 +149,6 @@ class StepSimulation:
             acc["compute"] += dur
             acc["other"] += slow
             self._log(s, "compute", name, t0, "compute", step)
-        exposed: dict[str, list[tuple[str, float, float]]] = {}
-        for blk in cost.comm:
-            vol = max(blk.time_s - blk.latency_s, 0.0) * frac
-            hidden = 1.0 - blk.exposed_fraction
-            if hidden > 0:
-                self.net.transfer(vol * hidden, self._res(blk.link, s), 0.0)
-            if blk.exposed_fraction > 0:
-                exposed.setdefault(blk.link, []).append(
-                    (blk.kind, vol * blk.exposed_fraction, blk.latency_s * frac * blk.exposed_fraction))
         for link, parts in exposed.items():  # back-to-back collectives on one link: one flow
             t0 = env.now
             yield self.net.transfer(sum(v for _, v, _ in parts), self._res(link, s), sum(lat for _, _, lat in parts))
