@@ -2,7 +2,7 @@
 
 ``validate`` predicts every supported run (CSV/JSON of the measured-run schema, Megatron training
 logs, reference-backend JSON, or a shipped dataset) and reports the errors; ``calibrate`` fits the
-named efficiency factors and writes a profile, reporting held-out (grouped k-fold) error.
+named efficiency factors and writes a profile, reporting held-out error (each configuration predicted without its runs).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
 def _gather_runs(paths: list[Path] | None, datasets: list[str] | None, flags: dict[str, str],
                  warmup: int) -> tuple[list[Any], str]:
     """All runs from files and datasets (one-line errors), and a description of where they came from."""
-    from workloads.datasets import get_dataset
+    from workloads.datasets import load_dataset
     from workloads.loaders import LOG_SUFFIXES, load_many
 
     paths = list(paths or [])
@@ -52,8 +52,12 @@ def _gather_runs(paths: list[Path] | None, datasets: list[str] | None, flags: di
     if flags and not any(p.suffix.lower() in LOG_SUFFIXES for p in paths):
         raise CliError(f"scenario flags ({', '.join(sorted(flags))}) describe training logs; "
                        "no log file was given (CSV and JSON runs carry their own scenario)")
-    files = [get_dataset(d).path for d in datasets] + paths
-    runs = load_many(files, flags, warmup)
+    runs = [r for d in datasets for r in load_dataset(d)] + load_many(paths, flags, warmup)
+    seen: set[str] = set()
+    for run in runs:
+        if run.run_id in seen:
+            raise CliError(f"run '{run.run_id}' is given twice (datasets {', '.join(datasets) or '-'}, files)")
+        seen.add(run.run_id)
     where = ", ".join([f"dataset {d}" for d in datasets] + [p.name for p in paths])
     return runs, where
 
@@ -193,7 +197,7 @@ def calibrate(
         "--release-factors", help="factors refined per release ('' = none)")] = None,
     min_release_runs: Annotated[int, typer.Option(
         "--min-release-runs", min=2, help="runs a release family needs for its own multipliers")] = 3,
-    folds: Annotated[int, typer.Option("--folds", min=2, help="held-out folds (by configuration)")] = 5,
+    folds: Annotated[int, typer.Option("--folds", min=0, help="held-out folds by configuration; 0 = leave one configuration out")] = 0,
     no_cv: Annotated[bool, typer.Option("--no-cv", help="skip the held-out evaluation")] = False,
     loss: Annotated[str, typer.Option("--loss", help="soft_l1, huber or linear")] = "soft_l1",
     microbench: Annotated[bool, typer.Option(
@@ -260,7 +264,7 @@ def _print_calibration(report: Any) -> None:
         text = ", ".join(f"{k} {v:.3g} ± {cal.uncertainty.get(k, float('nan')):.2g}" for k, v in cal.factors.items())
         fac.add_row(system, str(cal.n_runs), text or "(none identifiable)", ", ".join(cal.releases) or "-")
     console.print(fac)
-    table = Table(title="step-time error: held-out (grouped k-fold by configuration) vs training vs datasheet")
+    table = Table(title=f"step-time error: held-out ({report.result.settings.heldout_scheme}) vs training vs datasheet")
     for col in ("scope", "n", "held-out MAPE %", "bias %", "median %", "worst %", "Kendall τ",
                 "train MAPE %", "datasheet MAPE %"):
         table.add_column(col, justify="left" if col == "scope" else "right")

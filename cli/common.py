@@ -35,6 +35,7 @@ SCENARIO_FLAGS: dict[str, tuple[str, str, str]] = {
     "gbs": ("global_batch_size", "INT", "global batch size (sequences)"),
     "seq": ("seq_length", "INT", "sequence length (tokens)"),
     "sequence_parallel": ("sequence_parallel", "BOOL", "sequence parallelism (default: on when tp > 1)"),
+    "tp_comm_overlap": ("tp_comm_overlap", "BOOL", "overlap TP communication with GEMMs (Megatron --tp-comm-overlap)"),
     "recompute": ("recompute", "MODE", "activation recompute: none, selective or full"),
     "pipeline_split": ("pipeline_split", "MODE", "auto, even or balanced"),
     "mtp": ("mtp_layers", "INT", "multi-token-prediction layers (overrides the model)"),

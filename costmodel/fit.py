@@ -1,4 +1,4 @@
-"""Fitting the named efficiency factors to measured step times, with held-out (grouped k-fold) error.
+"""Fitting the named efficiency factors to measured step times, with held-out error (leave one configuration out, or grouped k-fold).
 
 The fit is a robust, bounded, regularised least-squares problem on **log step time**:
 
@@ -30,9 +30,10 @@ few dozen engine calls per run (about 36 on the shipped dataset) instead of thou
 robust loss's weights, the prior rows included, and σ the robust residual scale; taken one-sided
 away from a bound, so a factor that ends on its bound still gets an uncertainty).
 
-Held-out error: runs are grouped by **configuration** (everything but the release) and the
-configurations of each system are dealt into ``folds`` groups; each group is predicted, with the
-real engine, from factors and multipliers fitted without any of its runs. The fold fits reuse the
+Held-out error: runs are grouped by **configuration** (everything but the release). By default
+each configuration is left out in turn (``folds = 0``); with ``folds = k`` the configurations of
+each system are dealt into k groups instead. Each held-out group is predicted, with the real
+engine, from factors and multipliers fitted without any of its runs. The fold fits reuse the
 final linearisation of the full fit (a property of the engine at those factors, not of any
 measurement, so no held-out measurement enters a fold's objective). This is the error reported as
 the headline; training error is reported beside it only for comparison.
@@ -69,7 +70,7 @@ FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
     "network_bandwidth": (0.2, 1.0), "alltoall_bandwidth": (0.05, 1.0),
     "nvlink_step_latency_s": (1e-7, 1e-4), "network_step_latency_s": (1e-7, 1e-3),
     "collective_base_latency_s": (1e-7, 1e-3), "nvls_latency_s": (1e-7, 1e-3),
-    "overlap_compute_slowdown": (1e-3, 1.0),
+    "overlap_compute_slowdown": (1e-3, 1.0), "tp_comm_overlap": (0.2, 1.0),
 }
 MULTIPLIER_BOUNDS = (0.5, 2.0)  # a release changes a factor by at most 2x either way
 # prior widths (1 sigma of log f) that differ from FitSettings.prior_sigma_log: the GEMM size at
@@ -99,7 +100,7 @@ class FitSettings:
     release_prior_sigma_log: float = 0.10
     min_release_runs: int = 3
     min_sensitivity: float = 0.02
-    folds: int = 5
+    folds: int = 0  # 0 = leave one configuration out; k >= 2 = grouped k-fold by configuration
     seed: int = 0
     outer_iterations: int = 4  # re-linearisations of the engine at the current solution
     outer_tolerance: float = 0.002  # stop when surrogate and engine agree to 0.2 % on every run
@@ -110,8 +111,15 @@ class FitSettings:
                 raise ValueError(f"factor '{name}' cannot be fitted; fittable: {', '.join(FACTOR_BOUNDS)}")
         if self.loss not in ("soft_l1", "huber", "linear"):
             raise ValueError(f"loss '{self.loss}' unknown; valid: soft_l1, huber, linear")
-        if self.folds < 2:
-            raise ValueError("folds must be at least 2")
+        if self.folds == 1 or self.folds < 0:
+            raise ValueError("folds must be 0 (leave one configuration out) or at least 2")
+
+    @property
+    def heldout_scheme(self) -> str:
+        """How runs are held out, in words."""
+        if self.folds == 0:
+            return "leave one configuration out, per system"
+        return f"grouped {self.folds}-fold by configuration, per system"
 
 
 @dataclass(frozen=True)
@@ -359,7 +367,8 @@ def calibrate_runs(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapp
     fits, lins, params, x, calls = fit_factors(runs, defaults_by_system, settings, progress)
     train_pred = {r.run_id: r.predict_s(fits.factors_for(r.system, r.release)) for r in runs}
     heldout: dict[str, float] = {}
-    folds = min(settings.folds, len({(r.system, r.config) for r in runs}))
+    n_configs = len({(r.system, r.config) for r in runs})
+    folds = n_configs if settings.folds == 0 else min(settings.folds, n_configs)
     if cross_validate and folds >= 2:
         fold_of = configuration_folds(runs, folds, settings.seed)
         for k in range(folds):
@@ -378,6 +387,6 @@ def calibrate_runs(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapp
                                                            if p.kind == "system" and p.key == r.system],
                                        defaults_by_system[r.system])
                     heldout[r.run_id] = r.predict_s(point)
-            if progress:
+            if progress and (folds <= 10 or k + 1 == folds):
                 progress(f"held-out fold {k + 1}/{folds}: {sum(1 for f in fold_of if f == k)} runs")
     return CalibrationResult(settings, fits, default_pred, train_pred, heldout, calls)

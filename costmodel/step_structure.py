@@ -6,8 +6,9 @@ Which collectives are on the critical path (explicit, per Megatron-Core's defaul
 
 - **TP** (sequence parallel: all-gather / reduce-scatter of ``tokens·h`` BF16 per column/row pair;
   forward 2 per pair, backward 3 per pair because the input is re-gathered for the weight
-  gradient; without SP an all-reduce per pair each way): exposed, except the fraction
-  ``EfficiencyFactors.tp_comm_overlap`` (TE userbuffers; default 0).
+  gradient; without SP an all-reduce per pair each way): exposed, unless the scenario turns on
+  ``tp_comm_overlap`` (Megatron ``--tp-comm-overlap``, TE userbuffers): then the fraction
+  ``EfficiencyFactors.tp_comm_overlap`` of it is hidden behind the GEMMs.
 - **CP** (ring exchange of K and V, forward; K/V again plus their gradients, backward): overlapped
   with the attention core (ring attention); only the excess over attention compute is exposed.
 - **EP** (dispatch and combine per MoE layer, forward and backward: the flex/HybridEP dispatcher of
@@ -322,7 +323,7 @@ def _layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[st
             bwd[k].add((fwd[k].time_s, fwd[k].latency_s, fwd[k].link))
     elif moe_recompute:
         bwd["ep"].add((fwd["ep"].time_s, fwd["ep"].latency_s, fwd["ep"].link))
-    tp_hidden = system.efficiency.tp_comm_overlap if overlap else 0.0
+    tp_hidden = system.efficiency.tp_comm_overlap if overlap and p.tp_comm_overlap else 0.0
 
     def blocks(acc: dict[str, _CommAcc], attn: float) -> tuple[CommBlock, ...]:
         out = []
@@ -442,7 +443,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     per_kind: dict[str, tuple[float, float, tuple[CommBlock, ...], tuple[CommBlock, ...]]] = {}
     for kind in sorted({k for kinds in items for k in kinds}):
         key = (id(model), id(system), shape, kind, recompute, modules, tuple(shapes.values()), overlap,
-               p.uses_sequence_parallel, p.recompute_modules)
+               p.uses_sequence_parallel, p.recompute_modules, p.tp_comm_overlap)
         hit = _KIND_CACHE.get(key)
         if hit is not None and hit[0] is model and hit[1] is system:
             per_kind[kind] = hit[2]

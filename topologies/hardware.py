@@ -112,7 +112,7 @@ class EfficiencyFactors(_Strict):
     memory_bandwidth: float = Field(default=0.80, gt=0, le=1, description="achieved fraction of HBM bandwidth for memory-bound element-wise kernels; §6.3: STREAM 87-95 % of nominal, fused framework kernels lower")
     newton_schulz: float = Field(default=1.0, gt=0, le=1.5, description="Newton-Schulz GEMM efficiency relative to a dense GEMM of the same size")
     quantize_bandwidth: float = Field(default=0.75, gt=0, le=1, description="achieved fraction of HBM bandwidth for FP8/MXFP8/NVFP4 cast kernels; §6.1: MXFP8 casts run at 5.4-6.5 TB/s of 8 TB/s on B200 [S61]")
-    tp_comm_overlap: float = Field(default=0.0, ge=0, le=1, description="fraction of TP/SP all-gather/reduce-scatter time hidden behind GEMMs (TE userbuffers); 0 = Megatron default tp_comm_overlap off; calibrated")
+    tp_comm_overlap: float = Field(default=0.8, ge=0, le=1, description="fraction of the TP/SP all-gather/reduce-scatter time hidden behind the GEMMs when the scenario turns tp_comm_overlap on (TE userbuffers: ring-exchange all-gathers overlap all but nothing, pipelined reduce-scatters leave their last split exposed; 0.8 is an assumption, not a measurement); fitted by calibrate")
     # --- communication (topologies.collectives) ---
     nvlink_bandwidth: float = Field(default=0.802, gt=0, le=1, description="NCCL effective NVLink fraction of the link rate: SM100_NVLINK_BW 40.1 of 50 GB/s (Blackwell), SM90_NVLINK_BW 20.6 of 25 = 0.824 (Hopper) [S27]")
     nvls_bandwidth: float = Field(default=0.74, gt=0, le=1, description="NCCL nvlsEfficiency (0.74 Blackwell, 0.85 Hopper) [S27]: NCCL's tuner rates NVLS at (effective NVLink per GPU) x this; NVLS all-reduce busbw = 2 x that (n-independent)")

@@ -46,6 +46,7 @@ class MeasuredRun(BaseModel):
     muon_tp_mode: Literal["duplicated", "distributed", "blockwise"] | None = None
     muon_ns_steps: int | None = Field(None, gt=0)
     overlap_param_gather: bool | None = None
+    tp_comm_overlap: bool | None = None
     recompute: str | None = None
     notes: str | None = None
     # reference-backend extras (phase times in seconds, collectives as CollectiveCall dicts)
@@ -69,4 +70,6 @@ class MeasuredRun(BaseModel):
             out["ns_steps"] = self.muon_ns_steps
         if self.overlap_param_gather is not None:
             out["hide_param_gather"] = self.overlap_param_gather
+        if self.tp_comm_overlap is not None:
+            out["tp_comm_overlap"] = self.tp_comm_overlap
         return out

@@ -49,6 +49,8 @@ class Parallelism(_Strict):
     global_batch_size: int = Field(gt=0, description="sequences per optimizer step")
     seq_length: int = Field(gt=0, description="tokens per sequence")
     sequence_parallel: bool | None = Field(None, description="default: on when tp > 1")
+    tp_comm_overlap: bool = Field(False, description="overlap the TP all-gather/reduce-scatter with the GEMMs "
+                                  "(Megatron --tp-comm-overlap, TE userbuffers); off by default as in Megatron-Core")
     recompute: Recompute = "none"
     recompute_modules: tuple[RecomputeModule, ...] = Field(default=("core_attn",), description="modules for selective recompute (Megatron-Core names)")
     pipeline_split: PipelineSplit = "auto"
@@ -269,6 +271,8 @@ class Scenario:
             raise UserInputError(f"tp {p.tp} does not divide the {kv} KV heads (query groups) of {m.name}")
         if m.ffn_hidden_size % p.tp and m.num_dense_layers:
             raise UserInputError(f"tp {p.tp} does not divide ffn_hidden_size {m.ffn_hidden_size} of {m.name}")
+        if p.tp_comm_overlap and p.tp > 1 and not p.uses_sequence_parallel:
+            raise UserInputError("tp_comm_overlap needs sequence parallelism (Megatron asserts it); drop sequence_parallel off")
         if p.vpp > 1 and p.pp == 1:
             raise UserInputError("vpp > 1 needs pp > 1 (interleaving splits each pipeline stage)")
         _ = self.virtual_stage_layers  # raises on a bad pipeline split
