@@ -2,7 +2,7 @@
 
 Glue between :mod:`workloads.loaders` (measured runs), the analytic engine (predictions with the
 factors applied through ``SystemSpec.with_efficiency``), :mod:`costmodel.fit` (the fitting and the
-grouped k-fold) and :mod:`costmodel.calibration` (the profile YAML). The headline numbers of a
+held-out evaluation) and :mod:`costmodel.calibration` (the profile YAML). The headline numbers of a
 calibration are the **held-out** metrics; datasheet (uncalibrated) and training metrics are kept
 beside them for comparison.
 """
@@ -164,7 +164,7 @@ def build_profile(result: CalibrationResult, prepared: Sequence[PreparedRun], he
         "factors": list(s.factors), "release_factors": list(s.release_factors), "loss": s.loss,
         "f_scale": s.f_scale, "prior_sigma_log": s.prior_sigma_log,
         "release_prior_sigma_log": s.release_prior_sigma_log, "min_release_runs": s.min_release_runs,
-        "folds": s.folds, "seed": s.seed, "heldout": "grouped k-fold by configuration, per system",
+        "folds": s.folds, "seed": s.seed, "heldout": s.heldout_scheme,
         "default_release": f"newest release family with at least {DEFAULT_RELEASE_MIN_RUNS} runs",
         "not_identifiable": {sys: list(f.not_identifiable) for sys, f in fits.systems.items()
                              if f.not_identifiable},

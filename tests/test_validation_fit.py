@@ -166,3 +166,17 @@ def test_release_family_groups_patch_releases():
 def test_settings_reject_unfittable_factor_names():
     with pytest.raises(ValueError, match="cannot be fitted"):
         FitSettings(factors=("gemm_fp9",))
+
+
+def test_leave_one_configuration_out_predicts_each_configuration_from_the_others():
+    runs = make_runs(n=30, noise=0.03, seed=3)
+    settings = FitSettings(factors=SETTINGS.factors, release_factors=(), folds=0)
+    result = calibrate_runs(runs, {"sys": DEFAULTS}, settings)
+    assert set(result.heldout_predictions_s) == {r.run_id for r in runs}
+    # a configuration's own measurement never enters its prediction: corrupting it changes nothing
+    bad = [r if r.config != "cfg0" else FitRun(r.run_id, r.system, r.release, r.config, 3 * r.measured_step_time_s,
+                                                r.predict_s) for r in runs]
+    again = calibrate_runs(bad, {"sys": DEFAULTS}, settings)
+    for r in runs:
+        if r.config == "cfg0":
+            assert again.heldout_predictions_s[r.run_id] == pytest.approx(result.heldout_predictions_s[r.run_id], rel=0.05)
