@@ -64,7 +64,7 @@ def _place(system: str, gpus: int, tp: int, pp: int, cp: int, ep: int, etp: int,
 def collective(
     op: Annotated[str, typer.Argument(help="all_reduce, reduce_scatter, all_gather, all_gather_v, broadcast, all_to_all, send_recv")],
     system: Annotated[str, typer.Option("--system", help="system: catalogue name or YAML file")] = "gb300-nvl72",
-    gpus: Annotated[int, typer.Option("--gpus", help="GPUs in the job")] = 72,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in the job (default 72, or the ranks listed in --measured FILE)")] = None,
     size: Annotated[str | None, typer.Option("--size", help="one size (bytes, or 512M, 4GB, 1GiB)")] = None,
     min_size: Annotated[str | None, typer.Option("--min-size", help="sweep start (default 1KB)")] = None,
     max_size: Annotated[str | None, typer.Option("--max-size", help="sweep end (default 8GB)")] = None,
@@ -77,15 +77,31 @@ def collective(
     ep: Annotated[int, typer.Option("--ep", help="expert parallel size")] = 1,
     etp: Annotated[int, typer.Option("--etp", help="expert tensor parallel size")] = 1,
     gpus_per_domain: Annotated[int | None, typer.Option("--gpus-per-domain", help="GPUs used per NVLink domain")] = None,
+    measured: Annotated[Path | None, typer.Option("--measured", metavar="FILE", help="nccl-tests output (e.g. all_reduce_perf stdout): predict its sizes and report the error")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Predicted cost of a collective over a size sweep, as nccl-tests prints it (algbw, busbw)."""
+    """Predicted cost of a collective over a size sweep, as nccl-tests prints it (algbw, busbw).
+
+    With ``--measured FILE`` (nccl-tests stdout) the sizes come from the file and each prediction
+    is compared with the measured busbw (error %, MAPE).
+    """
     from topologies.collectives import OPS, collective_cost
 
+    typed, op = op, op.replace("-", "_")
     if op not in OPS:
-        raise CliError(f"unknown collective '{op}'; valid: {', '.join(OPS)}")
+        raise CliError(f"unknown collective '{typed}'; valid: {', '.join(OPS)}")
     if size is not None and (min_size is not None or max_size is not None):
         raise CliError("give either --size or --min-size/--max-size, not both")
+    if measured is not None:
+        from cli.collective_measured import run_measured
+
+        if size is not None or min_size is not None or max_size is not None:
+            raise CliError("--measured takes its sizes from the file; drop --size/--min-size/--max-size")
+        run_measured(op, str(measured), system, gpus, group, algorithm,
+                     {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "etp": etp, "gpus_per_domain": gpus_per_domain}, json_out)
+        return
+    if gpus is None:
+        gpus = 72
     sizes = [parse_size(size)] if size is not None else size_sweep(
         parse_size(min_size or "1KB", "--min-size"), parse_size(max_size or "8GB", "--max-size"), step_factor)
     sys_spec, placement = _place(system, gpus, tp, pp, cp, ep, etp, gpus_per_domain)
