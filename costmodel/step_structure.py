@@ -19,6 +19,9 @@ Which collectives are on the critical path (explicit, per Megatron-Core's defaul
 - **DP**: gradient reduce-scatter per bucket (from the optimizer plan) overlapped with backward
   when ``overlap_grad_reduce``; parameter all-gather synchronous after the optimizer step or, with
   ``hide_param_gather``, per bucket in forward order ahead of the next step's first forward.
+- **Megatron-FSDP** (``fsdp = dp·cp``): per layer and micro-batch, parameter all-gathers (forward
+  and backward) and gradient reduce-scatters (backward) over the dp groups, kind ``dp_fsdp``,
+  exposed beyond the layer's compute; no DP buckets (:mod:`costmodel.fsdp`).
 
 ``overlap=False`` turns every overlap off (all comm exposed, grad reduce after backward,
 synchronous parameter gather): the mode in which the two engines must agree.
@@ -422,18 +425,20 @@ def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placem
 
 
 def build_step_structure(scenario: Scenario, overlap: bool = True, plan: OptimizerPlan | None = None) -> StepStructure:
-    """The step's structure for ``scenario`` (raises UnsupportedScenario for fsdp > 0).
+    """The step's structure for ``scenario`` (raises UnsupportedScenario for hybrid FSDP sharding).
 
     ``plan``: the scenario's optimizer plan when the caller already has it (the planner shares
     plans between candidates that differ only in settings the plan does not depend on).
     """
     from costmodel.engine import UnsupportedScenario
+    from costmodel.fsdp import add_fsdp_blocks, fsdp_unsupported_reason
     from costmodel.optimizer.plan import build_optimizer_plan
     from topologies.placement import placement_for
 
     p = scenario.par
-    if p.fsdp > 0:
-        raise UnsupportedScenario("Megatron-FSDP (fsdp > 0) is not supported yet")
+    reason = fsdp_unsupported_reason(scenario)
+    if reason is not None:
+        raise UnsupportedScenario(reason)
     system, model = scenario.system, scenario.model
     shape = _rank_shape(scenario)
     placement = placement_for(scenario)
@@ -455,6 +460,8 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
         if len(_KIND_CACHE) > _CACHE_LIMIT:
             _KIND_CACHE.clear()
         _KIND_CACHE[key] = (model, system, per_kind[kind])  # identity-checked: ids cannot be reused
+    if p.fsdp > 0:
+        add_fsdp_blocks(scenario, placement, per_kind, overlap)
     plan = build_optimizer_plan(scenario) if plan is None else plan
     stages = []
     passes: dict[tuple[str, ...], tuple[int, PassCost, PassCost]] = {}  # chunks with the same layers share them

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from costmodel.optimizer import layouts as lay
+from costmodel.optimizer.elementwise import adam_bytes_per_element
 from costmodel.optimizer.newton_schulz import NsSettings
 from costmodel.optimizer.plan_types import OptimizerPlan, StageOptimizerPlan
 from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer, chunk_buffers, rank_work
@@ -82,7 +83,8 @@ def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads
     p = scenario.par
     placement = placement_for(scenario)
     grid = Grid(dp=scenario.dp * p.cp, expert_dp=scenario.expert_dp, tp=p.tp, etp=p.expert_tp, ep=p.ep)
-    plan = plan_from_inventory(cached_inventory(scenario), scenario.optimizer, grid, scenario.system, placement.shape)
+    plan = plan_from_inventory(cached_inventory(scenario), scenario.optimizer, grid, scenario.system, placement.shape,
+                               fsdp=p.fsdp > 0)
     _CACHE[key] = plan
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
@@ -90,11 +92,13 @@ def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads
 
 
 def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSpec | None = None,  # noqa: ANN001
-                        shape_of: Callable[[str], GroupShape] | None = None) -> OptimizerPlan:
+                        shape_of: Callable[[str], GroupShape] | None = None, fsdp: bool = False) -> OptimizerPlan:
     """The optimizer plan of ``inventory`` under ``spec`` (an OptimizerSpec) and group sizes ``grid``.
 
     ``shape_of(group)`` gives the placement shape of a group kind for collective times (default:
     one NVLink domain); without ``system`` every time is zero but bytes, FLOPs and ownership are exact.
+    ``fsdp``: Megatron-FSDP over the whole dp groups: AdamW on each rank's shard, no DP buckets
+    (the per-layer gathers and reduce-scatters are :mod:`costmodel.fsdp`'s).
     """
     if grid.etp * grid.ep * grid.expert_dp != grid.gpus_per_stage:
         raise ValueError(f"inconsistent grid {grid}: tp·dp must equal etp·ep·expert_dp")
@@ -107,7 +111,7 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
         raise ValueError("the layer_wise distributed optimizer is for muon")
     st = NsSettings.from_spec(spec)
     timer = Timer(system, spec.matmul_precision, shape_of)
-    stages = tuple(_stage(inventory, s, spec, grid, timer, st) for s in range(inventory.pp))
+    stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp) for s in range(inventory.pp))
     layer_wise = dist == "layer_wise"
     gathers = any(b.gather_op for s in stages for b in s.buckets)
     return OptimizerPlan(
@@ -115,17 +119,34 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
         layout=spec.layer_wise_layout if layer_wise else None,
         tp_mode=spec.tp_mode if kind == "muon" else None,
         load_balance=spec.resolved_load_balance if layer_wise else None,
-        stages=stages, notes=_notes(inventory, spec, grid, dist, st),
+        stages=stages, notes=_notes(inventory, spec, grid, dist, st) + ((FSDP_NOTE,) if fsdp else ()),
         hide_param_gather=bool(spec.hide_param_gather and spec.overlap_grad_reduce and gathers),
     )
 
 
-def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings) -> StageOptimizerPlan:  # noqa: ANN001
+FSDP_NOTE = ("Megatron-FSDP: parameters gathered and gradients reduce-scattered per layer and micro-batch "
+             "during forward/backward (exposed comm 'dp_fsdp'); the optimizer step is AdamW on the local shard")
+
+
+def _fsdp_shards(b: StageBuilder, buf) -> None:  # noqa: ANN001 - stage_builder._Buffer
+    """Megatron-FSDP: each rank steps its equal shard of the (padded) buffer; no buckets."""
+    gs, role = b.grid.size(buf.group), b.roles[buf.group]
+    for span in lay.ddp_buckets(buf.numel, gs, None, distributed_optimizer=True):
+        per_rank = lay.shard_param_numel(span, buf.numel, gs).astype(np.float64)
+        role.owned += per_rank
+        role.mem_bytes += per_rank * adam_bytes_per_element(b.gb)
+
+
+def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings,  # noqa: ANN001
+           fsdp: bool = False) -> StageOptimizerPlan:
     tensors = inv.stage_tensors(s)
     b = StageBuilder(s, grid, spec, timer, st)
     buffers = [buf for c in range(inv.vpp) for buf in chunk_buffers([t for t in tensors if t.chunk == c], c, spec.kind)]
     dist = spec.resolved_distribution
-    if dist == "element_wise":
+    if fsdp:
+        for buf in buffers:
+            _fsdp_shards(b, buf)
+    elif dist == "element_wise":
         for buf in buffers:
             b.element_wise(buf, np.arange(len(buf.numel)))
     elif dist == "replicated":

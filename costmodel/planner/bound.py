@@ -75,10 +75,11 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
     from topologies.placement import placement_for
 
     p = scenario.par
-    if p.fsdp > 0:
-        from costmodel.engine import UnsupportedScenario
+    if p.fsdp > 0:  # per-layer FSDP collectives: the engine's own phase (the planner never generates fsdp)
+        from costmodel.analytic import analytic_timing
+        from costmodel.planner.fast_analytic import EMPTY_PLAN
 
-        raise UnsupportedScenario("Megatron-FSDP (fsdp > 0) is not supported yet")
+        return float(analytic_timing(ss.build_step_structure(scenario, plan=EMPTY_PLAN)).pipeline_s)
     shape = ss._rank_shape(scenario)
     placement = placement_for(scenario)
     shapes = {k: placement.shape(k) for k in ("tp", "cp", "ep", "etp", "pp")}
