@@ -140,3 +140,14 @@ def test_ctrl_c_prints_partial_ranking_and_exits_130() -> None:
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-500:]
     assert "interrupted (Ctrl-C)" in out and "Traceback" not in err
+
+
+def test_plan_with_megatron_fsdp_keeps_fsdp_layouts(run_cli) -> None:
+    """fsdp shards weights and gradients: the memory screen must not drop every layout (it did: 423 GB)."""
+    r = run_cli("plan", "--model", "llama3-70b", "--system", "gb300-nvl72", "--gpus", "64", "--precision", "fp8-cs",
+                "--tp", "1", "--pp", "1", "--vpp", "1", "--ep", "1", "--cp", "1", "--fsdp", "64", "--mbs", "2",
+                "--gbs", "256", "--seq", "8192", "--optimizer", "adamw", "--jobs", "1", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["ranking"] and data["reference"]["status"] in ("ok", "oom")  # rc none: 357 GB > 279 GB
+    assert all("comm:dp_fsdp" in row["breakdown_s"] for row in data["ranking"])

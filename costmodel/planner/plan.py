@@ -161,6 +161,8 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
 
     grid, raw = structure_grid(base, options.pins)
     lb = weights_and_grads_bytes(base.model, grid, base.optimizer.grad_bytes, base.par.pipeline_split)
+    if base.par.fsdp:  # Megatron-FSDP shards weights and gradients over at most gpus/(tp·pp) ranks
+        lb = lb / (base.gpus / (grid[:, 0] * grid[:, 1]))
     grid_ok = grid[lb <= budget]
     groups = enumerate_groups(base, options.pins, grid_ok)
     if not groups:
