@@ -36,6 +36,7 @@ SCENARIO_FLAGS: dict[str, tuple[str, str, str]] = {
     "seq": ("seq_length", "INT", "sequence length (tokens)"),
     "sequence_parallel": ("sequence_parallel", "BOOL", "sequence parallelism (default: on when tp > 1)"),
     "tp_comm_overlap": ("tp_comm_overlap", "BOOL", "overlap TP communication with GEMMs (Megatron --tp-comm-overlap)"),
+    "ep_comm_overlap": ("ep_comm_overlap", "BOOL", "hide EP all-to-all under the paired micro-batch (--overlap-moe-expert-parallel-comm)"),
     "recompute": ("recompute", "MODE", "activation recompute: none, selective or full"),
     "pipeline_split": ("pipeline_split", "MODE", "auto, even or balanced"),
     "mtp": ("mtp_layers", "INT", "multi-token-prediction layers (overrides the model)"),

@@ -71,6 +71,7 @@ FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
     "nvlink_step_latency_s": (1e-7, 1e-4), "network_step_latency_s": (1e-7, 1e-3),
     "collective_base_latency_s": (1e-7, 1e-3), "nvls_latency_s": (1e-7, 1e-3),
     "overlap_compute_slowdown": (1e-3, 1.0), "tp_comm_overlap": (0.2, 1.0),
+    "ep_comm_overlap": (0.2, 1.0),
 }
 MULTIPLIER_BOUNDS = (0.5, 2.0)  # a release changes a factor by at most 2x either way
 # prior widths (1 sigma of log f) that differ from FitSettings.prior_sigma_log: the GEMM size at

@@ -44,15 +44,32 @@ def _table(microbatches: int, vpp: int, group: int) -> list[tuple[int, int]]:
     return table
 
 
+def warmup_passes(pp: int, vpp: int, microbatches: int, rank: int) -> int:
+    """Forward passes pipeline ``rank`` runs before its first backward (Megatron-Core's schedules)."""
+    if vpp == 1:
+        return min(pp - rank - 1, microbatches)
+    return min(2 * (pp - rank - 1) + (vpp - 1) * pp, microbatches * vpp)
+
+
+def paired_pass_share(pp: int, vpp: int, microbatches: int) -> float:
+    """Share of the passes of the busiest-warm-up rank (0) that run as forward-backward pairs.
+
+    Megatron's EP overlap (``--overlap-moe-expert-parallel-comm``) merges a forward and a backward
+    of different micro-batches in the steady 1F1B phase; warm-up forwards and cool-down backwards
+    (at least one each, also without pipelining) run alone.
+    """
+    total = microbatches * vpp
+    return max(0, total - max(1, warmup_passes(pp, vpp, microbatches, 0))) / total
+
+
 def schedule_order(pp: int, vpp: int, microbatches: int, rank: int) -> list[ScheduledPass]:
     """Forward/backward passes of pipeline ``rank`` in execution order."""
     total = microbatches * vpp
+    warmup = warmup_passes(pp, vpp, microbatches, rank)
     if vpp == 1:
-        warmup = min(pp - rank - 1, microbatches)
         fwd = [(mb, 0) for mb in range(microbatches)]
         bwd = fwd
     else:
-        warmup = min(2 * (pp - rank - 1) + (vpp - 1) * pp, total)
         fwd = _table(microbatches, vpp, pp)
         bwd = [(mb, vpp - 1 - c) for mb, c in fwd]
     order = [ScheduledPass("F", *fwd[i]) for i in range(warmup)]

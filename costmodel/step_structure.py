@@ -6,14 +6,14 @@ Which collectives are on the critical path (explicit, per Megatron-Core's defaul
 
 - **TP** (sequence parallel: all-gather / reduce-scatter of ``tokens·h`` BF16 per column/row pair;
   forward 2 per pair, backward 3 per pair because the input is re-gathered for the weight
-  gradient; without SP an all-reduce per pair each way): exposed, unless the scenario turns on
-  ``tp_comm_overlap`` (Megatron ``--tp-comm-overlap``, TE userbuffers): then the fraction
-  ``EfficiencyFactors.tp_comm_overlap`` of it is hidden behind the GEMMs.
-- **CP** (ring exchange of K and V, forward; K/V again plus their gradients, backward): overlapped
-  with the attention core (ring attention); only the excess over attention compute is exposed.
+  gradient; without SP an all-reduce per pair each way).
+- **CP** (ring exchange of K and V, forward; K/V again plus their gradients, backward).
 - **EP** (dispatch and combine per MoE layer, forward and backward: the flex/HybridEP dispatcher of
   the published recipes, de-duplicated per NVLink domain, :mod:`costmodel.moe_dispatch`; with
-  etp > 1 an all-gather / reduce-scatter of the dispatched tokens over etp): exposed (no A2A overlap).
+  etp > 1 an all-gather / reduce-scatter of the dispatched tokens over etp).
+
+How much of each is exposed (TP and EP overlap flags, CP under the attention core) is decided by
+:mod:`costmodel.comm_exposure`.
 - **PP** point-to-point: asynchronous sends of ``sp_tokens·h`` BF16 per micro-batch; they cost time
   through the schedule's dependencies (see :mod:`costmodel.pipeline`).
 - **DP**: gradient reduce-scatter per bucket (from the optimizer plan) overlapped with backward
@@ -33,9 +33,11 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
+from costmodel.comm_exposure import exposed_fraction
 from costmodel.compute import operation_time_s
 from costmodel.moe_dispatch import dispatch_cost
 from costmodel.optimizer.plan_types import OptimizerPlan
+from costmodel.pipeline import paired_pass_share
 from topologies.collectives import collective_cost
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
@@ -261,8 +263,13 @@ class _CommAcc:
 
 
 def _layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str, GroupShape],
-                attn_s: tuple[float, float], overlap: bool) -> tuple[tuple[CommBlock, ...], tuple[CommBlock, ...]]:
-    """Forward and backward collective blocks of one layer (kind: dense, moe, embedding, output, mtp)."""
+                attn_s: tuple[float, float], overlap: bool, compute_s: tuple[float, float] = (0.0, 0.0)
+                ) -> tuple[tuple[CommBlock, ...], tuple[CommBlock, ...]]:
+    """Forward and backward collective blocks of one layer (kind: dense, moe, embedding, output, mtp).
+
+    ``attn_s`` and ``compute_s``: (forward, backward) attention-core and whole-layer compute seconds
+    of one micro-batch, which decide what overlaps (:mod:`costmodel.comm_exposure`).
+    """
     system, model, p = scenario.system, scenario.model, scenario.par
     h = model.hidden_size
     fwd = {k: _CommAcc() for k in COMM_KINDS}
@@ -326,23 +333,14 @@ def _layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[st
             bwd[k].add((fwd[k].time_s, fwd[k].latency_s, fwd[k].link))
     elif moe_recompute:
         bwd["ep"].add((fwd["ep"].time_s, fwd["ep"].latency_s, fwd["ep"].link))
-    tp_hidden = system.efficiency.tp_comm_overlap if overlap and p.tp_comm_overlap else 0.0
+    paired = paired_pass_share(p.pp, p.vpp, scenario.num_microbatches) if p.ep_comm_overlap else 1.0
 
-    def blocks(acc: dict[str, _CommAcc], attn: float) -> tuple[CommBlock, ...]:
-        out = []
-        for k in COMM_KINDS:
-            a = acc[k]
-            if a.time_s <= 0:
-                continue
-            frac = 1.0
-            if overlap and k == "tp":
-                frac = 1.0 - tp_hidden
-            elif overlap and k == "cp":
-                frac = max(0.0, a.time_s - attn) / a.time_s
-            out.append(CommBlock(k, a.time_s, a.latency_s, a.link, frac))
-        return tuple(out)
+    def blocks(acc: dict[str, _CommAcc], attn: float, other: float) -> tuple[CommBlock, ...]:
+        return tuple(CommBlock(k, a.time_s, a.latency_s, a.link,
+                               exposed_fraction(k, a.time_s, p, system.efficiency, overlap, attn, other, paired))
+                     for k, a in ((k, acc[k]) for k in COMM_KINDS) if a.time_s > 0)
 
-    return blocks(fwd, attn_s[0]), blocks(bwd, attn_s[1])
+    return blocks(fwd, attn_s[0], compute_s[1]), blocks(bwd, attn_s[1], compute_s[0])
 
 
 def _merge(blocks: list[CommBlock]) -> tuple[CommBlock, ...]:
@@ -448,14 +446,15 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     per_kind: dict[str, tuple[float, float, tuple[CommBlock, ...], tuple[CommBlock, ...]]] = {}
     for kind in sorted({k for kinds in items for k in kinds}):
         key = (id(model), id(system), shape, kind, recompute, modules, tuple(shapes.values()), overlap,
-               p.uses_sequence_parallel, p.recompute_modules, p.tp_comm_overlap)
+               p.uses_sequence_parallel, p.recompute_modules, p.tp_comm_overlap, p.ep_comm_overlap,
+               scenario.num_microbatches if p.ep_comm_overlap else 0)
         hit = _KIND_CACHE.get(key)
         if hit is not None and hit[0] is model and hit[1] is system:
             per_kind[kind] = hit[2]
             continue
         ops = _layer_ops(model, shape, kind, recompute, modules)
         f, b, fa, ba = _ops_time(ops, system)
-        cf, cb = _layer_comm(scenario, shape, kind, shapes, (fa, ba), overlap)
+        cf, cb = _layer_comm(scenario, shape, kind, shapes, (fa, ba), overlap, (f, b))
         per_kind[kind] = (f, b, cf, cb)
         if len(_KIND_CACHE) > _CACHE_LIMIT:
             _KIND_CACHE.clear()

@@ -51,6 +51,9 @@ class Parallelism(_Strict):
     sequence_parallel: bool | None = Field(None, description="default: on when tp > 1")
     tp_comm_overlap: bool = Field(False, description="overlap the TP all-gather/reduce-scatter with the GEMMs "
                                   "(Megatron --tp-comm-overlap, TE userbuffers); off by default as in Megatron-Core")
+    ep_comm_overlap: bool = Field(False, description="run each micro-batch's EP dispatch/combine under the other micro-batch's "
+                                  "compute in 1F1B's merged forward-backward steps (Megatron --overlap-moe-expert-parallel-comm); "
+                                  "off by default")
     recompute: Recompute = "none"
     recompute_modules: tuple[RecomputeModule, ...] = Field(default=("core_attn",), description="modules for selective recompute (Megatron-Core names)")
     pipeline_split: PipelineSplit = "auto"
@@ -273,6 +276,10 @@ class Scenario:
             raise UserInputError(f"tp {p.tp} does not divide ffn_hidden_size {m.ffn_hidden_size} of {m.name}")
         if p.tp_comm_overlap and p.tp > 1 and not p.uses_sequence_parallel:
             raise UserInputError("tp_comm_overlap needs sequence parallelism (Megatron asserts it); drop sequence_parallel off")
+        if p.ep_comm_overlap and p.ep == 1:
+            raise UserInputError("ep_comm_overlap needs ep > 1 (there is no expert all-to-all to hide)")
+        if p.ep_comm_overlap and p.pp > 1 and p.vpp == 1:
+            raise UserInputError("ep_comm_overlap with pp > 1 needs vpp > 1 (Megatron pairs micro-batches in the interleaved schedule)")
         if p.vpp > 1 and p.pp == 1:
             raise UserInputError("vpp > 1 needs pp > 1 (interleaving splits each pipeline stage)")
         _ = self.virtual_stage_layers  # raises on a bad pipeline split

@@ -33,13 +33,15 @@ def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kind: st
 
     p, model, system = scenario.par, scenario.model, scenario.system
     modules = tuple(p.recompute_modules)
-    key = (id(model), id(system), shape, kind, p.recompute, modules, tuple(shapes.values()))
+    key = (id(model), id(system), shape, kind, p.recompute, modules, tuple(shapes.values()),
+           p.uses_sequence_parallel, p.tp_comm_overlap, p.ep_comm_overlap,
+           scenario.num_microbatches if p.ep_comm_overlap else 0)
     hit = _KIND_COSTS.get(key)
     if hit is not None and hit[0] is model and hit[1] is system:
         return hit[2], hit[3]
     ops = ss._layer_ops(model, shape, kind, p.recompute, modules)
     f, b, fa, ba = ss._ops_time(ops, system)
-    cf, cb = ss._layer_comm(scenario, shape, kind, shapes, (fa, ba), True)
+    cf, cb = ss._layer_comm(scenario, shape, kind, shapes, (fa, ba), True, (f, b))
     out = (f + sum(c.exposed_s for c in cf), b + sum(c.exposed_s for c in cb))
     if len(_KIND_COSTS) > _CACHE_LIMIT:
         _KIND_COSTS.clear()
