@@ -13,6 +13,8 @@ agree):
   the excess over ``EfficiencyFactors.ep_comm_overlap`` × that compute is exposed, in the paired
   share of the passes (warm-up forwards and cool-down backwards run alone:
   :func:`costmodel.pipeline.paired_pass_share`); the step engines pass that share in.
+- **dp_fsdp** (Megatron-FSDP's per-layer gathers and reduce-scatters) is built and overlapped in
+  :mod:`costmodel.fsdp` (the excess over the layer's own compute is exposed);
 - anything else: exposed.
 """
 
