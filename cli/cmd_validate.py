@@ -198,6 +198,8 @@ def calibrate(
     min_release_runs: Annotated[int, typer.Option(
         "--min-release-runs", min=2, help="runs a release family needs for its own multipliers")] = 3,
     folds: Annotated[int, typer.Option("--folds", min=0, help="held-out folds by configuration; 0 = leave one configuration out")] = 0,
+    holdout: Annotated[str, typer.Option("--holdout", metavar="configuration|model",
+                                         help="what is held out together: a configuration, or a whole model")] = "configuration",
     no_cv: Annotated[bool, typer.Option("--no-cv", help="skip the held-out evaluation")] = False,
     loss: Annotated[str, typer.Option("--loss", help="soft_l1, huber or linear")] = "soft_l1",
     microbench: Annotated[bool, typer.Option(
@@ -224,7 +226,8 @@ def calibrate(
     per_release = _factor_list(release_factors, DEFAULT_RELEASE_FACTORS)
     try:
         settings = FitSettings(factors=fitted, release_factors=tuple(f for f in per_release if f in fitted),
-                               loss=loss, folds=folds, min_release_runs=min_release_runs)
+                               loss=loss, folds=folds, holdout=holdout,
+                               min_release_runs=min_release_runs)
     except ValueError as err:
         raise CliError(str(err)) from None
 

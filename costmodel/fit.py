@@ -89,6 +89,7 @@ class FitRun:
     config: str  # configuration key: runs sharing it are held out together
     measured_step_time_s: float
     predict_s: Callable[[Mapping[str, float]], float]
+    model: str = ""  # model name: runs sharing it are held out together with holdout="model"
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class FitSettings:
     min_release_runs: int = 3
     min_sensitivity: float = 0.02
     folds: int = 0  # 0 = leave one configuration out; k >= 2 = grouped k-fold by configuration
+    holdout: str = "configuration"  # or "model": leave one model out (all its systems and releases)
     seed: int = 0
     outer_iterations: int = 4  # re-linearisations of the engine at the current solution
     outer_tolerance: float = 0.002  # stop when surrogate and engine agree to 0.2 % on every run
@@ -114,10 +116,14 @@ class FitSettings:
             raise ValueError(f"loss '{self.loss}' unknown; valid: soft_l1, huber, linear")
         if self.folds == 1 or self.folds < 0:
             raise ValueError("folds must be 0 (leave one configuration out) or at least 2")
+        if self.holdout not in ("configuration", "model"):
+            raise ValueError(f"holdout '{self.holdout}' unknown; valid: configuration, model")
 
     @property
     def heldout_scheme(self) -> str:
         """How runs are held out, in words."""
+        if self.holdout == "model":
+            return "leave one model out (all its systems and releases)"
         if self.folds == 0:
             return "leave one configuration out, per system"
         return f"grouped {self.folds}-fold by configuration, per system"
@@ -370,8 +376,11 @@ def calibrate_runs(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapp
     heldout: dict[str, float] = {}
     n_configs = len({(r.system, r.config) for r in runs})
     folds = n_configs if settings.folds == 0 else min(settings.folds, n_configs)
+    fold_of = configuration_folds(runs, folds, settings.seed) if folds >= 2 else []
+    if settings.holdout == "model":
+        models = sorted({r.model for r in runs})
+        folds, fold_of = len(models), [models.index(r.model) for r in runs]
     if cross_validate and folds >= 2:
-        fold_of = configuration_folds(runs, folds, settings.seed)
         for k in range(folds):
             train = [i for i, f in enumerate(fold_of) if f != k]
             systems = {runs[i].system for i in train}

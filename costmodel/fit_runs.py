@@ -54,7 +54,7 @@ def fit_run(prepared: PreparedRun, step_time_s: Callable[[Any], float]) -> FitRu
         return step_time_s(with_factors(scenario, factors))
 
     run = prepared.run
-    return FitRun(run.run_id, run.system, run.release, configuration_key(run), run.step_time_s, predict_s)
+    return FitRun(run.run_id, run.system, run.release, configuration_key(run), run.step_time_s, predict_s, run.model)
 
 
 @dataclass(frozen=True)

@@ -180,3 +180,21 @@ def test_leave_one_configuration_out_predicts_each_configuration_from_the_others
     for r in runs:
         if r.config == "cfg0":
             assert again.heldout_predictions_s[r.run_id] == pytest.approx(result.heldout_predictions_s[r.run_id], rel=0.05)
+
+
+def test_leave_one_model_out_holds_out_every_run_of_a_model_together():
+    runs = [FitRun(r.run_id, r.system, r.release, r.config, r.measured_step_time_s, r.predict_s, f"m{i % 3}")
+            for i, r in enumerate(make_runs(n=30, noise=0.03, seed=3))]
+    settings = FitSettings(factors=SETTINGS.factors, release_factors=(), holdout="model")
+    assert "leave one model out" in settings.heldout_scheme
+    result = calibrate_runs(runs, {"sys": DEFAULTS}, settings)
+    assert set(result.heldout_predictions_s) == {r.run_id for r in runs}
+    # corrupting every run of model m0 leaves m0's held-out predictions (nearly) unchanged
+    bad = [FitRun(r.run_id, r.system, r.release, r.config, (3 if r.model == "m0" else 1) * r.measured_step_time_s,
+                  r.predict_s, r.model) for r in runs]
+    again = calibrate_runs(bad, {"sys": DEFAULTS}, settings)
+    for r in runs:
+        if r.model == "m0":
+            assert again.heldout_predictions_s[r.run_id] == pytest.approx(result.heldout_predictions_s[r.run_id], rel=0.05)
+    with pytest.raises(ValueError, match="holdout 'system' unknown"):
+        FitSettings(holdout="system")
