@@ -276,6 +276,7 @@ def _layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[st
     bwd = {k: _CommAcc() for k in COMM_KINDS}
     full_recompute = p.recompute == "full"
     moe_recompute = p.recompute == "selective" and "moe" in p.recompute_modules
+    attn_recompute = p.recompute == "selective" and "core_attn" in p.recompute_modules
     act = shape.tokens * h * ACT_BYTES
     tps = shapes["tp"]
     if tps.size > 1:
@@ -328,12 +329,11 @@ def _layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[st
             for acc in (fwd["ep"], bwd["ep"]):
                 acc.add(_coll("all_gather", gathered, etps, system))
                 acc.add(_coll("reduce_scatter", gathered, etps, system))
-    if full_recompute:
-        for k in COMM_KINDS:
-            bwd[k].add((fwd[k].time_s, fwd[k].latency_s, fwd[k].link))
-    elif moe_recompute:
-        bwd["ep"].add((fwd["ep"].time_s, fwd["ep"].latency_s, fwd["ep"].link))
-    paired = paired_pass_share(p.pp, p.vpp, scenario.num_microbatches) if p.ep_comm_overlap else 1.0
+    # recomputed modules repeat their forward collectives in backward (CP's ring runs inside core_attn)
+    redo = COMM_KINDS if full_recompute else (("ep",) if moe_recompute else ()) + (("cp",) if attn_recompute else ())
+    for k in redo:
+        bwd[k].add((fwd[k].time_s, fwd[k].latency_s, fwd[k].link))
+    paired = ep_paired_share(scenario)
 
     def blocks(acc: dict[str, _CommAcc], attn: float, other: float) -> tuple[CommBlock, ...]:
         return tuple(CommBlock(k, a.time_s, a.latency_s, a.link,
@@ -341,6 +341,12 @@ def _layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[st
                      for k, a in ((k, acc[k]) for k in COMM_KINDS) if a.time_s > 0)
 
     return blocks(fwd, attn_s[0], compute_s[1]), blocks(bwd, attn_s[1], compute_s[0])
+
+
+def ep_paired_share(scenario: Scenario) -> float:
+    """Share of passes that overlap their EP all-to-all with a paired micro-batch (1 without EP overlap)."""
+    p = scenario.par
+    return paired_pass_share(p.pp, p.vpp, scenario.num_microbatches) if p.ep_comm_overlap else 1.0
 
 
 def _merge(blocks: list[CommBlock]) -> tuple[CommBlock, ...]:
@@ -447,7 +453,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     for kind in sorted({k for kinds in items for k in kinds}):
         key = (id(model), id(system), shape, kind, recompute, modules, tuple(shapes.values()), overlap,
                p.uses_sequence_parallel, p.recompute_modules, p.tp_comm_overlap, p.ep_comm_overlap,
-               scenario.num_microbatches if p.ep_comm_overlap else 0)
+               ep_paired_share(scenario))
         hit = _KIND_CACHE.get(key)
         if hit is not None and hit[0] is model and hit[1] is system:
             per_kind[kind] = hit[2]

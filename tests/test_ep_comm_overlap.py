@@ -59,3 +59,21 @@ def test_overlap_rules_are_one_line_errors(flags: dict, message: str) -> None:
     with pytest.raises(UserInputError, match=message) as info:
         _scenario(**flags)
     assert "\n" not in str(info.value)
+
+
+def test_cached_layer_costs_follow_the_schedule_under_overlap() -> None:
+    """Layouts differing only in vpp share layer shapes but not the paired share: no stale cache."""
+    from costmodel import step_structure
+    from costmodel.planner import bound
+
+    def fresh(sc):  # noqa: ANN001, ANN202
+        step_structure._KIND_CACHE.clear()
+        bound._KIND_COSTS.clear()
+        return run_analytic(sc).step_time_s, fast_pipeline_bound_s(sc)
+
+    expected = {vpp: fresh(_scenario(ep_comm_overlap=True, vpp=vpp)) for vpp in (2, 4, 8)}
+    assert len({round(t, 9) for t, _ in expected.values()}) == 3  # the paired share differs
+    for vpp in (8, 2, 8, 4, 2):  # warm caches, in an order that would reuse stale entries
+        sc = _scenario(ep_comm_overlap=True, vpp=vpp)
+        assert run_analytic(sc).step_time_s == pytest.approx(expected[vpp][0], rel=1e-12)
+        assert fast_pipeline_bound_s(sc) == pytest.approx(expected[vpp][1], rel=1e-12)

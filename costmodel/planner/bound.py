@@ -30,12 +30,13 @@ _CACHE_LIMIT = 50_000
 def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kind: str) -> tuple[float, float]:
     """(forward, backward) compute-stream seconds of one layer of ``kind`` for one micro-batch."""
     from costmodel import step_structure as ss
+    from costmodel.step_structure import ep_paired_share
 
     p, model, system = scenario.par, scenario.model, scenario.system
     modules = tuple(p.recompute_modules)
     key = (id(model), id(system), shape, kind, p.recompute, modules, tuple(shapes.values()),
            p.uses_sequence_parallel, p.tp_comm_overlap, p.ep_comm_overlap,
-           scenario.num_microbatches if p.ep_comm_overlap else 0)
+           ep_paired_share(scenario))
     hit = _KIND_COSTS.get(key)
     if hit is not None and hit[0] is model and hit[1] is system:
         return hit[2], hit[3]
