@@ -158,7 +158,9 @@ TWENTY_RACKS = (
     "(16 NVLS heads per rack, each on its own 48.5 GB/s NIC, bound by the tree stage 2·S/16 per head); "
     "the flat ring predicts 360 / 480. The measured sizes fit 4.4 ms + S/429 GB/s busbw: a ring-like "
     "fixed cost with ~9 NICs' worth of bandwidth per rack, which no sourced NCCL constant gives "
-    "(8 heads instead of 16 would, but nothing but this figure says 8)")
+    "(8 heads instead of 16 would, but nothing but this figure says 8). NCCL 2.26.2's own search and "
+    "tuner, run from its binary on a GB200 NVL72 topology (benchmarks/nccl_probe), pick NVLSTree with "
+    "32 heads at 1,056 GB/s for 2 and 20 racks alike: the loss is outside NCCL's own model")
 
 
 @pytest.mark.xfail(strict=True, reason=TWENTY_RACKS)
