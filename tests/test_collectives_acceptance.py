@@ -10,9 +10,10 @@ them without looking at them. Figures the model misses by more than 10 % are mar
 that fixes (or breaks) them is noticed.
 
 Across NVL72 racks (MNNVL: one rack = one NCCL node) the tuner chooses among ring, tree and NVLSTree,
-as NCCL 2.26 does. NVLSTree (GB200, 16 heads per rack at 48.5 GB/s each, NCCL caps 96/80 GB/s per
-channel) is bound by the in-rack NVLS stage at 2 racks (≈ 808 at 16 GB vs 810 measured) but by the
-heads' NICs at 20 racks (2·S/16 per head through the tree: ≈ 742 vs 406 measured).
+as NCCL 2.26 does. NVLSTree (GB200: 32 heads per rack at 48.5 GB/s each, the head count NCCL 2.26.2's
+own search returns, benchmarks/nccl_probe; NCCL caps 96/80 GB/s per channel) is bound by the in-rack
+NVLS stage at 2 racks (≈ 808 at 16 GB vs 810 measured) and at 20 racks too (2·S/32 per head through
+the tree keeps up: ≈ 810 vs 406 measured).
 
 The 20-rack measurement [S29] (512 MB → 151, 2 GB → 287, 8 GB → 381, 16 GB → 406 GB/s) fits
 t = 4.4 ms + 2(n−1)/n·S / 429 GB/s within 3 % at all four sizes: a fixed cost of a 2,878-step ring
@@ -154,8 +155,8 @@ def test_h100_two_nodes_all_reduce():
 
 
 TWENTY_RACKS = (
-    "20 racks: measured 381 / 406 GB/s at 8 / 16 GB [S29]; the tuner's NVLSTree predicts 711 / 742 "
-    "(16 NVLS heads per rack, each on its own 48.5 GB/s NIC, bound by the tree stage 2·S/16 per head); "
+    "20 racks: measured 381 / 406 GB/s at 8 / 16 GB [S29]; the tuner's NVLSTree predicts 795 / 810 "
+    "(32 NVLS heads per rack, each on its own 48.5 GB/s NIC: the in-rack NVLS stage bounds it, as at 2 racks); "
     "the flat ring predicts 360 / 480. The measured sizes fit 4.4 ms + S/429 GB/s busbw: a ring-like "
     "fixed cost with ~9 NICs' worth of bandwidth per rack, which no sourced NCCL constant gives "
     "(8 heads instead of 16 would, but nothing but this figure says 8). NCCL 2.26.2's own search and "
@@ -170,11 +171,11 @@ def test_gb200_twenty_racks_all_reduce(size, measured):
     assert within(busbw_GBps("gb200-nvl72", 1440, size), measured)
 
 
-def test_gb200_twenty_racks_is_nvls_tree_and_within_a_factor_two():
-    """The 20-rack miss, pinned so that it cannot silently grow."""
+def test_gb200_twenty_racks_is_nvls_tree_and_within_a_factor_two_point_two():
+    """The 20-rack miss (+99 to +109 %, as NCCL's own model: +177 %), pinned so that it cannot silently grow."""
     for size, measured in ((8 * GB, 381.0), (16 * GB, 406.0)):
         c = cost("gb200-nvl72", 1440, size)
-        assert c.algorithm == "nvls_tree" and measured < c.busbw_Bps / GB < 2 * measured
+        assert c.algorithm == "nvls_tree" and measured < c.busbw_Bps / GB < 2.2 * measured
 
 
 def test_gb200_twenty_racks_flat_ring_from_nccl_latency_structure():

@@ -94,11 +94,11 @@ def test_nvls_tree_stages_and_nccl_caps():
     degree x S/2 per head), NCCL's per-channel busbw cap (96 GB/s for 2 domains, 80 for more)."""
     S, e = 16e9, GB300.efficiency
     h = alg.nvls_tree_heads(72, e)
-    assert h == e.nvls_tree_channels == 16 and alg.nvls_tree_heads(8, e) == 8
+    assert h == e.nvls_tree_channels == 32 and alg.nvls_tree_heads(8, e) == 8
     two, twenty = GroupShape.spread(144, 2, tiers=1), GroupShape.spread(1440, 20, tiers=2)
     inside = collective_cost("all_reduce", S, GroupShape.single_domain(72), GB300, "nvls")
     est2 = alg.nvls_tree_all_reduce(S, two, alg.links_for(GB300))
-    assert est2.transfer_s == pytest.approx(inside.transfer_s)  # 16 x 97 GB/s NICs keep up at 2 racks
+    assert est2.transfer_s == pytest.approx(inside.transfer_s)  # 32 x 97 GB/s NICs keep up at 2 racks
     assert est2.network_bytes == pytest.approx(S / h) and est2.nvlink_bytes == pytest.approx(S * 73 / 72)
     assert collective_cost("all_reduce", S, twenty, GB300, "nvls_tree").network_bytes_per_gpu == pytest.approx(2 * S / h)
     fast_nic = GB300.model_copy(update={"name": "fast-nic", "scale_out": GB300.scale_out.model_copy(
