@@ -12,7 +12,7 @@ agree):
   micro-batch's dispatch/combine under the other micro-batch's compute of the same layer, so only
   the excess over ``EfficiencyFactors.ep_comm_overlap`` × that compute is exposed, in the paired
   share of the passes (warm-up forwards and cool-down backwards run alone:
-  :func:`costmodel.pipeline.paired_pass_share`); the step engines pass that share in.
+  :func:`ep_paired_share`); the step engines pass that share in.
 - **dp_fsdp** (Megatron-FSDP's per-layer gathers and reduce-scatters) is built and overlapped in
   :mod:`costmodel.fsdp` (the excess over the layer's own compute is exposed);
 - anything else: exposed.
@@ -20,8 +20,19 @@ agree):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from costmodel.pipeline import paired_pass_share
 from topologies.hardware import EfficiencyFactors
-from workloads.scenario import Parallelism
+
+if TYPE_CHECKING:
+    from workloads.scenario import Parallelism, Scenario
+
+
+def ep_paired_share(scenario: Scenario) -> float:
+    """Share of passes that overlap their EP all-to-all with a paired micro-batch (1 without EP overlap)."""
+    p = scenario.par
+    return paired_pass_share(p.pp, p.vpp, scenario.num_microbatches) if p.ep_comm_overlap else 1.0
 
 
 def exposed_fraction(kind: str, comm_s: float, par: Parallelism, eff: EfficiencyFactors, overlap: bool,

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from costmodel.step_structure import CommBlock, _coll, _CommAcc
+from costmodel.layer_costs import CommAcc, CommBlock, collective_s
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from workloads.comm import CollectiveCall
@@ -128,9 +128,9 @@ def fsdp_block(calls: tuple[CollectiveCall, ...], compute_s: float, shapes: dict
 
     Exposed fraction ``max(0, t_comm − compute_s) / t_comm`` with overlap, 1 without.
     """
-    acc = _CommAcc()
+    acc = CommAcc()
     for c in calls:
-        acc.add(_coll(c.op, float(c.bytes), shapes[c.group], system), c.count)
+        acc.add(collective_s(c.op, float(c.bytes), shapes[c.group], system), c.count)
     if acc.time_s <= 0:
         return None
     frac = max(0.0, acc.time_s - compute_s) / acc.time_s if overlap else 1.0

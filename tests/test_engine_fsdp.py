@@ -13,8 +13,9 @@ from costmodel.analytic import run_analytic
 from costmodel.des import run_des
 from costmodel.engine import UnsupportedScenario
 from costmodel.fsdp import FSDP_KIND, fsdp_layer_blocks, fsdp_units
+from costmodel.layer_costs import layer_ops, ops_time, rank_shape
 from costmodel.optimizer.plan import build_optimizer_plan, cached_inventory
-from costmodel.step_structure import _layer_ops, _ops_time, _rank_shape, build_step_structure
+from costmodel.step_structure import build_step_structure
 from topologies.inputs import UserInputError
 from topologies.placement import placement_for
 from workloads.scenario import DEFAULT_SCENARIO, Scenario, build_config
@@ -86,8 +87,8 @@ def test_fsdp_plan_has_no_dp_buckets_but_steps_adamw_on_the_shard() -> None:
 
 # ----------------------------------------------------------------------------- exposure
 def _dense_blocks(sc: Scenario, overlap: bool = True):  # noqa: ANN202
-    shape = _rank_shape(sc)
-    f, b, _, _ = _ops_time(_layer_ops(sc.model, shape, "dense", sc.par.recompute, tuple(sc.par.recompute_modules)),
+    shape = rank_shape(sc)
+    f, b, _, _ = ops_time(layer_ops(sc.model, shape, "dense", sc.par.recompute, tuple(sc.par.recompute_modules)),
                            sc.system)
     placement = placement_for(sc)
     shapes = {g: placement.shape(g) for g in ("dp", "expert_dp")}

@@ -29,20 +29,17 @@ _CACHE_LIMIT = 50_000
 
 def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kind: str) -> tuple[float, float]:
     """(forward, backward) compute-stream seconds of one layer of ``kind`` for one micro-batch."""
-    from costmodel import step_structure as ss
-    from costmodel.step_structure import ep_paired_share
+    from costmodel import layer_costs as lc
 
     p, model, system = scenario.par, scenario.model, scenario.system
     modules = tuple(p.recompute_modules)
-    key = (id(model), id(system), shape, kind, p.recompute, modules, tuple(shapes.values()),
-           p.uses_sequence_parallel, p.tp_comm_overlap, p.ep_comm_overlap,
-           ep_paired_share(scenario))
+    key = lc.layer_cache_key(scenario, shape, kind, shapes)
     hit = _KIND_COSTS.get(key)
     if hit is not None and hit[0] is model and hit[1] is system:
         return hit[2], hit[3]
-    ops = ss._layer_ops(model, shape, kind, p.recompute, modules)
-    f, b, fa, ba = ss._ops_time(ops, system)
-    cf, cb = ss._layer_comm(scenario, shape, kind, shapes, (fa, ba), True, (f, b))
+    ops = lc.layer_ops(model, shape, kind, p.recompute, modules)
+    f, b, fa, ba = lc.ops_time(ops, system)
+    cf, cb = lc.layer_comm(scenario, shape, kind, shapes, (fa, ba), True, (f, b))
     out = (f + sum(c.exposed_s for c in cf), b + sum(c.exposed_s for c in cb))
     if len(_KIND_COSTS) > _CACHE_LIMIT:
         _KIND_COSTS.clear()
@@ -72,6 +69,7 @@ def _chunk_kinds(scenario: Scenario) -> tuple[tuple[tuple[str, int], ...], ...]:
 
 def fast_pipeline_bound_s(scenario: Scenario) -> float:
     """Seconds of the forward/backward phase of ``scenario`` (no optimizer work), per the engine."""
+    from costmodel import layer_costs as lc
     from costmodel import step_structure as ss
     from costmodel.pipeline import pipeline_time_s
     from topologies.groups import GroupShape
@@ -83,7 +81,7 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
         from costmodel.planner.fast_analytic import EMPTY_PLAN
 
         return float(analytic_timing(ss.build_step_structure(scenario, plan=EMPTY_PLAN)).pipeline_s)
-    shape = ss._rank_shape(scenario)
+    shape = lc.rank_shape(scenario)
     placement = placement_for(scenario)
     shapes = {k: placement.shape(k) for k in ("tp", "cp", "ep", "etp", "pp")}
     items = _chunk_kinds(scenario)
@@ -101,7 +99,7 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
     cb = [x / vpp for x in cb]
     p2p = 0.0
     if pp > 1:
-        p2p_bytes = float(shape.sp_tokens * scenario.model.hidden_size * ss.ACT_BYTES)
+        p2p_bytes = float(shape.sp_tokens * scenario.model.hidden_size * lc.ACT_BYTES)
         pair = GroupShape(2, 2, 1) if shapes["pp"].intra_domain else GroupShape(2, 1, 2)
-        p2p = ss._coll("send_recv", p2p_bytes, pair, scenario.system)[0]
+        p2p = lc.collective_s("send_recv", p2p_bytes, pair, scenario.system)[0]
     return float(pipeline_time_s(work, cf, cb, scenario.num_microbatches, vpp, p2p))
