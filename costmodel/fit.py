@@ -374,12 +374,13 @@ def calibrate_runs(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapp
     fits, lins, params, x, calls = fit_factors(runs, defaults_by_system, settings, progress)
     train_pred = {r.run_id: r.predict_s(fits.factors_for(r.system, r.release)) for r in runs}
     heldout: dict[str, float] = {}
-    n_configs = len({(r.system, r.config) for r in runs})
-    folds = n_configs if settings.folds == 0 else min(settings.folds, n_configs)
-    fold_of = configuration_folds(runs, folds, settings.seed) if folds >= 2 else []
     if settings.holdout == "model":
         models = sorted({r.model for r in runs})
         folds, fold_of = len(models), [models.index(r.model) for r in runs]
+    else:
+        n_configs = len({(r.system, r.config) for r in runs})
+        folds = n_configs if settings.folds == 0 else min(settings.folds, n_configs)
+        fold_of = configuration_folds(runs, folds, settings.seed) if folds >= 2 else []
     if cross_validate and folds >= 2:
         for k in range(folds):
             train = [i for i, f in enumerate(fold_of) if f != k]

@@ -106,15 +106,6 @@ def run_probe(lib: Path, xml: Path, ranks: int, nodes: int, local: int, sm: int,
     return {"ring": g[0:3], "tree": g[3:6], "nvls": g[6:9], "rc": int(g[9]), "all_reduce": rows}
 
 
-def parse_size(text: str) -> float:
-    """Bytes from 8G / 512M / 4096."""
-    scale = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}
-    m = re.fullmatch(r"([0-9.]+)([KMG]?)B?", text.upper())
-    if not m:
-        raise SystemExit(f"size '{text}' is not like 8G")
-    return float(m.group(1)) * scale[m.group(2)]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--system", default="gb200-nvl72")
@@ -124,6 +115,7 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("gdb") is None:
         raise SystemExit("needs gdb")
+    from cli.cmd_collective import parse_size
     from topologies.collectives import collective_time_s
     from topologies.hardware import load_system
     from topologies.placement import place_job
