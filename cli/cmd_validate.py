@@ -52,12 +52,7 @@ def _gather_runs(paths: list[Path] | None, datasets: list[str] | None, flags: di
     if flags and not any(p.suffix.lower() in LOG_SUFFIXES for p in paths):
         raise CliError(f"scenario flags ({', '.join(sorted(flags))}) describe training logs; "
                        "no log file was given (CSV and JSON runs carry their own scenario)")
-    runs = [r for d in datasets for r in load_dataset(d)] + load_many(paths, flags, warmup)
-    seen: set[str] = set()
-    for run in runs:
-        if run.run_id in seen:
-            raise CliError(f"run '{run.run_id}' is given twice (datasets {', '.join(datasets) or '-'}, files)")
-        seen.add(run.run_id)
+    runs = load_many(paths, flags, warmup, preloaded={f"dataset '{d}'": load_dataset(d) for d in datasets})
     where = ", ".join([f"dataset {d}" for d in datasets] + [p.name for p in paths])
     return runs, where
 

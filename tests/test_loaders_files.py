@@ -138,5 +138,9 @@ def test_dispatch_and_duplicates_across_files(tmp_path):
     a = write(tmp_path, HEADER + "\n" + ROW_A + "\n", "a.csv")
     b = write(tmp_path, HEADER + "\n" + ROW_A + "\n", "b.csv")
     assert "also in" in one_line_error(load_many, [a, b])
+    shipped = load_dataset("megatron-bridge")
+    again = write(tmp_path, json.dumps([shipped[0].model_dump(mode="json")]), "again.json")
+    msg = one_line_error(load_many, [again], None, 10, {"dataset 'megatron-bridge'": shipped})
+    assert f"file '{again}', column 'run_id': run '{shipped[0].run_id}' is also in dataset 'megatron-bridge'" in msg
     assert "unknown kind of runs file" in one_line_error(load_runs, write(tmp_path, "x", "runs.parquet"))
     assert "does not exist" in one_line_error(load_runs, tmp_path / "missing.csv")

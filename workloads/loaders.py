@@ -25,7 +25,7 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -372,15 +372,19 @@ def load_runs(path: str | Path, overrides: Mapping[str, Any] | None = None,
 
 
 def load_many(paths: Iterable[str | Path], overrides: Mapping[str, Any] | None = None,
-              warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> list[MeasuredRun]:
-    """Read and concatenate runs from several files; run ids must be unique across them."""
+              warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
+              preloaded: Mapping[str, Sequence[MeasuredRun]] | None = None) -> list[MeasuredRun]:
+    """Read and concatenate runs from several files after ``preloaded`` ones (source name -> runs,
+    e.g. shipped datasets); run ids must be unique across all of them."""
+    sources = [(name, list(runs)) for name, runs in (preloaded or {}).items()]
+    sources += [(f"file '{path}'", load_runs(path, overrides, warmup_iterations)) for path in paths]
     runs: list[MeasuredRun] = []
-    where: dict[str, Path] = {}
-    for path in paths:
-        for run in load_runs(path, overrides, warmup_iterations):
+    where: dict[str, str] = {}
+    for name, batch in sources:
+        for run in batch:
             if run.run_id in where:
-                raise UserInputError(f"file '{path}', column 'run_id': run '{run.run_id}' is also in '{where[run.run_id]}'")
-            where[run.run_id] = Path(path)
+                raise UserInputError(f"{name}, column 'run_id': run '{run.run_id}' is also in {where[run.run_id]}")
+            where[run.run_id] = name
             runs.append(run)
     return runs
 
