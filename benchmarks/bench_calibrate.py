@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from costmodel.fit import FitSettings
-from costmodel.fit_runs import calibrate
+from costmodel.calibrate.fit import FitSettings
+from costmodel.calibrate.fit_runs import calibrate
 from workloads.datasets import load_dataset
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from costmodel.microbench import measure_local
-from costmodel.reference_check import check_reference_run
+from costmodel.calibrate.microbench import measure_local
+from costmodel.calibrate.reference_check import check_reference_run
 from reference.api import run_reference
 from reference.workload import load_shapes
 

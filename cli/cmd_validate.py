@@ -86,7 +86,7 @@ def validate(
     *, scenario_flags: dict[str, str],
 ) -> None:
     """How wrong is the model on measured runs? Predicted vs measured, MAPE, bias, worst case, Kendall τ."""
-    from costmodel.validation import validate_runs
+    from costmodel.calibrate.validation import validate_runs
 
     runs, where = _gather_runs(runs_files, dataset, scenario_flags, warmup)
     profile = _calibration(calibration, datasheet)
@@ -97,7 +97,7 @@ def validate(
     if html is not None:
         if report is None or not report.rows:
             raise CliError("--html needs at least one supported step-time run")
-        from costmodel.validation_figures import validation_html
+        from costmodel.calibrate.validation_figures import validation_html
 
         m = report.metrics
         summary = (f"{m.n} runs from {where}; calibration {report.calibration}; MAPE {m.mape_pct:.1f} %, "
@@ -118,7 +118,7 @@ def validate(
 
 
 def _reference_checks(runs: list[Any], profile: Any) -> list[Any]:
-    from costmodel.reference_check import check_reference_run
+    from costmodel.calibrate.reference_check import check_reference_run
 
     if profile is None or profile.local is None:
         raise CliError("reference runs (with phase_times_s) need --calibration with a local profile "
@@ -128,7 +128,7 @@ def _reference_checks(runs: list[Any], profile: Any) -> list[Any]:
 
 def _reference_model(run: Any) -> Any:
     """The ModelSpec of a reference run's shapes (presets live in the reference package)."""
-    from costmodel.reference_check import run_config
+    from costmodel.calibrate.reference_check import run_config
 
     shapes = str(run_config(run).get("shapes", "tiny"))
     try:
@@ -213,8 +213,8 @@ def calibrate(
             raise CliError("--microbench measures this machine; do not give runs with it")
         _microbench(out, name, json_out)
         return
-    from costmodel.fit import DEFAULT_FACTORS, DEFAULT_RELEASE_FACTORS, FitSettings
-    from costmodel.fit_runs import calibrate as run_calibration
+    from costmodel.calibrate.fit import DEFAULT_FACTORS, DEFAULT_RELEASE_FACTORS, FitSettings
+    from costmodel.calibrate.fit_runs import calibrate as run_calibration
 
     runs, where = _gather_runs(runs_files, dataset, scenario_flags, warmup)
     fitted = _factor_list(factors, DEFAULT_FACTORS)
@@ -280,8 +280,8 @@ def _print_calibration(report: Any) -> None:
 
 
 def _microbench(out: Path, name: str | None, json_out: bool) -> None:
-    from costmodel.calibration import CalibrationProfile
-    from costmodel.microbench import measure_local
+    from costmodel.calibrate.microbench import measure_local
+    from costmodel.calibrate.profile import CalibrationProfile
 
     local = measure_local(progress=None if json_out else (lambda m: print(m, file=sys.stderr, flush=True)))
     profile = CalibrationProfile(name=name or out.stem, fitted_on=f"microbenchmarks on {local.machine}", local=local)

@@ -141,7 +141,7 @@ def load_calibration(path: Path | None, use_default: bool = True):  # noqa: ANN2
 
     ``--calibration none`` means no profile at all: the systems' datasheet defaults.
     """
-    from costmodel.calibration import default_profile, load_profile
+    from costmodel.calibrate.profile import default_profile, load_profile
 
     if path is not None and str(path).lower() == "none":
         return None

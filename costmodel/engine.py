@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from costmodel.errors import UnsupportedScenario
 from costmodel.report import EngineName, StepReport
 
 if TYPE_CHECKING:
-    from costmodel.calibration import CalibrationProfile
+    from costmodel.calibrate.profile import CalibrationProfile
     from workloads.scenario import Scenario
 
 
-class UnsupportedScenario(Exception):
-    """The model cannot express this scenario yet (message says why, in one line)."""
+__all__ = ["UnsupportedScenario", "predict"]
 
 
 def predict(scenario: Scenario, engine: EngineName = "analytic",

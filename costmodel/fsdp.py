@@ -10,7 +10,7 @@ not fitted; from Megatron-Core's behaviour as we read it):
   parallelism (``dp·cp``, the group their gradients reduce over, :mod:`topologies.placement`'s
   ``dp`` shape); expert parameters over the expert-data-parallel group. Only full sharding is
   modelled: ``fsdp`` must equal ``dp·cp`` (what every published Megatron-Bridge FSDP run does);
-  hybrid sharding (``fsdp`` a proper divisor) raises :class:`costmodel.engine.UnsupportedScenario`.
+  hybrid sharding (``fsdp`` a proper divisor) raises :class:`costmodel.errors.UnsupportedScenario`.
 - **Units.** One FSDP unit per transformer layer (``fsdp_unit_modules`` = the transformer layer)
   and per MTP layer; the embedding and the output layer (with the final norm) are units too. A
   unit's parameters are its tensors of :mod:`workloads.inventory` on one tp/ep rank (the tp/etp

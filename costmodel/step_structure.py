@@ -249,7 +249,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     ``plan``: the scenario's optimizer plan when the caller already has it (the planner shares
     plans between candidates that differ only in settings the plan does not depend on).
     """
-    from costmodel.engine import UnsupportedScenario
+    from costmodel.errors import UnsupportedScenario
     from costmodel.fsdp import add_fsdp_blocks, fsdp_unsupported_reason
     from costmodel.optimizer.plan import build_optimizer_plan
     from topologies.placement import placement_for

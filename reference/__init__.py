@@ -14,6 +14,7 @@ Modules (one idea each):
 * :mod:`reference.instrument` — recorded collectives, phase clocks, NS FLOP counters;
 * :mod:`reference.grid`, :mod:`reference.runner` — the dp × tp grid and one rank's training loop;
 * :mod:`reference.serial` — the single-process reference every mode is compared against;
-* :mod:`reference.launch` — local fork launcher, ``python -m reference.launch`` / torchrun entry;
+* :mod:`reference.processes` — local fork launcher and its supervision;
+* :mod:`reference.launch` — ``python -m reference.launch`` (local) / torchrun entry;
 * :mod:`reference.api` — ``run_reference(config) -> RunResult`` (collectives, phases, checks).
 """

@@ -208,7 +208,7 @@ def run_reference(config: RunConfig | dict[str, Any]) -> RunResult:
     Raises UserInputError for a bad configuration and ReferenceRunError (one line) when the run
     fails or times out.
     """
-    from reference.launch import launch_local
+    from reference.processes import launch_local
 
     cfg = config if isinstance(config, RunConfig) else make_config(**config)
     return assemble(cfg, launch_local(cfg))

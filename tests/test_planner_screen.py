@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from test_planner_stubs import StubEngine, stub_des, stub_memory
 
-from costmodel.calibration import CalibrationProfile, SystemCalibration
+from costmodel.calibrate.profile import CalibrationProfile, SystemCalibration
 from costmodel.planner.pins import parse_pins
 from costmodel.planner.plan import PlanOptions, memory_budget_bytes, run_plan
 from costmodel.planner.ranking import kendall_tau, pareto_front

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from costmodel.analytic import run_analytic
+from costmodel.calibrate.fit import FitSettings
 from costmodel.des import run_des
-from costmodel.fit import FitSettings
 from topologies.inputs import UserInputError
 from workloads.datasets import get_dataset, load_dataset
 from workloads.loaders import load_runs

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.calibration import load_profile
+from costmodel.calibrate.profile import load_profile
 from workloads.datasets import load_dataset
 from workloads.loaders import write_csv
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
-from costmodel.fit import (
+from costmodel.calibrate.fit import (
     FACTOR_BOUNDS,
     FitRun,
     FitSettings,
@@ -17,7 +17,7 @@ from costmodel.fit import (
     fit_factors,
     release_family,
 )
-from costmodel.fit_surrogate import linearize
+from costmodel.calibrate.fit_surrogate import linearize
 
 DEFAULTS = default_factor_values(["gemm_fp8", "attention", "network_bandwidth", "gemm_bf16", "grouped_gemm"])
 TRUE = {"gemm_fp8": 0.48, "attention": 0.33, "network_bandwidth": 0.85}

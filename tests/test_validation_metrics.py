@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from costmodel.validation import (
+from costmodel.calibrate.validation import (
     RunResult,
     error_metrics,
     grouped_kendall_tau,

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from costmodel.calibration import (
+from costmodel.calibrate.microbench import fit_linear_time, fit_newton_schulz, ns_gemm_flops
+from costmodel.calibrate.profile import (
     CalibrationProfile,
     CollectiveFit,
     LocalMeasurements,
     NewtonSchulzFit,
     load_profile,
 )
-from costmodel.microbench import fit_linear_time, fit_newton_schulz, ns_gemm_flops
 from workloads.flops import newton_schulz_flops
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from costmodel.calibration import (
+from costmodel.calibrate.profile import (
     CalibrationProfile,
     ReleaseCalibration,
     SystemCalibration,
@@ -75,7 +75,7 @@ def test_out_of_range_factor_is_caught_when_applied(tmp_path, default_scenario):
 
 
 def test_builtin_default_profile_records_its_training_set_and_heldout_error():
-    from costmodel.calibration import default_profile
+    from costmodel.calibrate.profile import default_profile
     from workloads.datasets import load_dataset
 
     p = default_profile()

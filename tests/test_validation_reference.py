@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.calibration import (
+from costmodel.calibrate.profile import (
     CalibrationProfile,
     CollectiveFit,
     LocalMeasurements,
     NewtonSchulzFit,
 )
-from costmodel.reference_check import check_reference_run
+from costmodel.calibrate.reference_check import check_reference_run
 from workloads.loaders import load_runs
 
 pytest.importorskip("torch")
@@ -60,7 +60,7 @@ def test_reference_run_matches_the_model_collectives_and_flops(run_cli, referenc
 
 
 def test_a_changed_collective_is_reported_with_rank_and_call(reference_run, local_profile, tmp_path):
-    from costmodel.calibration import load_profile
+    from costmodel.calibrate.profile import load_profile
     from reference.workload import load_shapes
 
     data = json.loads(reference_run.read_text(encoding="utf-8"))

@@ -169,3 +169,7 @@ class OptimizerPlan:
     def param_gather_buckets_forward(self, stage: int) -> tuple[Bucket, ...]:
         """Per-bucket parameter gathers of ``stage`` in forward order (what forward pre-hooks wait on)."""
         return self.stages[stage].gather_buckets_forward
+
+
+EMPTY_PLAN = OptimizerPlan(kind="none", distribution="none", layout=None, tp_mode=None, load_balance=None, stages=())
+"""A plan with no optimizer work: what the planner's pipeline-only bounds build structures with."""

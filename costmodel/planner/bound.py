@@ -78,7 +78,7 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
     p = scenario.par
     if p.fsdp > 0:  # per-layer FSDP collectives: the engine's own phase (the planner never generates fsdp)
         from costmodel.analytic import analytic_timing
-        from costmodel.planner.fast_analytic import EMPTY_PLAN
+        from costmodel.optimizer.plan_types import EMPTY_PLAN
 
         return float(analytic_timing(ss.build_step_structure(scenario, plan=EMPTY_PLAN)).pipeline_s)
     shape = lc.rank_shape(scenario)

@@ -24,12 +24,11 @@ import inspect
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from costmodel.optimizer.plan_types import OptimizerPlan
+from costmodel.optimizer.plan_types import EMPTY_PLAN, OptimizerPlan
 
 if TYPE_CHECKING:
     from workloads.scenario import Scenario
 
-EMPTY_PLAN = OptimizerPlan(kind="none", distribution="none", layout=None, tp_mode=None, load_balance=None, stages=())
 PLAN_GROUPS = ("dp", "expert_dp", "tp", "etp", "ep")  # groups whose collectives the optimizer plan times
 
 

@@ -52,7 +52,7 @@ from costmodel.planner.space import (
 from topologies.inputs import UserInputError
 
 if TYPE_CHECKING:
-    from costmodel.calibration import CalibrationProfile
+    from costmodel.calibrate.profile import CalibrationProfile
     from costmodel.report import StepReport
     from workloads.scenario import Scenario, ScenarioConfig
 

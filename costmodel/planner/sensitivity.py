@@ -27,7 +27,7 @@ from costmodel.planner.space import Candidate
 from topologies.hardware import EfficiencyFactors
 
 if TYPE_CHECKING:
-    from costmodel.calibration import CalibrationProfile
+    from costmodel.calibrate.profile import CalibrationProfile
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ where a family has at least ``min_release_runs`` runs, with a tight prior at 1
 (``release_prior_sigma_log``). All systems and multipliers are fitted jointly.
 
 The engine is expensive (milliseconds per run) and the fit needs many evaluations, so the
-optimiser works on a surrogate (:mod:`costmodel.fit_surrogate`): each run's step time linearised
+optimiser works on a surrogate (:mod:`costmodel.calibrate.fit_surrogate`): each run's step time linearised
 at the current factors as an additive roofline (k + 1 engine calls per run). The surrogate is
 fitted, the engine is evaluated at the solution (backtracking while the engine's robust cost does
 not improve), re-linearised there and refitted, until engine and surrogate agree to
@@ -49,7 +49,7 @@ from functools import partial
 
 import numpy as np
 
-from costmodel.fit_surrogate import Linearization, Param, SurrogateProblem, linearize
+from costmodel.calibrate.fit_surrogate import Linearization, Param, SurrogateProblem, linearize
 from topologies.hardware import EfficiencyFactors
 
 # The default set, chosen by held-out error on the shipped runs among ~15 candidate settings

@@ -1,8 +1,8 @@
 """Calibrating on measured runs: runs + engine -> fitted factors, held-out error, a profile.
 
 Glue between :mod:`workloads.loaders` (measured runs), the analytic engine (predictions with the
-factors applied through ``SystemSpec.with_efficiency``), :mod:`costmodel.fit` (the fitting and the
-held-out evaluation) and :mod:`costmodel.calibration` (the profile YAML). The headline numbers of a
+factors applied through ``SystemSpec.with_efficiency``), :mod:`costmodel.calibrate.fit` (the fitting and the
+held-out evaluation) and :mod:`costmodel.calibrate.profile` (the profile YAML). The headline numbers of a
 calibration are the **held-out** metrics; datasheet (uncalibrated) and training metrics are kept
 beside them for comparison.
 """
@@ -13,15 +13,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from costmodel.calibration import CalibrationProfile, ReleaseCalibration, SystemCalibration
-from costmodel.fit import (
+from costmodel.calibrate.fit import (
     CalibrationResult,
     FitRun,
     FitSettings,
     calibrate_runs,
     default_factor_values,
 )
-from costmodel.validation import (
+from costmodel.calibrate.profile import CalibrationProfile, ReleaseCalibration, SystemCalibration
+from costmodel.calibrate.validation import (
     Metrics,
     PreparedRun,
     RunResult,

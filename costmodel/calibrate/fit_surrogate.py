@@ -8,7 +8,7 @@ attributable to each factor, ``c_j ≈ −∂t/∂log f_j`` (a one-sided secant 
 
 is exact at ``f0`` with the right first derivatives, and exact everywhere when the step time is a
 sum of terms each inversely proportional to one factor (a serial roofline); overlaps (``max``)
-make it approximate away from ``f0``. The fitter (:mod:`costmodel.fit`) re-linearises at each new
+make it approximate away from ``f0``. The fitter (:mod:`costmodel.calibrate.fit`) re-linearises at each new
 solution until the surrogate and the engine agree, so the fitted values are those of the engine.
 
 A :class:`SurrogateProblem` vectorises all runs of a fit: parameters are log factor values per

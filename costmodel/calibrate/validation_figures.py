@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from costmodel.validation import RunResult
+from costmodel.calibrate.validation import RunResult
 
 
 def scatter_figure(rows: Sequence[RunResult], title: str = "Predicted vs measured step time") -> Any:

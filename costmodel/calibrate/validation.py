@@ -1,7 +1,7 @@
 """Validation of the cost model against measured runs: predictions, error metrics, ranking.
 
 For every measured run the scenario is rebuilt from its columns; runs the model cannot express
-(scenario validation errors, :class:`costmodel.engine.UnsupportedScenario`) are listed as
+(scenario validation errors, :class:`costmodel.errors.UnsupportedScenario`) are listed as
 unsupported with their reason, never dropped silently. Errors are signed relative errors of the
 step time, ``error_pct = 100 · (predicted − measured) / measured``:
 
@@ -25,7 +25,7 @@ from workloads.measured import MeasuredRun
 from workloads.scenario import Scenario, build_config
 
 if TYPE_CHECKING:
-    from costmodel.calibration import CalibrationProfile
+    from costmodel.calibrate.profile import CalibrationProfile
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -107,7 +107,7 @@ def with_factors(scenario: Scenario, factors: Mapping[str, float]) -> Scenario:
 def prepare_runs(runs: Iterable[MeasuredRun], engine: str = "analytic",
                  check: bool = True) -> tuple[list[PreparedRun], list[UnsupportedRun]]:
     """Resolve every run's scenario; with ``check`` also run the engine once to catch unsupported ones."""
-    from costmodel.engine import UnsupportedScenario
+    from costmodel.errors import UnsupportedScenario
 
     run_engine = step_time_function(engine) if check else None
     prepared: list[PreparedRun] = []
@@ -290,7 +290,7 @@ def predict_prepared(prepared: PreparedRun, calibration: CalibrationProfile | No
 def validate_runs(runs: Iterable[MeasuredRun], calibration: CalibrationProfile | None = None,
                   engine: str = "analytic") -> ValidationReport:
     """Predict every supported run and compare with what was measured."""
-    from costmodel.engine import UnsupportedScenario
+    from costmodel.errors import UnsupportedScenario
 
     step_time_s = step_time_function(engine)
     prepared, unsupported = prepare_runs(runs, engine, check=False)

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from costmodel.calibration import LocalMeasurements
+from costmodel.calibrate.profile import LocalMeasurements
 from topologies.inputs import UserInputError
 from workloads.comm import CollectiveCall, merge_calls
 from workloads.inventory import Inventory, build_inventory

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.calibration import CollectiveFit, LocalMeasurements, NewtonSchulzFit
+from costmodel.calibrate.profile import CollectiveFit, LocalMeasurements, NewtonSchulzFit
 
 GEMM_SIZES = (32, 64, 128, 256, 512, 768)
 NS_SHAPES = ((32, 64), (64, 192), (128, 512), (256, 1024))

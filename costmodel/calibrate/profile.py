@@ -39,7 +39,7 @@ from topologies.inputs import UserInputError, describe_validation_error, load_ya
 if TYPE_CHECKING:
     from workloads.scenario import Scenario
 
-DEFAULT_PROFILE_PATH = Path(__file__).parent / "data" / "default_calibration.yaml"
+DEFAULT_PROFILE_PATH = Path(__file__).parent.parent / "data" / "default_calibration.yaml"
 FACTOR_NAMES = tuple(EfficiencyFactors.model_fields)
 
 
