@@ -50,7 +50,7 @@ class RunConfig(BaseModel):
     load_balance: LoadBalance | None = Field(None, description="default: lpt (current), ping_pong (legacy)")
     hide_param_gather: bool = True
     steps: int = Field(3, gt=0, le=1000)
-    shapes: str = Field("tiny", description="shape preset (tiny, tiny-dense, small) or model YAML file")
+    shapes: str = Field("tiny", description="shape preset (tiny, tiny-dense, small, many-small) or model YAML file")
     split_qkv: bool = True
     # Muon
     lr: float = Field(0.02, gt=0)

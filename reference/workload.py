@@ -44,11 +44,18 @@ SHAPE_PRESETS: dict[str, dict] = {
         attention=dict(kind="gqa", num_heads=8, num_kv_heads=4, head_dim=32),
         moe=dict(num_experts=4, topk=2, expert_ffn_hidden_size=256, first_dense_layers=2),
     ),
+    # hundreds of small matrices (7 MoE layers x 32 experts x 2, plus attention): launch-bound
+    # optimizer steps, where per-tensor kernel costs dominate the FLOPs (~1 M parameters)
+    "many-small": dict(
+        name="reference-many-small", num_layers=8, hidden_size=128, ffn_hidden_size=256, vocab_size=1024,
+        attention=dict(kind="gqa", num_heads=8, num_kv_heads=4, head_dim=16),
+        moe=dict(num_experts=32, topk=2, expert_ffn_hidden_size=64, first_dense_layers=1),
+    ),
 }
 
 
 def load_shapes(name_or_path: str) -> ModelSpec:
-    """A shape preset (``tiny``, ``tiny-dense``, ``small``) or a model YAML file / catalogue name."""
+    """A shape preset (``tiny``, ``tiny-dense``, ``small``, ``many-small``) or a model YAML file / catalogue name."""
     if name_or_path in SHAPE_PRESETS:
         return ModelSpec.model_validate(SHAPE_PRESETS[name_or_path])
     try:

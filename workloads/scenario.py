@@ -19,6 +19,7 @@ from topologies.hardware import Precision, SystemSpec, load_system
 from topologies.inputs import UserInputError, describe_validation_error, load_yaml_file
 from workloads.models import ModelSpec, load_model
 from workloads.pipeline_layout import PipelineSplit, virtual_stage_layer_counts
+from workloads.runtime import RuntimeSettings
 
 OptimizerKind = Literal["adamw", "muon"]
 Distribution = Literal["replicated", "element_wise", "layer_wise"]
@@ -127,6 +128,7 @@ class ScenarioConfig(_Strict):
     )
     optimizer: OptimizerSpec = OptimizerSpec()
     placement: Placement = Placement()
+    runtime: RuntimeSettings = RuntimeSettings()
     mtp_layers: int | None = Field(None, ge=0, description="override the model's MTP layers")
 
     def resolve(self) -> Scenario:
@@ -166,7 +168,7 @@ def build_config(data: dict[str, Any], overrides: dict[str, Any], source: str = 
 
 _SECTION_OF = {name: "parallelism" for name in Parallelism.model_fields} | {
     name: "optimizer" for name in OptimizerSpec.model_fields if name != "kind"
-} | {"gpus_per_domain": "placement"}
+} | {"gpus_per_domain": "placement"} | {name: "runtime" for name in RuntimeSettings.model_fields}
 _TOP_LEVEL = set(ScenarioConfig.model_fields)
 
 
@@ -213,6 +215,11 @@ class Scenario:
     def optimizer(self) -> OptimizerSpec:
         """The optimizer section of the configuration."""
         return self.config.optimizer
+
+    @property
+    def runtime(self) -> RuntimeSettings:
+        """The runtime (recipe) settings of the configuration."""
+        return self.config.runtime
 
     @property
     def precision(self) -> Precision:
