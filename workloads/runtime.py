@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 CudaGraphImpl = Literal["none", "local", "transformer_engine", "full_iteration"]
 CudaGraphScope = Literal["full", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba", "full_iteration"]
+MoeDispatcher = Literal["allgather", "alltoall", "flex"]
+FlexBackend = Literal["deepep", "hybridep"]
 
 
 class RuntimeSettings(BaseModel):
@@ -30,3 +32,9 @@ class RuntimeSettings(BaseModel):
     cuda_graph_scope: tuple[CudaGraphScope, ...] = Field(
         (), description="Megatron --cuda-graph-scope: modules captured by transformer_engine/local graphs "
                         "(empty = Megatron's default 'full': every layer)")
+    moe_token_dispatcher_type: MoeDispatcher = Field(
+        "flex", description="Megatron --moe-token-dispatcher-type: allgather (Megatron-Core's own default), alltoall, "
+                            "or flex (DeepEP / HybridEP kernels, what the Megatron-Bridge MoE recipes use; muonsim's "
+                            "default); see costmodel/moe_dispatch.py")
+    moe_flex_dispatcher_backend: FlexBackend = Field(
+        "hybridep", description="Megatron --moe-flex-dispatcher-backend for the flex dispatcher: deepep or hybridep")
