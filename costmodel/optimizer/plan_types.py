@@ -17,6 +17,7 @@ work, so ``ranks`` holds one :class:`RankWork` per distinct pair (``multiplicity
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -67,17 +68,17 @@ class RankWork:
     kernel_counts: tuple[tuple[str, float], ...] = ()  # launches by part (newton_schulz_gemm, muon_elementwise, ...)
     muon_tensors: int = 0  # Muon tensors (expert copies counted) this GPU steps
 
-    @property
+    @cached_property
     def gpu_s(self) -> float:
         """Seconds the GPU is busy (kernels and blocking TP collectives)."""
         return self.newton_schulz_s + self.elementwise_s + self.tp_comm_s
 
-    @property
+    @cached_property
     def host_idle_s(self) -> float:
         """Seconds the GPU waits for the host to issue kernels (launch-bound step; 0 when GPU-bound)."""
         return max(0.0, self.issue_s - self.gpu_s)
 
-    @property
+    @cached_property
     def total_s(self) -> float:
         """Seconds of the optimizer step on this GPU: max(GPU time, host issue time)."""
         return self.gpu_s + self.host_idle_s

@@ -78,6 +78,7 @@ class Timer:
         self._ns: dict[NsWork, tuple[float, float]] = {}
         self._calls: dict[CollectiveCall, float] = {}
         self.s_per_byte = self.min_s = self.issue_s = 0.0
+        self.muon_rows: dict[tuple, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}  # see StageBuilder.muon_item
         if system is not None:
             from costmodel.compute import memory_time_s
 
@@ -223,7 +224,6 @@ class StageBuilder:
         self.buckets: list[tuple[tuple[int, int], dict]] = []  # (sort key, Bucket kwargs)
         self.gb = spec.grad_bytes
         self.grad_dtype = "fp32" if self.gb == 4 else "bf16"
-        self._muon_memo: dict[int, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}
         self._buffer_memo: dict[int, tuple[_Buffer, np.ndarray, list[tuple[CollectiveCall, ...]]]] = {}
 
     def bucket_size(self, chunk: int) -> int | None:
@@ -245,9 +245,11 @@ class StageBuilder:
     def muon_item(self, t: TensorSpec) -> tuple[np.ndarray, tuple[CollectiveCall, ...]]:
         """(row of :data:`COLUMNS`, TP calls) of stepping one copy of Muon tensor ``t``: its kernel
         sequence (:func:`kernel_sequence.muon_tensor_kernels`, MCore defaults: no Nesterov, weight
-        decay on) timed on the GPU, its NS FLOPs and TP collectives."""
-        key = id(t)
-        if key not in self._muon_memo:
+        decay on) timed on the GPU, its NS FLOPs and TP collectives (memoised per plan on what they
+        depend on: tensors of the same shapes and sharding share them)."""
+        key = (t.muon_components, t.shard_dim, t.shards, t.shard_group, t.global_shape)
+        hit = self.timer.muon_rows.get(key)
+        if hit is None:
             w = tensor_ns_work(t, self.st)
             _, tp_s = self.timer.ns(w)
             kernels = ks.muon_tensor_kernels(t, w, self.st, self.gb)
@@ -255,8 +257,8 @@ class StageBuilder:
             n = t.local_numel
             row = np.array([n, w.flops, ns_s, tp_s, ew_s, ks.kernel_count(kernels), ks.kernel_count(kernels, "ns_gemm"),
                             1, 0, 0, 0, 1, float(ks.chunks_of(n)), 1], dtype=np.float64)
-            self._muon_memo[key] = (row, w.calls)
-        return self._muon_memo[key]
+            hit = self.timer.muon_rows[key] = (row, w.calls)
+        return hit
 
     def adam_item(self, t: TensorSpec) -> np.ndarray:
         """Row of :data:`COLUMNS` of a whole non-Muon parameter stepped by one rank's fused Adam:
