@@ -67,6 +67,8 @@ class OptimizerKernelsOut(_Out):
     gpu_s: float = Field(description="GPU-busy seconds (kernels and blocking TP collectives)")
     issue_s: float = Field(description="host seconds to issue the launches (kernel_issue_s each)")
     host_idle_s: float = Field(description="seconds the GPU waits for the host (launch-bound share of the step)")
+    grad_prescale_launches: int = Field(0, description="grad_data *= 1/dp kernels before the bucket reductions (one per "
+                                        "bucket, in the backward pass, not in the step)")
 
 
 class OptimizerReport(_Out):
