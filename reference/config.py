@@ -17,6 +17,7 @@ Optimizer = Literal["adamw", "muon"]
 Distribution = Literal["replicated", "element_wise", "layer_wise"]
 Layout = Literal["legacy", "current"]
 TpMode = Literal["duplicated", "distributed", "blockwise"]
+WeightDecayMethod = Literal["decoupled", "independent", "l2", "palm"]
 LoadBalance = Literal["none", "ping_pong", "lpt"]
 Precision = Literal["bf16", "tf32", "fp32"]
 CoefficientName = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4", "cubic5", "custom"]
@@ -57,6 +58,9 @@ class RunConfig(BaseModel):
     momentum: float = Field(0.95, ge=0, lt=1)
     nesterov: bool = False
     weight_decay: float = Field(0.01, ge=0)
+    weight_decay_method: WeightDecayMethod = Field(
+        "decoupled", description="Muon weight decay (EO): decoupled p-=lr*wd*p, independent p-=wd*p, l2 g+=wd*p, "
+        "palm p-=lr^2*wd*p (AdamW: always decoupled)")
     ns_steps: int = Field(5, gt=0, lt=100)
     ns_coefficients: CoefficientName = "quintic"
     custom_coefficients: list[tuple[float, float, float]] | None = None
