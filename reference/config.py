@@ -53,7 +53,9 @@ class RunConfig(BaseModel):
     tp_mode: TpMode = Field("duplicated", description="Muon tensor-parallel Newton-Schulz mode")
     load_balance: LoadBalance | None = Field(
         None, description="layer-wise load balance (default: lpt for current, ping_pong for legacy)")
-    hide_param_gather: bool = Field(True, description="overlap the parameter all-gather with the next forward")
+    hide_param_gather: bool = Field(
+        False, description="overlap the parameter all-gather with the next forward (Megatron's "
+        "overlap_param_gather; off by default there)")
     steps: int = Field(3, gt=0, le=1000, description="optimizer steps (the first is warm-up for timings)")
     shapes: str = Field("tiny", description="shape preset (tiny, tiny-dense, small, many-small) or model YAML file")
     split_qkv: bool = Field(True, description="orthogonalise Q, K, V separately")

@@ -19,7 +19,7 @@ code runs the single-process full-matrix math and the three tensor-parallel mode
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import torch
@@ -164,9 +164,15 @@ def muon_apply(p: torch.Tensor, update: torch.Tensor, hyper: MuonHyper) -> None:
 
 
 def adamw_step(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int,
-               hyper: AdamHyper) -> None:
-    """One AdamW step in place on fp32 tensors (``step`` counts from 1), torch's formula."""
-    if hyper.weight_decay:
+               hyper: AdamHyper, decay_factor: torch.Tensor | None = None) -> None:
+    """One AdamW step in place on fp32 tensors (``step`` counts from 1), torch's formula.
+
+    ``decay_factor`` (same shape as ``p``) replaces the scalar ``1 − lr·wd`` per element: 1 where
+    no weight decay applies, for a flat shard that spans several parameters.
+    """
+    if decay_factor is not None:
+        p.mul_(decay_factor)
+    elif hyper.weight_decay:
         p.mul_(1 - hyper.lr * hyper.weight_decay)
     m.lerp_(g, 1 - hyper.beta1)
     v.mul_(hyper.beta2).addcmul_(g, g, value=1 - hyper.beta2)
@@ -174,3 +180,8 @@ def adamw_step(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tenso
     bias2_sqrt = math.sqrt(1 - hyper.beta2 ** step)
     denom = (v.sqrt() / bias2_sqrt).add_(hyper.eps)
     p.addcdiv_(m, denom, value=-hyper.lr / bias1)
+
+
+def without_weight_decay(hyper: AdamHyper) -> AdamHyper:
+    """The same AdamW with weight decay 0 (Megatron's group for biases and 1-D parameters)."""
+    return replace(hyper, weight_decay=0.0)

@@ -110,6 +110,12 @@ class ParamSpec:
     local_numel = property(lambda self: self.tensor.local_numel)
 
     @property
+    def weight_decay(self) -> bool:
+        """Whether weight decay applies: Megatron-Core's default parameter groups exempt biases and
+        1-D parameters (norms) — ``no_wd = name.endswith(".bias") or len(param.shape) == 1``."""
+        return not (self.name.endswith(".bias") or len(self.global_shape) == 1)
+
+    @property
     def is_expert(self) -> bool:
         """Reduced over the expert data-parallel group."""
         return self.dp_group == "expert_dp"

@@ -146,14 +146,29 @@ def test_element_wise_adamw_equals_torch_adamw(world, tp):
     assert {x.op for x in r.collectives} == {"reduce_scatter", "all_gather"}
     specs = run_specs(cfg)
     params = {n: p.clone().requires_grad_(True) for n, p in initial_params(cfg).items()}
-    opt = torch.optim.AdamW(list(params.values()), lr=cfg.resolved_adam_lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                            eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+    # Megatron-Core's default parameter groups: no weight decay on biases and 1-D parameters (norms)
+    groups = [{"params": [params[s.name] for s in specs if s.weight_decay == decays],
+               "weight_decay": cfg.weight_decay if decays else 0.0} for decays in (True, False)]
+    assert all(g["params"] for g in groups)
+    opt = torch.optim.AdamW(groups, lr=cfg.resolved_adam_lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                            eps=cfg.adam_eps)
     for step in range(cfg.steps):
         for s in specs:
             params[s.name].grad = mean_grad(s, cfg.seed, step, cfg.expert_dp if s.is_expert else cfg.dp)
         opt.step()
     worst = max((r.params[n] - p.detach()).abs().max().item() for n, p in params.items())
     assert worst <= 1e-6
+    assert r.checks["bitwise_equal_serial"], r.checks  # per-element decay factors in flat shards = per-parameter
+
+
+def test_norms_and_biases_get_no_weight_decay():
+    """Megatron's default groups: ``no_wd = name.endswith('.bias') or len(param.shape) == 1``."""
+    from reference.config import make_config
+
+    specs = {s.name: s for s in run_specs(make_config(optimizer="adamw"))}
+    assert not specs["decoder.layers.0.input_layernorm.weight"].weight_decay
+    assert specs["embedding.word_embeddings.weight"].weight_decay
+    assert specs["decoder.layers.0.mlp.linear_fc1.weight"].weight_decay
 
 
 def test_single_rank_muon_matches_torch_optim_muon():
