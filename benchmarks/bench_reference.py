@@ -28,6 +28,10 @@ CONFIGS = {
     "muon layer-wise current, fp32 NS": dict(optimizer="muon", layout="current", matmul_precision="fp32"),
     "muon layer-wise legacy, bf16 NS": dict(optimizer="muon", layout="legacy", matmul_precision="bf16"),
     "adamw element-wise": dict(optimizer="adamw"),
+    # the parameter all-gather overlapped with the next forward: compare exposed_wait with the line above
+    "adamw element-wise, param gather hidden": dict(optimizer="adamw", hide_param_gather=True),
+    "muon layer-wise current, bf16 NS, param gather hidden": dict(optimizer="muon", layout="current",
+                                                                  hide_param_gather=True),
 }
 
 

@@ -189,13 +189,17 @@ def test_single_rank_muon_matches_torch_optim_muon():
         assert ((r.params[n] - ref).norm() / ref.norm()).item() <= 1e-2, n
 
 
-def test_hiding_the_param_gather_lowers_the_exposed_wait():
-    common = dict(world_size=2, optimizer="adamw", shapes="small", bucket_size=1_000_000, forward_tokens=1024,
-                  steps=5, check=False)
-    on = run_reference({**common, "hide_param_gather": True})
-    off = run_reference({**common, "hide_param_gather": False})
-    assert on.phase_times_s["exposed_wait"] < off.phase_times_s["exposed_wait"], (on.phase_times_s, off.phase_times_s)
-    assert on.collectives == off.collectives  # the same bytes move either way
+@pytest.mark.parametrize("layout", ["legacy", "current"])
+def test_hiding_the_param_gather_changes_timing_only(layout):
+    """Overlapping the parameter gather with the next forward moves the same bytes and gives the same
+    parameters, bitwise. (What it saves in exposed wait is a timing: benchmarks/bench_reference.py
+    prints it for both settings.)"""
+    common = dict(world_size=2, layout=layout, bucket_size=6000, **EXACT)
+    on, off = _run(hide_param_gather=True, **common), _run(hide_param_gather=False, **common)
+    assert on.collectives == off.collectives
+    assert all(torch.equal(on.params[n], off.params[n]) for n in off.params)
+    assert on.checks["bitwise_equal_serial"] and off.checks["bitwise_equal_serial"]
+    assert on.to_measured_run().overlap_param_gather and not off.to_measured_run().overlap_param_gather
 
 
 @pytest.mark.parametrize(("mode", "expect"), [("exit", "rank 1 died (exited with code 3)"),
