@@ -9,10 +9,11 @@ measures the real machine that the reference backend runs on, it is never on the
   fitted as ``time = flops / gemm_flops_per_s + gemm_overhead_s`` (peak rate plus a fixed cost
   per call, which dominates the tiny matrices of the reference shapes).
 * **Element-wise operators** (eager dispatch): ``add_``, ``lerp_``, ``mul``, ``to(bf16)``,
-  ``copy_``, ``norm``, ``div`` on fp32 tensors from 16 to 512 Ki elements, timed the same way and
-  fitted as ``time = dispatch_s + bytes / memory_Bps``: ``dispatch_s`` is the eager-PyTorch cost of
-  one operator call (Python and the ATen dispatcher: the path that also issues GPU kernels),
-  ``memory_Bps`` the element-wise bandwidth with every rank busy.
+  ``copy_``, ``norm``, ``div`` on fp32 tensors from 16 to 2 Mi elements, each call on the next
+  tensors of a pool larger than the last-level cache (an optimizer streams its states from memory),
+  timed the same way and fitted as ``time = dispatch_s + bytes / memory_Bps``: ``dispatch_s`` is the
+  eager-PyTorch cost of one operator call (Python and the ATen dispatcher: the path that also issues
+  GPU kernels), ``memory_Bps`` the element-wise memory bandwidth with every rank busy.
 * **Newton–Schulz**: a 5-step quintic NS (Muon's operations) on a few shapes, timed the same
   way, fitted as ``time = GEMM time / efficiency + other kernels + call_overhead_s``: the GEMM
   time from the matmul fit, the normalisation and cast kernels from the element-wise fit
@@ -29,6 +30,7 @@ measures the real machine that the reference backend runs on, it is never on the
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -36,7 +38,7 @@ import socket
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -51,7 +53,8 @@ GEMM_SIZES = (32, 64, 128, 256, 512, 768)
 NS_SHAPES = ((32, 64), (64, 192), (128, 512), (256, 1024))
 NS_COEFFICIENTS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
                    (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012))  # quintic, as the project's default
-ELEMENTWISE_SIZES = (16, 4096, 65536, 524288)
+ELEMENTWISE_SIZES = (16, 4096, 65536, 524288, 2097152)
+ELEMENTWISE_POOL_BYTES = 128 * 2 ** 20  # per operand pool: larger than the last-level cache
 ELEMENTWISE_BYTES_PER_ELEMENT = {"add_": 12, "lerp_": 12, "mul": 8, "to_bf16": 6, "copy_": 8, "norm": 4, "div": 8}
 COLLECTIVE_SIZES_BYTES = (4096, 65536, 262144, 1048576, 4194304)
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -137,21 +140,40 @@ def ns_gemm_flops(rows: int, cols: int, steps: int = 5) -> list[tuple[float, int
     return [(2.0 * m * m * n, steps), (2.0 * m ** 3, steps), (2.0 * m * m * n, steps)]
 
 
-def measure_elementwise(sizes: Sequence[int] = ELEMENTWISE_SIZES, min_time_s: float = 0.02) -> list[tuple[float, float]]:
+def measure_elementwise(sizes: Sequence[int] = ELEMENTWISE_SIZES, min_time_s: float = 0.02,
+                        pool_bytes: int = ELEMENTWISE_POOL_BYTES) -> list[tuple[float, float]]:
     """(bytes moved, seconds) of one call of each element-wise operator of
-    :data:`ELEMENTWISE_BYTES_PER_ELEMENT` on fp32 tensors of each size (low quantile of the calls)."""
+    :data:`ELEMENTWISE_BYTES_PER_ELEMENT` on fp32 tensors of each size (low quantile of the calls).
+
+    Each call works on the next pair of a pool of tensors of ``pool_bytes`` in all (up to 512
+    pairs), larger than the last-level cache: an optimizer streams its states from memory, it
+    does not find them in the cache.
+    """
     import torch
 
     out = []
     for n in sizes:
-        x, y = torch.randn(n), torch.randn(n)
-        calls: dict[str, Callable[[], object]] = {
-            "add_": partial(x.add_, y, alpha=1e-3), "lerp_": partial(x.lerp_, y, 0.05), "mul": partial(x.mul, 0.5),
-            "to_bf16": partial(x.to, torch.bfloat16), "copy_": partial(x.copy_, y), "norm": x.norm,
-            "div": partial(x.div, 3.0)}
-        for name, fn in calls.items():
-            out.append((float(ELEMENTWISE_BYTES_PER_ELEMENT[name] * n), _time_low(fn, min_time_s)))
+        count = max(1, min(512, pool_bytes // (8 * n)))
+        xs, ys = [torch.randn(n) for _ in range(count)], [torch.randn(n) for _ in range(count)]
+        for name in ELEMENTWISE_BYTES_PER_ELEMENT:
+            calls = itertools.cycle([_elementwise_call(name, x, y) for x, y in zip(xs, ys, strict=True)])
+
+            def next_call(c: Iterator[Callable[[], object]] = calls) -> object:
+                return next(c)()
+
+            out.append((float(ELEMENTWISE_BYTES_PER_ELEMENT[name] * n), _time_low(next_call, min_time_s)))
     return out
+
+
+def _elementwise_call(name: str, x: Any, y: Any) -> Callable[[], object]:
+    """One element-wise operator on tensors ``x``, ``y`` (see :data:`ELEMENTWISE_BYTES_PER_ELEMENT`)."""
+    import torch
+
+    calls: dict[str, Callable[[], object]] = {
+        "add_": partial(x.add_, y, alpha=1e-3), "lerp_": partial(x.lerp_, y, 0.05), "mul": partial(x.mul, 0.5),
+        "to_bf16": partial(x.to, torch.bfloat16), "copy_": partial(x.copy_, y), "norm": x.norm,
+        "div": partial(x.div, 3.0)}
+    return calls[name]
 
 
 def _time_low(fn: Callable[[], object], min_time_s: float, min_reps: int = 20) -> float:
