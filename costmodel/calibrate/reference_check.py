@@ -20,7 +20,9 @@ predicts the same run from its own description of the work:
   ``optimizer`` phase (NS included) minus the same. Each comparison also carries the phase's thread
   CPU time when the run recorded it (on a shared machine a phase's wall time includes the time other
   processes held the core; its CPU time does not) and the FLOP-only prediction (NS FLOPs at the
-  measured peak matmul rate, nothing else) for contrast;
+  measured peak matmul rate, nothing else) for contrast. The kernel sequence is Megatron's and EO's;
+  the reference differs by one copy per Muon tensor (``buf.clone()`` where EO reads the momentum
+  buffer in place), not counted;
 * **grad_reduce** per rank: the plan's gradient collectives at the measured gloo α-β (loopback
   figures: indicative only).
 
