@@ -79,6 +79,7 @@ class Timer:
         self._calls: dict[CollectiveCall, float] = {}
         self.s_per_byte = self.min_s = self.issue_s = 0.0
         self.muon_rows: dict[tuple, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}  # see StageBuilder.muon_item
+        self.adam_rows: dict[tuple[int, int], np.ndarray] = {}  # see StageBuilder.adam_item
         if system is not None:
             from costmodel.compute import memory_time_s
 
@@ -151,9 +152,12 @@ class _Role:
     def add_owned(self, owner: np.ndarray, values: np.ndarray) -> None:
         """Add per-item rows ``values`` (items × columns) to their owners (owner -1 = every rank)."""
         everyone = owner < 0
-        if (~everyone).any():
-            for c in range(len(COLUMNS)):
-                self.acc[c] += np.bincount(owner[~everyone], weights=values[~everyone, c], minlength=self.size)
+        some = ~everyone
+        if some.any():
+            ncol = len(COLUMNS)
+            index = (owner[some][:, None] * ncol + np.arange(ncol)).ravel()
+            sums = np.bincount(index, weights=values[some].ravel(), minlength=self.size * ncol)
+            self.acc += sums.reshape(self.size, ncol).T
         if everyone.any():
             self.acc += values[everyone].sum(axis=0)[:, None]
 
@@ -264,10 +268,15 @@ class StageBuilder:
         """Row of :data:`COLUMNS` of a whole non-Muon parameter stepped by one rank's fused Adam:
         one shard piece of the multi-tensor launches, its main -> model copy (and gradient cast)."""
         n = t.local_numel
-        per_kernel = 1 + (self.gb != 4)
-        ew_s = per_kernel * float(self.timer.floored_s(1, ks.COPY_BYTES_PER_ELEMENT * n))
-        chunks = float(ks.chunks_of(n))
-        return np.array([n, 0, 0, 0, ew_s, per_kernel, 0, 0, 1, chunks, n, 1, chunks, 1], dtype=np.float64)
+        key = (n, self.gb)
+        row = self.timer.adam_rows.get(key)
+        if row is None:
+            per_kernel = 1 + (self.gb != 4)
+            ew_s = per_kernel * float(self.timer.floored_s(1, ks.COPY_BYTES_PER_ELEMENT * n))
+            chunks = float(ks.chunks_of(n))
+            row = self.timer.adam_rows[key] = np.array([n, 0, 0, 0, ew_s, per_kernel, 0, 0, 1, chunks, n, 1, chunks, 1],
+                                                       dtype=np.float64)
+        return row
 
     def _per_tensor(self, buf: _Buffer) -> tuple[np.ndarray, list[tuple[CollectiveCall, ...]]]:
         """Rows of :data:`COLUMNS` per distinct tensor of ``buf`` (items × columns), and each one's
@@ -431,11 +440,13 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
              "gather_copy": gather_d + gather_e}
     kernels = sum(parts.values())
     ew_s = both("ew_s") + adam_d_s + adam_e_s + norm_s + gather_d_s + gather_e_s
-    flops, ns_s, tp_s, muon_items = both("flops"), both("ns_s"), both("tp_s"), both("muon_items")
+    cols = np.stack([first, owned, both("flops"), both("ns_s"), ew_s, both("tp_s"), counts, dd, ee, kernels,
+                     kernels * timer.issue_s, both("muon_items")], axis=1).tolist()
+    names = tuple(parts)
+    by_part = np.stack(list(parts.values()), axis=1).tolist()
     return tuple(
-        RankWork(rank=int(first[i]), owned_numel=int(owned[i]), newton_schulz_flops=float(flops[i]),
-                 newton_schulz_s=float(ns_s[i]), elementwise_s=float(ew_s[i]), tp_comm_s=float(tp_s[i]),
-                 multiplicity=int(counts[i]), dense_rank=int(dd[i]), expert_rank=int(ee[i]),
-                 kernels=float(kernels[i]), issue_s=float(kernels[i] * timer.issue_s),
-                 kernel_counts=tuple((k, float(v[i])) for k, v in parts.items()), muon_tensors=int(muon_items[i]))
-        for i in range(len(keys)))
+        RankWork(rank=int(c[0]), owned_numel=int(c[1]), newton_schulz_flops=c[2], newton_schulz_s=c[3],
+                 elementwise_s=c[4], tp_comm_s=c[5], multiplicity=int(c[6]), dense_rank=int(c[7]),
+                 expert_rank=int(c[8]), kernels=c[9], issue_s=c[10], kernel_counts=tuple(zip(names, part, strict=True)),
+                 muon_tensors=int(c[11]))
+        for c, part in zip(cols, by_part, strict=True))
