@@ -13,8 +13,8 @@ non-2-D parameters). Outputs are bucket spans and owner arrays; nothing here kno
 * :func:`whole_param_owner`: legacy layer-wise ownership of whole parameters: ``ping_pong``
   (stable ascending sort by numel, owners 0,1,…,d−1,d−1,…,0,0,1,…), ``lpt`` (descending cost,
   least-loaded rank) or ``none`` (layout order dealt round-robin: no balancing).
-* :func:`layer_wise_buckets`: the current layout (``_compute_per_buffer_param_layout``): chunking,
-  per-chunk assignment (LPT by cost with the 1.3× cap and loads persisting across chunks), 64-aligned
+* :func:`layer_wise_buckets`: the current layout (``_compute_per_buffer_param_layout``): chunking
+  (:func:`chunk_bounds`, our reconstruction of Megatron's closure rule), per-chunk assignment (LPT by cost with the 1.3× cap and loads persisting across chunks), 64-aligned
   starts, shard padding to lcm(64, lcm(d,128)/d); a parameter never crosses a shard boundary.
 """
 
@@ -133,10 +133,6 @@ def shard_pad_multiple(d: int) -> int:
     return math.lcm(PARAM_ALIGN, math.lcm(d, 128) // d)
 
 
-def _aligned(x: np.ndarray | int) -> np.ndarray:
-    return -(-np.asarray(x) // PARAM_ALIGN) * PARAM_ALIGN
-
-
 def _assign_chunk(numel: np.ndarray, cost: np.ndarray, d: int, loads: np.ndarray,
                   strategy: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Place one chunk on d shards; returns (owner, start within shard, shard cursors); ``loads`` updated.
@@ -200,10 +196,33 @@ def _padded_shard(cursors: np.ndarray, d: int) -> int:
     return round_up(max(int(cursors.max()), 1), shard_pad_multiple(d))
 
 
-def _absorbable(numel: np.ndarray, cost: np.ndarray, nxt: int, d: int, loads: np.ndarray, strategy: str) -> bool:
-    """Whether a next parameter of ``nxt`` elements fits into the chunk's existing shard padding."""
-    _, _, cursors = _assign_chunk(numel, cost, d, loads.copy(), strategy)
-    return bool((_aligned(cursors) + nxt <= _padded_shard(cursors, d)).any())
+def chunk_bounds(numel: list[int], d: int, bucket_size: int | None) -> list[int]:
+    """Start index of every chunk of a layer-wise buffer, plus ``len(numel)`` (Megatron's closure rule).
+
+    Our reconstruction of ``LayerWiseDistributedOptimizer._compute_per_buffer_param_layout`` (issue 13
+    item 5; the source is not available here). Walking the parameters in backprop order, before adding
+    a parameter of ``n`` elements to a non-empty chunk of ``C`` elements whose largest parameter has
+    ``M`` elements (largest **in the chunk**), the chunk closes when ``C >= max(bucket_size,
+    floor(0.9·d·M))`` and the parameter cannot be absorbed. Absorption uses Megatron's element-count
+    estimate, not a replay of the assignment: the estimated shard is ``S = round_up(max(ceil(C/d), M),
+    shard_pad_multiple(d))``, and ``n`` is absorbable iff ``n <= d·S − C`` and ``n <= S``.
+    ``bucket_size`` None: one chunk.
+    """
+    bounds = [0]
+    if bucket_size is None:
+        return [0, len(numel)] if numel else [0]
+    multiple = shard_pad_multiple(d)
+    acc = largest = 0
+    for i, n in enumerate(numel):
+        if i > bounds[-1] and acc >= max(bucket_size, int(0.9 * d * largest)):
+            shard = round_up(max(-(-acc // d), largest), multiple)
+            if not (n <= d * shard - acc and n <= shard):
+                bounds.append(i)
+                acc = largest = 0
+        acc += n
+        largest = max(largest, n)
+    bounds.append(len(numel))
+    return bounds
 
 
 _LAYER_WISE_MEMO: OrderedDict[tuple[bytes, bytes, int, int | None, str], list[BucketSpan]] = OrderedDict()
@@ -241,28 +260,15 @@ def _layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size
                         strategy: str) -> list[BucketSpan]:
     """The current layer-wise layout of one buffer (§4.1): whole parameters per shard.
 
-    Parameters are walked in backprop order into chunks; a chunk closes once it holds at least
-    max(bucket_size, ⌊0.9·d·max numel⌋) elements and the next parameter cannot be absorbed into the
-    chunk's shard padding. Each chunk becomes one bucket of d equal, padded shards; ``starts`` are
-    bucket-relative offsets (owner·shard + start within the shard).
+    Parameters are walked in backprop order into chunks (:func:`chunk_bounds`: the closure rule).
+    Each chunk becomes one bucket of d equal, padded shards; ``starts`` are bucket-relative offsets
+    (owner·shard + start within the shard).
     """
     if len(numel) == 0:
         return []
     numel = numel.astype(np.int64)
     cost = cost.astype(np.float64)
-    limit = math.inf if bucket_size is None else bucket_size
-    threshold = max(limit, int(0.9 * d * int(numel.max())))
-    loads = np.zeros(d)
-    bounds = [0]
-    acc = 0
-    for i, n in enumerate(numel.tolist()):
-        lo = bounds[-1]
-        if i > lo and acc >= threshold and not _absorbable(numel[lo:i], cost[lo:i], n, d, loads, strategy):
-            _assign_chunk(numel[lo:i], cost[lo:i], d, loads, strategy)  # commit the closed chunk's loads
-            bounds.append(i)
-            acc = 0
-        acc += n
-    bounds.append(len(numel))
+    bounds = chunk_bounds(numel.tolist(), d, bucket_size)
     loads = np.zeros(d)
     out = []
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
