@@ -25,6 +25,8 @@ CASES = [
     # small buckets: the layer-wise closure rule cuts every buffer into several chunks of unequal sizes
     dict(world_size=4, tp=1, etp=1, optimizer="muon", bucket_size=6000),
     dict(world_size=4, tp=2, etp=1, optimizer="muon", bucket_size=3000, load_balance="ping_pong"),
+    # dp·cp = 1, expert_dp = 2: legacy shard_params returns early (experts all-reduced, nobody gathers)
+    dict(world_size=2, tp=2, etp=1, optimizer="muon", layout="legacy"),
 ]
 
 

@@ -20,7 +20,8 @@ distribution is ``replicated``:
   owned matrices only: ``8·N_own`` with ``N_own ≈ N_muon/d``. The exact ownership (which rank owns
   which matrix after load balancing) is the optimizer model's job; here every rank gets the average
   share, so the most loaded rank can hold somewhat more. Non-Muon parameters (embedding, output
-  layer, norms) use AdamW element-wise: ``12·N_adam/d``.
+  layer, norms) use AdamW element-wise: ``12·N_adam/d``. Legacy layout with dp·cp = 1: Megatron's
+  ``shard_params`` returns early, so nothing is sharded (``d = 1`` for experts too).
 
 **Optimizer workspace** (Muon only, §4.4): the transient Newton–Schulz buffers of the largest
 matrix on the stage: the fp32 Nesterov copy ``U``, ``X`` in the matmul precision, ``A`` and ``B``
@@ -127,6 +128,8 @@ def optimizer_state_bytes(scenario: Scenario, tensors: list[TensorSpec]) -> floa
     dist = opt.resolved_distribution
     dense_d = 1 if dist == "replicated" else scenario.dp * scenario.par.cp
     expert_d = 1 if dist == "replicated" else scenario.expert_dp
+    if dist == "layer_wise" and opt.layer_wise_layout == "legacy" and dense_d == 1:
+        expert_d = 1  # Megatron's legacy shard_params returns early at dp·cp = 1: experts are not sharded either
     fsdp = scenario.par.fsdp
     total = 0.0
     for t in tensors:

@@ -158,6 +158,10 @@ def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSetting
         for buf in buffers:
             b.layer_wise_current(buf, np.flatnonzero(buf.muon), strategy)
             b.element_wise(buf, np.flatnonzero(~buf.muon))
+    elif grid.dp == 1:  # legacy with dp·cp = 1: Megatron's shard_params returns early (nothing sharded)
+        for buf in buffers:
+            b.ddp(buf, gather_op=None)
+            b.step_whole(buf, np.arange(len(buf.numel)), np.full(len(buf.numel), -1, dtype=np.int64))
     else:  # legacy: whole parameters of the whole stage assigned per dp group
         strategy = spec.resolved_load_balance
         for group in ("dp", "expert_dp"):
@@ -202,7 +206,11 @@ def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings) -> tuple
             notes.append("SYRK disabled: EO/MCore use it only with bf16 ('medium') Newton-Schulz matmuls")
         if not sharded_tp:
             notes.append("tp = etp = 1: every Newton-Schulz call is local, tp_mode has no effect")
-        if dist == "layer_wise" and spec.layer_wise_layout == "legacy":
+        if dist == "layer_wise" and spec.layer_wise_layout == "legacy" and grid.dp == 1:
+            notes.append("legacy layer-wise with dp·cp = 1: Megatron-Core's shard_params returns early, so nothing "
+                         "is sharded (experts included, even with expert_dp > 1): every rank steps all its "
+                         "parameters, gradients are all-reduced and no parameter is gathered")
+        elif dist == "layer_wise" and spec.layer_wise_layout == "legacy":
             notes.append("legacy layer-wise layout: gradients all-reduced, whole parameters (Muon and AdamW) owned "
                          f"by one rank ({spec.resolved_load_balance}), updated parameters gathered with a "
                          "variable-size all_gather_v per bucket")

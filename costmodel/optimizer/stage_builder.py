@@ -11,7 +11,8 @@ dp×cp, experts over ``expert_dp``); the distribution then decides buckets and w
   all-gather; non-Muon parameters in separate element-wise buckets;
 * ``layer_wise`` ``legacy``: unpadded DDP buckets all-reduced; every parameter (Muon and AdamW)
   owned whole by one rank (ping-pong by numel over the stage by default); ``all_gather_v`` per
-  bucket of the updated parameters;
+  bucket of the updated parameters. With dp·cp = 1 Megatron's ``shard_params`` returns early:
+  every rank steps all its parameters (experts too, whatever expert_dp is), nothing is gathered;
 * ``replicated``: unpadded DDP buckets all-reduced; every rank steps everything.
 
 Per-rank values are numpy arrays over a role's dp indices; a GPU's load is its dense-role work plus
