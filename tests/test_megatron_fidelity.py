@@ -66,3 +66,23 @@ def test_legacy_dp_cp_one_keeps_whole_expert_state_in_memory() -> None:
         return optimizer_state_bytes(sc, [t for t in build_inventory(sc.model, tp=4, ep=2).tensors])
 
     assert state("legacy") - state("current") == 57_982_058_496
+
+
+def test_eo_version_gates_syrk_and_cubic5() -> None:
+    """Megatron-Core pins Emerging-Optimizers 0.3.0, whose TP Newton-Schulz has no SYRK and which has no
+    cubic5 schedule (both from 0.4): refused with one line naming the setting, accepted with 0.4.0."""
+    import pytest
+
+    from topologies.inputs import UserInputError
+    from workloads.scenario import DEFAULT_SCENARIO, OptimizerSpec
+
+    assert OptimizerSpec().eo_version == "0.3.0"
+    base = DEFAULT_SCENARIO.resolve()
+    for flags, named in (({"use_syrk": True}, "use_syrk"), ({"ns_coefficients": "cubic5"}, "cubic5")):
+        with pytest.raises(UserInputError, match=rf"{named}.*needs? Emerging-Optimizers >= 0.4.*eo_version is 0.3.0") as err:
+            base.with_updates(**flags)
+        assert "\n" not in str(err.value)
+        assert base.with_updates(eo_version="0.4.0", **flags).optimizer.eo_version_tuple == (0, 4, 0)
+    with pytest.raises(UserInputError, match="eo_version"):
+        base.with_updates(eo_version="latest")
+    assert base.with_updates(optimizer="adamw", use_syrk=True).optimizer.use_syrk  # AdamW runs no Newton-Schulz

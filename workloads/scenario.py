@@ -29,6 +29,7 @@ LoadBalance = Literal["none", "ping_pong", "lpt"]
 MatmulPrecision = Literal["bf16", "tf32", "fp32"]
 Recompute = Literal["none", "selective", "full"]
 RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts"]
+EO_MIN_SYRK_CUBIC5 = (0, 4)  # Emerging-Optimizers release that added SYRK on the TP path and the cubic5 schedule
 CoefficientSet = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4", "cubic5", "custom"]
 
 
@@ -87,6 +88,13 @@ class OptimizerSpec(_Strict):
     overlap_grad_reduce: bool = True
     grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     bucket_size_elements: int | None = Field(None, gt=0, description="default: max(40e6, 1e6 * dp)")
+    eo_version: str = Field("0.3.0", pattern=r"^\d+\.\d+(\.\d+)?$",
+                            description="Emerging-Optimizers version (Megatron-Core pins 0.3.0; SYRK and cubic5 need >= 0.4)")
+
+    @property
+    def eo_version_tuple(self) -> tuple[int, ...]:
+        """``eo_version`` as integers, e.g. (0, 3, 0)."""
+        return tuple(int(x) for x in self.eo_version.split("."))
 
     @property
     def resolved_distribution(self) -> Distribution:
@@ -321,6 +329,12 @@ class Scenario:
             raise UserInputError("Megatron rejects Megatron-FSDP with the layer-wise (Muon) optimizer; set fsdp 0")
         if o.ns_coefficients == "cubic5" and o.ns_steps != 5:
             raise UserInputError("ns_coefficients 'cubic5' requires ns_steps 5")
+        if o.kind == "muon" and o.eo_version_tuple < EO_MIN_SYRK_CUBIC5:
+            lacking = [what for what, on in (("use_syrk", o.use_syrk), ("ns_coefficients 'cubic5'", o.ns_coefficients == "cubic5")) if on]
+            if lacking:
+                verb = "need" if len(lacking) > 1 else "needs"
+                raise UserInputError(f"{' and '.join(lacking)} {verb} Emerging-Optimizers >= 0.4 but eo_version is {o.eo_version} "
+                                     "(Megatron-Core pins 0.3.0); set eo_version 0.4.0 or drop them")
         gpd = self.config.placement.gpus_per_domain
         if gpd is not None and gpd > self.system.nvlink.domain_size:
             raise UserInputError(
