@@ -86,3 +86,23 @@ def test_eo_version_gates_syrk_and_cubic5() -> None:
     with pytest.raises(UserInputError, match="eo_version"):
         base.with_updates(eo_version="latest")
     assert base.with_updates(optimizer="adamw", use_syrk=True).optimizer.use_syrk  # AdamW runs no Newton-Schulz
+
+
+def test_hypothetical_pairs_are_labelled_and_defaults_are_megatron() -> None:
+    """Megatron's layer-wise layouts: legacy balances by ping-pong only, current by LPT only; other
+    pairs are what-ifs and the report says so (JSON flag + note). Megatron's DDP default is
+    overlap_param_gather=False, and so is hide_param_gather."""
+    from costmodel.analytic import run_analytic
+    from workloads.scenario import DEFAULT_SCENARIO
+
+    assert OptimizerSpec().hide_param_gather is False
+    base = DEFAULT_SCENARIO.resolve()
+    real = run_analytic(base).optimizer
+    assert real is not None and not real.hypothetical
+    assert not run_analytic(base.with_updates(layer_wise_layout="legacy")).optimizer.hypothetical  # type: ignore[union-attr]
+    for layout, lb in (("legacy", "lpt"), ("legacy", "none"), ("current", "ping_pong"), ("current", "none")):
+        opt = run_analytic(base.with_updates(layer_wise_layout=layout, load_balance=lb)).optimizer
+        assert opt is not None and opt.hypothetical
+        assert any(n.startswith("hypothetical:") and f"{layout} with load_balance {lb}" in n for n in opt.notes)
+        assert opt.model_dump(mode="json")["hypothetical"] is True
+    assert not run_analytic(base.with_updates(optimizer="adamw", load_balance="none")).optimizer.hypothetical  # type: ignore[union-attr]

@@ -84,7 +84,8 @@ class OptimizerSpec(_Strict):
     use_syrk: bool = False
     split_qkv: bool = True
     load_balance: LoadBalance | None = Field(None, description="default: lpt (current layout), ping_pong (legacy)")
-    hide_param_gather: bool = Field(True, description="overlap the parameter all-gather with the next forward")
+    hide_param_gather: bool = Field(False, description="overlap the parameter all-gather with the next forward "
+                                    "(Megatron overlap_param_gather; off by default as in Megatron-Core)")
     overlap_grad_reduce: bool = True
     grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     bucket_size_elements: int | None = Field(None, gt=0, description="default: max(40e6, 1e6 * dp)")
@@ -111,9 +112,31 @@ class OptimizerSpec(_Strict):
         return "lpt" if self.layer_wise_layout == "current" else "ping_pong"
 
     @property
+    def hypothetical_reason(self) -> str | None:
+        """Why Megatron-Core has no such optimizer (None when it has): see :func:`hypothetical_reason`."""
+        return hypothetical_reason(self.resolved_distribution, self.layer_wise_layout, self.resolved_load_balance)
+
+    @property
     def grad_bytes(self) -> int:
         """Bytes per gradient element in the data-parallel reduction (4 fp32, 2 bf16)."""
         return 4 if self.grad_reduce_dtype == "fp32" else 2
+
+
+MEGATRON_LOAD_BALANCE: dict[str, str] = {"legacy": "ping_pong", "current": "lpt"}
+"""The one load balance each Megatron-Core layer-wise layout has: the legacy ``shard_params`` deals
+parameters ping-pong by numel; the current per-buffer layout assigns them by LPT on Newton-Schulz cost."""
+
+
+def hypothetical_reason(distribution: str, layout: str | None, load_balance: str | None) -> str | None:
+    """Why a layer-wise (layout, load balance) pair is not in Megatron-Core, or None when it is (or
+    when the distribution is not layer-wise). The other pairs are what-ifs the model can evaluate."""
+    if distribution != "layer_wise" or layout is None or load_balance is None:
+        return None
+    real = MEGATRON_LOAD_BALANCE[layout]
+    if load_balance == real:
+        return None
+    return (f"hypothetical: Megatron-Core's {layout} layer-wise layout balances by {real} only; "
+            f"{layout} with load_balance {load_balance} is a what-if, not something Megatron runs")
 
 
 class Placement(_Strict):

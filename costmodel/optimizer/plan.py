@@ -121,6 +121,7 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
         load_balance=spec.resolved_load_balance if layer_wise else None,
         stages=stages, notes=_notes(inventory, spec, grid, dist, st) + ((FSDP_NOTE,) if fsdp else ()),
         hide_param_gather=bool(spec.hide_param_gather and spec.overlap_grad_reduce and gathers),
+        hypothetical=spec.hypothetical_reason is not None,
     )
 
 
@@ -196,7 +197,7 @@ def _sub_optimizer_order(bufs: list) -> np.ndarray:
 
 
 def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings) -> tuple[str, ...]:  # noqa: ANN001
-    notes: list[str] = []
+    notes: list[str] = [spec.hypothetical_reason] if spec.hypothetical_reason else []
     sharded_tp = grid.tp > 1 or grid.etp > 1
     if spec.kind == "muon":
         if spec.tp_mode == "blockwise" and sharded_tp:

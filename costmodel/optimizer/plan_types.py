@@ -156,6 +156,7 @@ class OptimizerPlan:
     stages: tuple[StageOptimizerPlan, ...]
     notes: tuple[str, ...] = field(default=())
     hide_param_gather: bool = False  # engines overlap each bucket's gather with the next forward
+    hypothetical: bool = False  # a (layout, load balance) pair Megatron-Core does not have (a what-if)
 
     @property
     def critical_stage(self) -> StageOptimizerPlan:
