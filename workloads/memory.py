@@ -6,7 +6,10 @@ for the most loaded stage (:func:`memory_breakdown`). All figures are bytes per 
 **Weights and gradients.** Megatron-Core DDP keeps the bf16 parameters (2 B) and a full gradient
 buffer in ``optimizer.grad_reduce_dtype`` (4 B for fp32, 2 B for bf16) on every rank, for both the
 element-wise and the layer-wise distributed optimizer (``muon-and-distributed-optimizers.md`` §3
-"Buffers", §4.4). The expert score bias is a buffer without gradient.
+"Buffers", §4.4). The expert score bias is a buffer without gradient. With ``fp8_param_gather``
+(AdamW, fp8-cs or mxfp8) the TE linear weights are held as FP8 copies instead
+(:mod:`workloads.fp8_params`: 1 B for fp8-cs, 2·(1 + 1/32) B for mxfp8, plus a 2 B BF16 gather
+buffer without ``reuse_grad_buf_for_mxfp8_param_ag``).
 
 **Optimizer state** (§3 "Memory", §4.4), with ``d`` the group the state is sharded over: the
 dense dp×cp group, or the expert-data-parallel group for expert weights; ``d = 1`` when the
@@ -50,6 +53,7 @@ from workloads.activations import (
     layer_activation_bytes,
     output_activation_bytes,
 )
+from workloads.fp8_params import fp8_gather_active, is_fp8_param, weight_bytes_per_element
 from workloads.inventory import Inventory, TensorSpec, inventory_for
 from workloads.pipeline_layout import layer_placement
 
@@ -178,6 +182,19 @@ def optimizer_workspace_bytes(scenario: Scenario, tensors: list[TensorSpec]) -> 
                 for t in tensors if t.optimizer == "muon"), default=0.0)
 
 
+def weights_bytes(scenario: Scenario, tensors: list[TensorSpec]) -> float:
+    """Model weights per GPU for ``tensors`` (one stage), in bytes: BF16, except the FP8 copies that
+    replace the TE linear weights under ``fp8_param_gather`` (:mod:`workloads.fp8_params`)."""
+    o = scenario.optimizer
+    params = sum(t.rank_numel for t in tensors)
+    if scenario.par.fsdp or not fp8_gather_active(o.kind, o.resolved_distribution, scenario.precision.value,
+                                                  o.fp8_param_gather):
+        return float(PARAM_BYTES * params)
+    fp8 = sum(t.rank_numel for t in tensors if is_fp8_param(t))
+    per = weight_bytes_per_element(scenario.precision.value, o.reuse_grad_buf_for_mxfp8_param_ag)
+    return float(PARAM_BYTES * (params - fp8)) + per * fp8
+
+
 def _layer_shape(scenario: Scenario) -> LayerShape:
     p = scenario.par
     return LayerShape(tokens=p.micro_batch_size * p.seq_length // p.cp, tp=p.tp,
@@ -226,7 +243,7 @@ def stage_memory(scenario: Scenario, stage: int, inventory: Inventory | None = N
     g = scenario.optimizer.grad_bytes
     params = sum(t.rank_numel for t in tensors)
     trained = sum(t.rank_numel for t in tensors if t.optimizer != "none")
-    weights, grads = float(PARAM_BYTES * params), float(g * trained)
+    weights, grads = weights_bytes(scenario, tensors), float(g * trained)
     fsdp = scenario.par.fsdp
     if fsdp:
         unit = _largest_layer_params(inv, stage)  # unsharded: the unit computed + the one prefetched

@@ -89,6 +89,10 @@ class OptimizerSpec(_Strict):
     overlap_grad_reduce: bool = True
     grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     bucket_size_elements: int | None = Field(None, gt=0, description="default: max(40e6, 1e6 * dp)")
+    fp8_param_gather: bool = Field(False, description="keep the TE linear weights in FP8 and gather them as such "
+                                   "(Megatron DDP fp8_param_gather; AdamW element-wise with fp8-cs or mxfp8)")
+    reuse_grad_buf_for_mxfp8_param_ag: bool = Field(False, description="mxfp8: gather the BF16 parameters into the "
+                                                    "gradient buffer (Megatron DDP; needs fp8_param_gather)")
     eo_version: str = Field("0.3.0", pattern=r"^\d+\.\d+(\.\d+)?$",
                             description="Emerging-Optimizers version (Megatron-Core pins 0.3.0; SYRK and cubic5 need >= 0.4)")
 
@@ -350,6 +354,9 @@ class Scenario:
             raise UserInputError("the layer_wise distributed optimizer is for muon; adamw uses element_wise or replicated")
         if p.fsdp and o.kind == "muon":
             raise UserInputError("Megatron rejects Megatron-FSDP with the layer-wise (Muon) optimizer; set fsdp 0")
+        if o.reuse_grad_buf_for_mxfp8_param_ag and not o.fp8_param_gather:
+            raise UserInputError("reuse_grad_buf_for_mxfp8_param_ag needs fp8_param_gather (Megatron asserts it); "
+                                 "set fp8_param_gather true or drop it")
         if o.ns_coefficients == "cubic5" and o.ns_steps != 5:
             raise UserInputError("ns_coefficients 'cubic5' requires ns_steps 5")
         if o.kind == "muon" and o.eo_version_tuple < EO_MIN_SYRK_CUBIC5:

@@ -7,7 +7,8 @@ non-2-D parameters). Outputs are bucket spans and owner arrays; nothing here kno
 * :func:`ddp_buckets`: DDP buckets. With the distributed optimizer every parameter starts on a
   64-element boundary and each bucket end is padded to a multiple of lcm(dp, 128); without it
   (plain DDP: legacy layer-wise, replicated) nothing is padded. A bucket closes once it holds
-  ``bucket_size`` elements (``None`` = one bucket).
+  ``bucket_size`` elements (``None`` = one bucket); with the distributed optimizer a shared
+  embedding gets a bucket of its own.
 * :func:`shard_param_numel`: parameter elements (padding excluded) in each rank's equal shard of
   an element-wise bucket.
 * :func:`whole_param_owner`: legacy layer-wise ownership of whole parameters: ``ping_pong``
@@ -16,6 +17,7 @@ non-2-D parameters). Outputs are bucket spans and owner arrays; nothing here kno
 * :func:`layer_wise_buckets`: the current layout (``_compute_per_buffer_param_layout``): chunking
   (:func:`chunk_bounds`, our reconstruction of Megatron's closure rule), per-chunk assignment (LPT by cost with the 1.3× cap and loads persisting across chunks), 64-aligned
   starts, shard padding to lcm(64, lcm(d,128)/d); a parameter never crosses a shard boundary.
+  :func:`layer_wise_layout` adds the shared-embedding rule (its own bucket, on shard 0).
 """
 
 from __future__ import annotations
@@ -57,23 +59,37 @@ class BucketSpan:
     owner: np.ndarray | None = None
 
 
-def ddp_buckets(numel: np.ndarray, dp: int, bucket_size: int | None, distributed_optimizer: bool) -> list[BucketSpan]:
-    """DDP buckets over ``numel`` (backprop order); see the module docstring for the padding."""
+def ddp_buckets(numel: np.ndarray, dp: int, bucket_size: int | None, distributed_optimizer: bool,
+                isolate: np.ndarray | None = None) -> list[BucketSpan]:
+    """DDP buckets over ``numel`` (backprop order); see the module docstring for the padding.
+
+    ``isolate`` (bool per parameter): Megatron's ``shared_embedding`` parameters, which get a bucket
+    of their own when the distributed optimizer is used (``_does_param_require_new_bucket``).
+    """
     align = PARAM_ALIGN if distributed_optimizer else 1
     end_pad = math.lcm(dp, 128) if distributed_optimizer else 1
     limit = bucket_size if bucket_size is not None else math.inf
+    alone = isolate.tolist() if isolate is not None and distributed_optimizer else [False] * len(numel)
     out: list[BucketSpan] = []
-    first, cursor, starts = 0, 0, []
+    first, cursor = 0, 0
+    starts: list[int] = []
     sizes = numel.tolist()
+
+    def close(stop: int) -> None:
+        nonlocal first, cursor, starts
+        out.append(BucketSpan(first, stop, round_up(cursor, end_pad), sum(sizes[first:stop]), np.array(starts)))
+        first, cursor, starts = stop, 0, []
+
     for i, n in enumerate(sizes):
+        if alone[i] and starts:
+            close(i)
         start = round_up(cursor, align)
         starts.append(start)
         cursor = start + n
-        if cursor >= limit:
-            out.append(BucketSpan(first, i + 1, round_up(cursor, end_pad), sum(sizes[first:i + 1]), np.array(starts)))
-            first, cursor, starts = i + 1, 0, []
+        if cursor >= limit or alone[i]:
+            close(i + 1)
     if starts:
-        out.append(BucketSpan(first, len(sizes), round_up(cursor, end_pad), sum(sizes[first:]), np.array(starts)))
+        close(len(sizes))
     return out
 
 
@@ -254,6 +270,32 @@ def layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size:
     if len(_LAYER_WISE_MEMO) > _LAYER_WISE_MEMO_SIZE:
         _LAYER_WISE_MEMO.popitem(last=False)
     return list(spans)
+
+
+def isolated_bucket(first: int, numel: int, d: int) -> BucketSpan:
+    """A shared embedding alone in a layer-wise bucket: whole on shard 0, the other shards padding
+    of equal size (our reading of the current layout's rule, §4.1; the source is not available)."""
+    shard = round_up(max(numel, 1), shard_pad_multiple(d))
+    return BucketSpan(first, first + 1, shard * d, numel, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
+
+
+def layer_wise_layout(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size: int | None, strategy: str,
+                      isolate: np.ndarray | None = None) -> list[BucketSpan]:
+    """:func:`layer_wise_buckets` of a buffer in which the ``isolate`` parameters (shared embeddings)
+    each get their own bucket (:func:`isolated_bucket`); the runs between them are laid out apart
+    (loads restart after an isolated parameter; in practice it is the last one of its buffer)."""
+    if isolate is None or not isolate.any():
+        return layer_wise_buckets(numel, cost, d, bucket_size, strategy)
+    out: list[BucketSpan] = []
+    lo = 0
+    for i in [*np.flatnonzero(isolate).tolist(), len(numel)]:
+        if i > lo:
+            for span in layer_wise_buckets(numel[lo:i], cost[lo:i], d, bucket_size, strategy):
+                out.append(BucketSpan(span.first + lo, span.stop + lo, span.numel, span.used, span.starts, span.owner))
+        if i < len(numel):
+            out.append(isolated_bucket(i, int(numel[i]), d))
+        lo = i + 1
+    return out
 
 
 def _layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size: int | None,
