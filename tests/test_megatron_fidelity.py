@@ -141,6 +141,13 @@ def test_mtp_with_pipeline_stages_copies_the_word_embedding() -> None:
         assert len(alone) == 1  # the embedding's own bucket
     flat_plan = plan_from_inventory(flat, OptimizerSpec(kind="adamw"), Grid(dp=2, expert_dp=2))
     assert all(c.group != "embd" for c in flat_plan.stages[0].gpu_collectives(0))
+    # Muon, current layout: the copy is a Muon matrix (Megatron-Core 0.16.1) and, as a shared embedding,
+    # sits alone in a layer-wise bucket on shard 0 with equal padding on shard 1: 2 × round_up(16384,
+    # lcm(64, 128/2)) = 32768 elements, 16384 used; dp rank 0 steps it.
+    muon = plan_from_inventory(inv, OptimizerSpec(kind="muon"), Grid(dp=2, expert_dp=2)).stages[1]
+    alone = [b for b in muon.buckets if b.kind == "layer_wise" and b.used_numel == 16384 and b.numel == 32768]
+    assert len(alone) == 1 and "last_stage.embedding.word_embeddings.weight" in muon.owned_tensors(0)
+    assert "last_stage.embedding.word_embeddings.weight" not in muon.owned_tensors(1)
 
 
 def test_mtp_embedding_copy_memory_and_muon_routing() -> None:

@@ -228,6 +228,10 @@ def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings, precisio
             notes.append("SYRK disabled: EO/MCore use it only with bf16 ('medium') Newton-Schulz matmuls")
         if not sharded_tp:
             notes.append("tp = etp = 1: every Newton-Schulz call is local, tp_mode has no effect")
+        if inv.embedding_copy is not None and inv.embedding_copy.optimizer == "muon":
+            notes.append("MTP with pp > 1: the last stage's own copy of the word embedding is orthogonalised by Muon "
+                         "(Megatron-Core 0.16.1 flags is_embedding_or_output_parameter only where pre_process), while "
+                         "stage 0's copy is on AdamW; their gradients are all-reduced over the embedding group")
         if dist == "layer_wise" and spec.layer_wise_layout == "legacy" and grid.dp == 1:
             notes.append("legacy layer-wise with dp·cp = 1: Megatron-Core's shard_params returns early, so nothing "
                          "is sharded (experts included, even with expert_dp > 1): every rank steps all its "
