@@ -122,6 +122,8 @@ def plan(
     sensitivity_sigma: Annotated[float | None, typer.Option("--sensitivity-sigma", metavar="REL", help="assumed relative 1-sigma for factors without a fitted uncertainty")] = None,
     seed: Annotated[int, typer.Option("--seed", help="random seed of the sensitivity draws")] = 0,
     exhaustive: Annotated[bool, typer.Option("--exhaustive", help="evaluate every candidate (no pruning)")] = False,
+    allow_hypothetical: Annotated[bool, typer.Option("--allow-hypothetical", help="also search layout / load-balance pairs "
+                                  "Megatron-Core does not have (legacy with lpt or none, current with ping_pong or none)")] = False,
     calibration: CalibrationOpt = None,
     json_out: JsonOpt = False,
     html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write plotly figures (all plans, Pareto front, breakdowns)")] = None,
@@ -143,7 +145,7 @@ def plan(
     for q in queries:
         parse_query(q)
     base, raw_pins, reference_error = _base_and_reference(scenario_file, scenario_flags)
-    pins = parse_pins(raw_pins, bounds)
+    pins = parse_pins(raw_pins, bounds, allow_hypothetical)
     memory_budget_bytes(base, memory_headroom)
     profile = load_calibration(calibration)
     label = "datasheet defaults"

@@ -160,7 +160,9 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     notes: list[str] = []
 
     grid, raw = structure_grid(base, options.pins)
-    lb = weights_and_grads_bytes(base.model, grid, base.optimizer.grad_bytes, base.par.pipeline_split)
+    fp8_cs_params = base.optimizer.fp8_param_gather and base.precision.value == "fp8-cs"  # 1 B FP8 weights
+    lb = weights_and_grads_bytes(base.model, grid, base.optimizer.grad_bytes, base.par.pipeline_split,
+                                 1.0 if fp8_cs_params else 2.0)
     if base.par.fsdp:  # Megatron-FSDP shards weights and gradients over at most gpus/(tp·pp) ranks
         lb = lb / (base.gpus / (grid[:, 0] * grid[:, 1]))
     grid_ok = grid[lb <= budget]
