@@ -5,10 +5,12 @@ ranks as the local pool does. Results are compared with each other, never with c
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -52,7 +54,8 @@ def local_run(grid_24, tmp_path_factory):
 @pytest.fixture(scope="module")
 def cluster():
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=logging.CRITICAL) as c:
         yield c
 
 
@@ -119,36 +122,55 @@ def test_journal_repairs_a_torn_last_line(tmp_path) -> None:
     assert [e["key"] for e in Journal(path).entries()] == ["a", "c"]
 
 
-def test_ctrl_c_keeps_finished_points_and_a_rerun_does_the_rest(tmp_path) -> None:
-    """A real SIGINT to ``muonsim sweep``: exit 130, no traceback, the rows so far written; the same
-    command again computes only the rest."""
-    grid = tmp_path / "big.yaml"
-    grid.write_text(BASE + "grid: {gpus: [8, 16, 32, 64], gbs: [128, 256, 512, 1024], seq: [2048, 4096], "
-                           "optimizer: [adamw, muon], tp: [1, 2]}\n")  # 128 points
-    journal = tmp_path / "big-sweep" / "journal.jsonl"
-    cmd = [sys.executable, "-m", "cli.app", "sweep", str(grid), "--jobs", "1", "--calibration", "none", "--json"]
+BIG_GRID = BASE + ("grid: {gpus: [8, 16, 32, 64], gbs: [256, 1024], seq: [2048, 4096], "
+                   "optimizer: [adamw, muon], tp: [1, 2]}\n")  # 64 points
+
+
+def _interrupt(cmd: list[str], journal: Path, after_points: int = 3) -> tuple[int, dict, str]:
+    """Run ``cmd``, send SIGINT once ``journal`` holds ``after_points`` points: (exit code, --json summary, stderr)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if journal.is_file() and journal.read_text().count("\n") >= 3:
+        if journal.is_file() and journal.read_text().count("\n") >= after_points:
             break
         time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-800:]
+    return proc.returncode, json.loads(out) if out.strip() else {}, err
+
+
+def test_ctrl_c_keeps_finished_points_and_a_rerun_does_the_rest(tmp_path) -> None:
+    """A real SIGINT to ``muonsim sweep``: exit 130, no traceback, the rows so far written; the same
+    command again computes only the rest."""
+    grid = tmp_path / "big.yaml"
+    grid.write_text(BIG_GRID)
+    journal = tmp_path / "big-sweep" / "journal.jsonl"
+    cmd = [sys.executable, "-m", "cli.app", "sweep", str(grid), "--jobs", "1", "--calibration", "none", "--json"]
+    code, summary, err = _interrupt(cmd, journal)
+    assert code == 130, err[-800:]
     assert "Traceback" not in err
-    summary = json.loads(out)
     done = summary["computed"]
-    assert summary["interrupted"] and 3 <= done < 128 and summary["pending"] == 128 - done
+    assert summary["interrupted"] and 3 <= done < 64 and summary["pending"] == 64 - done
     assert len(Journal(journal).entries()) == done
     assert (tmp_path / "big-sweep" / "results.csv").read_text().count("\n") == done + 1
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stderr[-800:]
     summary = json.loads(again.stdout)
-    assert summary["reused"] == done and summary["computed"] == 128 - done and summary["pending"] == 0
+    assert summary["reused"] == done and summary["computed"] == 64 - done and summary["pending"] == 0
     keys = [e["key"] for e in Journal(journal).entries()]
-    assert len(keys) == len(set(keys)) == 128
+    assert len(keys) == len(set(keys)) == 64
+
+
+def test_ctrl_c_on_a_dask_cluster_exits_cleanly(tmp_path, cluster) -> None:
+    grid = tmp_path / "big.yaml"
+    grid.write_text(BIG_GRID)
+    journal = tmp_path / "big-sweep" / "journal.jsonl"
+    cmd = [sys.executable, "-m", "cli.app", "sweep", str(grid), "--scheduler", cluster.scheduler_address,
+           "--calibration", "none", "--json"]
+    code, summary, err = _interrupt(cmd, journal, after_points=1)
+    assert code == 130 and "Traceback" not in err, err[-800:]
+    assert summary["interrupted"] and summary["computed"] == len(Journal(journal).entries()) < 64
 
 
 @pytest.mark.parametrize(("grid", "fragment"), [

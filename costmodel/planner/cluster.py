@@ -109,9 +109,8 @@ class DaskTaskPool(TaskPool):
             return
         futures = self._client.map(_run_task, items, run=func, bundle=self._bundle, pure=False)
         self._pending = set(futures)
-        try:
-            for future in as_completed(futures, loop=self._client.loop):
-                result = future.result()
+        try:  # results are gathered on the client's loop: Ctrl-C lands in a plain wait, not inside a sync call
+            for future, result in as_completed(futures, loop=self._client.loop, with_results=True):
                 self._pending.discard(future)
                 future.release()
                 yield result

@@ -40,10 +40,14 @@ def _line_figure(series: dict[str, list[dict[str, Any]]], column: str, scale: fl
             continue
         fig.add_trace(go.Scatter(
             x=[r["gpus"] for r in pts], y=[r[column] * scale for r in pts], mode="lines+markers", name=name,
-            text=[r.get("best_label") or f"point {r['point']}" for r in pts],
+            marker={"symbol": ["x-open" if r.get("fits_in_memory") is False else "circle" for r in pts], "size": 8},
+            text=[(r.get("best_label") or f"point {r['point']}")
+                  + (" (does not fit in memory)" if r.get("fits_in_memory") is False else "") for r in pts],
             hovertemplate="%{text}<br>%{x} GPUs: %{y:.4g}<extra>" + html.escape(name) + "</extra>"))
-    fig.update_layout(title=title, xaxis_title="GPUs", yaxis_title=y_title, height=480, legend={"font": {"size": 10}})
-    fig.update_xaxes(type="log")
+    gpus = sorted({r["gpus"] for pts in series.values() for r in pts})
+    fig.update_layout(title=f"{title} (x: does not fit in memory)", xaxis_title="GPUs", yaxis_title=y_title,
+                      height=480, legend={"font": {"size": 10}})
+    fig.update_xaxes(type="log", tickvals=gpus)
     return fig
 
 
