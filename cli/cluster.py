@@ -9,4 +9,4 @@ import typer
 SchedulerOpt = Annotated[str | None, typer.Option(
     "--scheduler", metavar="ADDRESS",
     help="run on the workers of this Dask scheduler (e.g. tcp://10.0.0.1:8786) instead of local processes; "
-         "needs pip install 'muonsim[cluster]'")]
+         "needs the cluster extra: pip install 'muonsim\\[cluster]'")]
