@@ -102,6 +102,10 @@ def run_sweep(grid: Grid, journal_path: Path, jobs: int = 0, scheduler: str | No
             progress(0, len(todo))
         if todo:
             set_evaluators(**{CONTEXT: grid.context})
+            if scheduler is None:  # forked children inherit the engines instead of each importing them
+                import costmodel.analytic  # noqa: F401
+                import costmodel.des  # noqa: F401
+                import costmodel.planner.plan  # noqa: F401
             try:
                 with open_pool(min(jobs or default_jobs(), len(todo)), scheduler) as pool:
                     pool_jobs = pool.jobs
