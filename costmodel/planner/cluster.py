@@ -20,6 +20,7 @@ scheduler without it, or for one that cannot be reached, is a one-line :class:`U
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +33,7 @@ from topologies.inputs import UserInputError
 CONNECT_TIMEOUT_S = 15.0  # reaching the scheduler
 WORKER_WAIT_S = 60.0  # for a first worker to join a scheduler that has none
 CLUSTER_EXTRA_HINT = "pip install 'muonsim[cluster]'"
+QUIET_ON_CLOSE = ("distributed", "tornado.application")  # loggers muted while the client disconnects
 
 _TASK_LOCK = threading.Lock()  # one task at a time per worker process
 
@@ -123,12 +125,24 @@ class DaskTaskPool(TaskPool):
             self._pending = set()
 
     def close(self, terminate: bool = False) -> None:
-        """Cancel what is still queued and disconnect (the cluster itself keeps running)."""
+        """Cancel what is still queued and disconnect (the cluster itself keeps running).
+
+        Dask logs the result gathers that closing the connection cuts short (after Ctrl-C) as
+        errors with tracebacks: its loggers are quiet while the client closes.
+        """
         if self._client is None:
             return
-        self._cancel()
-        self._client.close()
-        self._client = None
+        loggers = [logging.getLogger(name) for name in QUIET_ON_CLOSE]
+        levels = [log.level for log in loggers]
+        for log in loggers:
+            log.setLevel(logging.CRITICAL)
+        try:
+            self._cancel()
+            self._client.close()
+        finally:
+            self._client = None
+            for log, level in zip(loggers, levels, strict=True):
+                log.setLevel(level)
 
 
 def open_pool(jobs: int, scheduler: str | None = None) -> TaskPool:

@@ -15,7 +15,10 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,6 +83,22 @@ def point_row(point: SweepPoint, result: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+@contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """A Ctrl-C inside the block is raised when the block ends (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+
 def run_sweep(grid: Grid, journal_path: Path, jobs: int = 0, scheduler: str | None = None,
               progress: Progress | None = None, on_point: PointHook | None = None) -> SweepOutcome:
     """Run the unfinished points of ``grid``, journalling each; Ctrl-C stops and keeps what is done.
@@ -110,9 +129,10 @@ def run_sweep(grid: Grid, journal_path: Path, jobs: int = 0, scheduler: str | No
                 with open_pool(min(jobs or default_jobs(), len(todo)), scheduler) as pool:
                     pool_jobs = pool.jobs
                     for key, result in pool.map(task_point, list(todo.values())):
-                        journal.append(key, result, run_id)
-                        done[key] = result
-                        computed += 1
+                        with _sigint_deferred():  # journal and counts agree, whenever Ctrl-C comes
+                            journal.append(key, result, run_id)
+                            done[key] = result
+                            computed += 1
                         if progress:
                             progress(computed, len(todo))
                         if on_point:
