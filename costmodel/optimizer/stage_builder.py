@@ -38,6 +38,7 @@ from costmodel.optimizer.newton_schulz import (
     tp_comm_time_s,
 )
 from costmodel.optimizer.plan_types import (
+    KERNEL_PARTS,
     Bucket,
     RankWork,
     RoleOwnership,
@@ -467,13 +468,11 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
              "gather_copy": gather_d + gather_e}
     kernels = sum(parts.values())
     ew_s = both("ew_s") + adam_d_s + adam_e_s + norm_s + gather_d_s + gather_e_s
-    cols = np.stack([first, owned, both("flops"), both("ns_s"), ew_s, both("tp_s"), counts, dd, ee, kernels,
-                     kernels * timer.issue_s, both("muon_items")], axis=1).tolist()
-    names = tuple(parts)
-    by_part = np.stack(list(parts.values()), axis=1).tolist()
+    assert tuple(parts) == KERNEL_PARTS
+    ints = [np.asarray(a).astype(np.int64).tolist() for a in (first, owned, counts, dd, ee, both("muon_items"))]
+    floats = [a.tolist() for a in (both("flops"), both("ns_s"), ew_s, both("tp_s"), kernels, kernels * timer.issue_s)]
+    by_part = zip(*[np.asarray(v, dtype=np.float64).tolist() for v in parts.values()], strict=True)
     return tuple(
-        RankWork(rank=int(c[0]), owned_numel=int(c[1]), newton_schulz_flops=c[2], newton_schulz_s=c[3],
-                 elementwise_s=c[4], tp_comm_s=c[5], multiplicity=int(c[6]), dense_rank=int(c[7]),
-                 expert_rank=int(c[8]), kernels=c[9], issue_s=c[10], kernel_counts=tuple(zip(names, part, strict=True)),
-                 muon_tensors=int(c[11]))
-        for c, part in zip(cols, by_part, strict=True))
+        RankWork(rank=r, owned_numel=o, newton_schulz_flops=fl, newton_schulz_s=ns, elementwise_s=ew, tp_comm_s=tp,
+                 multiplicity=m, dense_rank=d, expert_rank=e, kernels=k, issue_s=iss, kernel_parts=part, muon_tensors=mt)
+        for r, o, m, d, e, mt, fl, ns, ew, tp, k, iss, part in zip(*ints, *floats, by_part, strict=True))
