@@ -54,8 +54,6 @@ The reference backend runs AdamW as plain torch operations per bucket shard
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from costmodel.kernels import KernelSpec
@@ -244,30 +242,20 @@ def grad_prescale_kernels(buckets: int, bucket_numel: float, grad_bytes: int = 4
     return (KernelSpec("grad_prescale", "memory", buckets, bytes=2.0 * grad_bytes * bucket_numel / buckets),)
 
 
-def element_wise_shard_pieces(starts: np.ndarray, sizes: np.ndarray, bucket_numel: int,
-                              dp: int) -> tuple[np.ndarray, np.ndarray]:
-    """(pieces, chunks) per rank of an element-wise bucket: each parameter (``starts``, ``sizes`` in
-    the bucket) is cut at the ``dp`` equal shard boundaries; a rank's pieces are the parameters
-    intersecting its shard, each chunked in 65536-element chunks."""
+def element_wise_shard_pieces(starts: np.ndarray, sizes: np.ndarray, bucket_numel: int, dp: int) -> np.ndarray:
+    """Shard pieces per rank of an element-wise bucket: each parameter (``starts``, ``sizes`` in the
+    bucket) is cut at the ``dp`` equal shard boundaries; a rank's pieces are the parameters
+    intersecting its shard."""
     shard = bucket_numel // dp
-    pieces = np.zeros(dp + 1)
-    chunks = np.zeros(dp + 1)
-    ends = starts + sizes
     live = sizes > 0
-    s, e = starts[live].astype(np.int64), ends[live].astype(np.int64)
-    first, last = s // shard, (e - 1) // shard
-    np.add.at(pieces, first, 1.0)
-    np.add.at(pieces, last + 1, -1.0)
-    single = first == last
-    np.add.at(chunks, first[single], chunks_of(e[single] - s[single]))
-    multi = ~single
-    head = (first[multi] + 1) * shard - s[multi]
-    tail = e[multi] - last[multi] * shard
-    np.add.at(chunks, first[multi], chunks_of(head))
-    np.add.at(chunks, last[multi], chunks_of(tail))
-    full = math.ceil(shard / MT_CHUNK_ELEMENTS)
-    middle = np.zeros(dp + 1)
-    np.add.at(middle, first[multi] + 1, 1.0)
-    np.add.at(middle, last[multi], -1.0)
-    chunks += np.cumsum(middle) * full
-    return np.cumsum(pieces)[:dp], chunks[:dp]
+    s = np.asarray(starts, dtype=np.int64)[live]
+    first, last = s // shard, (s + np.asarray(sizes, dtype=np.int64)[live] - 1) // shard
+    n = dp + 1
+    return np.cumsum(np.bincount(first, minlength=n) - np.bincount(last + 1, minlength=n))[:dp].astype(np.float64)
+
+
+def shard_chunks(pieces: np.ndarray, numel: np.ndarray) -> np.ndarray:
+    """Multi-tensor chunks of ``pieces`` shard pieces holding ``numel`` elements in all (per rank):
+    ``⌈numel / 65536⌉ + pieces − 1``, exact when at most one piece of a shard spans more than a
+    chunk boundary (pieces are whole parameters except at the shard's two ends)."""
+    return np.where(pieces > 0, np.ceil(np.asarray(numel) / MT_CHUNK_ELEMENTS) + pieces - 1, 0.0)

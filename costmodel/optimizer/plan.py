@@ -56,9 +56,10 @@ def cached_inventory(scenario) -> Inventory:  # noqa: ANN001 - workloads.scenari
 
 def clear_caches() -> None:
     """Forget every memoised plan, inventory, layer-wise layout and Newton–Schulz work (cold timings)."""
-    from costmodel.optimizer import newton_schulz
+    from costmodel.optimizer import newton_schulz, stage_builder
 
     _CACHE.clear()
+    stage_builder._MUON_KERNELS.clear()
     _INVENTORIES.clear()
     lay.clear_memo()
     newton_schulz._tensor_work.cache_clear()

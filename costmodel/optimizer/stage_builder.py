@@ -72,6 +72,9 @@ class Grid:
         return self.dp if group == "dp" else self.expert_dp
 
 
+_MUON_KERNELS: dict[tuple, tuple[SystemSpec | None, tuple[float, float, float, float]]] = {}
+
+
 class Timer:
     """Seconds of NS work and collectives on a system (zero without one); memoised per plan."""
 
@@ -98,6 +101,21 @@ class Timer:
         ns = sum(k.count * kernel_gpu_s(k, self.system) for k in kernels if k.kind == "ns_gemm")
         other = sum(k.count * kernel_gpu_s(k, self.system) for k in kernels if k.kind != "ns_gemm")
         return ns, other
+
+    def muon_kernels(self, t: TensorSpec, work: NsWork, st: NsSettings, grad_bytes: int,
+                     shape_key: tuple) -> tuple[float, float, float, float]:
+        """(NS GEMM GPU s, other GPU s, launches, NS GEMM launches) of one Muon tensor's kernel sequence,
+        memoised across plans per (tensor shape and sharding, NS settings, gradient size, system)."""
+        key = (shape_key, st, grad_bytes, id(self.system))
+        hit = _MUON_KERNELS.get(key)
+        if hit is not None and hit[0] is self.system:
+            return hit[1]
+        kernels = ks.muon_tensor_kernels(t, work, st, grad_bytes)
+        out = (*self.kernels_s(kernels), ks.kernel_count(kernels), ks.kernel_count(kernels, "ns_gemm"))
+        if len(_MUON_KERNELS) > 4096:
+            _MUON_KERNELS.clear()
+        _MUON_KERNELS[key] = (self.system, out)  # the entry keeps the system alive: its id stays unique
+        return out
 
     def floored_s(self, launches: np.ndarray | float, num_bytes: np.ndarray | float) -> np.ndarray:
         """GPU seconds of ``launches`` kernels sharing ``num_bytes`` bytes: max(memory, launches·kernel_min_s)."""
@@ -130,6 +148,10 @@ COLUMNS = ("owned", "flops", "ns_s", "tp_s", "ew_s", "kernels", "ns_kernels", "m
 """Per-rank accumulators of a role: owned elements, NS FLOPs and GPU seconds, TP comm seconds, GPU
 seconds and launches of the per-tensor kernels (NS GEMM launches apart), Muon tensors stepped,
 fused-Adam shard pieces / chunks / elements, gradient-norm pieces / chunks, whole items owned."""
+
+
+ADAM_SHARD_COLUMNS = [COLUMNS.index(c) for c in ("owned", "adam_numel", "adam_pieces", "adam_chunks", "norm_pieces",
+                                                  "norm_chunks", "kernels", "ew_s")]
 
 
 @dataclass
@@ -272,11 +294,10 @@ class StageBuilder:
         if hit is None:
             w = tensor_ns_work(t, self.st)
             _, tp_s = self.timer.ns(w)
-            kernels = ks.muon_tensor_kernels(t, w, self.st, self.gb)
-            ns_s, ew_s = self.timer.kernels_s(kernels)
+            ns_s, ew_s, launches, ns_launches = self.timer.muon_kernels(t, w, self.st, self.gb, key)
             n = t.local_numel
-            row = np.array([n, w.flops, ns_s, tp_s, ew_s, ks.kernel_count(kernels), ks.kernel_count(kernels, "ns_gemm"),
-                            1, 0, 0, 0, 1, float(ks.chunks_of(n)), 1], dtype=np.float64)
+            row = np.array([n, w.flops, ns_s, tp_s, ew_s, launches, ns_launches, 1, 0, 0, 0, 1, float(ks.chunks_of(n)), 1],
+                           dtype=np.float64)
             hit = self.timer.muon_rows[key] = (row, w.calls)
         return hit
 
@@ -340,13 +361,12 @@ class StageBuilder:
         """Fused Adam on each rank's equal shard of one padded bucket ``span`` (parameters ``numel``)."""
         gs, role = self.grid.size(group), self.roles[group]
         per_rank = lay.shard_param_numel(span, numel, gs).astype(np.float64)
-        pieces, chunks = ks.element_wise_shard_pieces(span.starts, numel[span.first:span.stop], span.numel, gs)
+        pieces = ks.element_wise_shard_pieces(span.starts, numel[span.first:span.stop], span.numel, gs)
+        chunks = ks.shard_chunks(pieces, per_rank)
         per_kernel = 1 + (self.gb != 4)
-        for name, values in (("owned", per_rank), ("adam_numel", per_rank), ("adam_pieces", pieces),
-                             ("adam_chunks", chunks), ("norm_pieces", pieces), ("norm_chunks", chunks),
-                             ("kernels", per_kernel * pieces),
-                             ("ew_s", per_kernel * self.timer.floored_s(pieces, ks.COPY_BYTES_PER_ELEMENT * per_rank))):
-            role.col(name)[:] += values
+        copy_s = per_kernel * self.timer.floored_s(pieces, ks.COPY_BYTES_PER_ELEMENT * per_rank)
+        role.acc[ADAM_SHARD_COLUMNS] += np.stack([per_rank, per_rank, pieces, chunks, pieces, chunks,
+                                                  per_kernel * pieces, copy_s])
 
     def element_wise(self, buf: _Buffer, sel: np.ndarray) -> None:
         """AdamW on equal shards of padded DDP buckets (reduce-scatter + all-gather)."""
