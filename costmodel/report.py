@@ -94,6 +94,7 @@ class TimelineEvent(_Out):
     duration_s: float
     category: str = ""
     step: int = 0
+    bytes: float | None = Field(None, description="bytes the operation moves per GPU (communication; None: not recorded)")
 
 
 class StepReport(_Out):

@@ -110,6 +110,8 @@ class BucketCost:
     bwd_ready_fraction: float  # fraction of the chunk's backward after which the grads are complete
     reduce_latency_s: float = 0.0
     gather_latency_s: float = 0.0
+    reduce_bytes: float = 0.0  # the gradient reduction's message size (bytes, nccl-tests convention)
+    gather_bytes: float = 0.0  # the parameter gather's message size (bytes)
 
     @property
     def fwd_need_fraction(self) -> float:
@@ -214,7 +216,7 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
         seen[key] = seen.get(key, 0) + b.numel
         frac = seen[key] / groups[key] if groups[key] else 1.0
         out.append(BucketCost(b.chunk, b.dp_group, red[0], gat[0], red[2], frac if overlap else 1.0,
-                              red[1], gat[1]))
+                              red[1], gat[1], float(b.grad_bytes), float(b.param_bytes) if b.gather_op else 0.0))
     return tuple(out)
 
 

@@ -48,6 +48,13 @@ class RawEvent:
     duration_s: float
     category: str
     step: int
+    bytes: float = 0.0  # bytes moved per GPU (0: not recorded)
+
+
+# Waits that delay a rank's messages and so reach the ranks downstream of it: an activation that is
+# late because its sender waited for these is booked under the same kind, not as a pipeline bubble
+# (the analytic engine books the parameter gather's delay of the first forwards as dp_param too).
+PROPAGATED_KINDS = ("dp_param",)
 
 
 @dataclass
@@ -81,6 +88,9 @@ class StepSimulation:
         self.rank_end = [[0.0] * st.pp for _ in range(steps)]
         self.bwd_end = [[0.0] * st.pp for _ in range(steps)]
         self.acc: list[list[dict[str, float]]] = [[defaultdict(float) for _ in range(st.pp)] for _ in range(steps)]
+        # [step][rank] seconds of PROPAGATED_KINDS waits on the rank's path so far (own or inherited)
+        self.delay: list[list[dict[str, float]]] = [[defaultdict(float) for _ in range(st.pp)] for _ in range(steps)]
+        self.carried: dict[tuple, dict[str, float]] = {}  # message key -> its sender's delays when sent
         self.events: list[RawEvent] = []
 
     # ------------------------------------------------------------------ helpers
@@ -88,9 +98,10 @@ class StepSimulation:
         p = LINK_PREFIX[link]
         return (f"{p}_tx{s}", f"{p}_rx{s if dst is None else dst}")
 
-    def _log(self, s: int, stream: str, name: str, start: float, category: str, step: int) -> None:
+    def _log(self, s: int, stream: str, name: str, start: float, category: str, step: int,
+             size_bytes: float = 0.0) -> None:
         if self.record:
-            self.events.append(RawEvent(s, stream, name, start, self.env.now - start, category, step))
+            self.events.append(RawEvent(s, stream, name, start, self.env.now - start, category, step, size_bytes))
 
     def _msg(self, key: tuple) -> simpy.Event:
         ev = self.msgs.get(key)
@@ -101,12 +112,13 @@ class StepSimulation:
     def _send(self, s: int, dst: int, key: tuple, step: int) -> None:
         st = self.st
         self.sent_at[key] = self.env.now
+        self.carried[key] = dict(self.delay[step][s])
         done = self.net.transfer(st.p2p_s - st.p2p_latency_s, self._res(st.p2p_link, s, dst), st.p2p_latency_s)
         start = self.env.now
         target = self._msg(key)
 
         def arrived(_: simpy.Event) -> None:
-            self._log(s, "pp", f"send {key[0]} mb{key[2]} v{key[3]}", start, "pp", step)
+            self._log(s, "pp", f"send {key[0]} mb{key[2]} v{key[3]}", start, "pp", step, st.p2p_bytes)
             target.succeed()
 
         done.callbacks.append(arrived)
@@ -118,13 +130,22 @@ class StepSimulation:
         wait = self.env.now - t0
         if wait > 0:
             transfer = self.env.now - max(t0, self.sent_at.get(key, t0))
-            self.acc[step][s]["pp"] += transfer
-            self.acc[step][s]["pipeline_bubble"] += wait - transfer
+            acc, mine = self.acc[step][s], self.delay[step][s]
+            acc["pp"] += transfer
+            idle = wait - transfer
+            for kind, theirs in self.carried.get(key, {}).items():  # the sender's delays explain the lateness first
+                inherited = min(idle, max(theirs - mine[kind], 0.0))
+                acc[kind] += inherited
+                mine[kind] += inherited
+                idle -= inherited
+            acc["pipeline_bubble"] += idle
 
     def _wait(self, s: int, ev: simpy.Event, kind: str, step: int) -> Ev:
         t0 = self.env.now
         yield ev
         self.acc[step][s][kind] += self.env.now - t0
+        if kind in PROPAGATED_KINDS:
+            self.delay[step][s][kind] += self.env.now - t0
 
     # ------------------------------------------------------------------ passes
     def _slice(self, s: int, cost: PassCost, frac: float, name: str, step: int) -> Ev:
@@ -199,7 +220,9 @@ class StepSimulation:
                 self.dp_busy[s] += 1
                 yield self.net.transfer(max(total - lat, 0.0), self._res(bucket.link, s), lat)
                 self.dp_busy[s] -= 1
-            self._log(s, "dp", f"{'RS grad' if kind == 'reduce' else 'AG param'} c{bucket.chunk} {bucket.group}", t0, "dp", step)
+            size = bucket.reduce_bytes if kind == "reduce" else bucket.gather_bytes
+            self._log(s, "dp", f"{'RS grad' if kind == 'reduce' else 'AG param'} c{bucket.chunk} {bucket.group}", t0, "dp",
+                      step, size)
             if done is not None:
                 done.succeed()
             if kind == "reduce":
