@@ -174,7 +174,8 @@ def _merge(blocks: list[CommBlock]) -> tuple[CommBlock, ...]:
     for k, bs in by.items():
         t = sum(b.time_s for b in bs)
         exposed = sum(b.exposed_s for b in bs)
-        out.append(CommBlock(k, t, sum(b.latency_s for b in bs), bs[0].link, exposed / t if t > 0 else 1.0))
+        out.append(CommBlock(k, t, sum(b.latency_s for b in bs), bs[0].link, exposed / t if t > 0 else 1.0,
+                             sum(b.bytes for b in bs)))
     return tuple(out)
 
 

@@ -153,7 +153,7 @@ class StepSimulation:
         env, acc = self.env, self.acc[step][s]
         if frac <= 0:
             return
-        exposed: dict[str, list[tuple[str, float, float]]] = {}
+        exposed: dict[str, list[tuple[str, float, float, float]]] = {}
         for blk in cost.comm:
             vol = max(blk.time_s - blk.latency_s, 0.0) * frac
             hidden = 1.0 - blk.exposed_fraction
@@ -161,7 +161,7 @@ class StepSimulation:
                 self.net.transfer(vol * hidden, self._res(blk.link, s), 0.0)
             if blk.exposed_fraction > 0:
                 exposed.setdefault(blk.link, []).append(
-                    (blk.kind, vol * blk.exposed_fraction, blk.latency_s * frac * blk.exposed_fraction))
+                    (blk.kind, vol * blk.exposed_fraction, blk.latency_s * frac * blk.exposed_fraction, blk.bytes * frac))
         if cost.compute_s > 0:
             t0 = env.now
             dur = cost.compute_s * frac
@@ -172,14 +172,14 @@ class StepSimulation:
             self._log(s, "compute", name, t0, "compute", step)
         for link, parts in exposed.items():  # back-to-back collectives on one link: one flow
             t0 = env.now
-            yield self.net.transfer(sum(v for _, v, _ in parts), self._res(link, s), sum(lat for _, _, lat in parts))
-            took, alone = env.now - t0, sum(v + lat for _, v, lat in parts)
+            yield self.net.transfer(sum(p[1] for p in parts), self._res(link, s), sum(p[2] for p in parts))
+            took, alone = env.now - t0, sum(p[1] + p[2] for p in parts)
             t = t0
-            for kind, v, lat in parts:  # split the measured time by each collective's share
+            for kind, v, lat, size in parts:  # split the measured time by each collective's share
                 share = took * (v + lat) / alone if alone > 0 else 0.0
                 acc[kind] += share
                 if self.record:
-                    self.events.append(RawEvent(s, kind, f"{kind} {name}", t, share, kind, step))
+                    self.events.append(RawEvent(s, kind, f"{kind} {name} (exposed part)", t, share, kind, step, size))
                 t += share
 
     def _run_pass(self, s: int, cost: PassCost, name: str, step: int, layers: int,
