@@ -23,8 +23,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 SCENARIO_FLAGS: dict[str, tuple[str, str, str]] = {
     "model": ("model", "NAME|FILE", "model: catalogue name or YAML file"),
     "system": ("system", "NAME|FILE", "system: catalogue name or YAML file"),
-    "gpus": ("gpus", "INT", "GPUs in the job"),
-    "precision": ("precision", "PREC", "bf16, fp8-cs, mxfp8 or nvfp4"),
+    "gpus": ("gpus", "INT", "GPUs in the job (default, like every layout value: the model's defaults on the system)"),
+    "precision": ("precision", "PREC", "bf16, fp8-cs, mxfp8 or nvfp4 (those the GPU supports)"),
     "tp": ("tp", "INT", "tensor parallel size"),
     "pp": ("pp", "INT", "pipeline parallel size"),
     "vpp": ("vpp", "INT", "virtual pipeline chunks per stage"),

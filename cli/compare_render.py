@@ -57,7 +57,7 @@ def _footer(data: dict[str, Any], reports: list[Any], names: list[str]) -> list[
     variants = data["variants"]
     lines: list[Any] = [f"[bold]{name}[/bold] vs {names[0]}: {v['delta_step_time_pct']:+.2f} %; {where_it_comes_from(v)}"
                         for name, v in zip(names[1:], variants[1:], strict=True)]
-    lines += [f"[dim]note:[/dim] {n}" for n in labelled_notes(names, reports)]
+    lines += [f"[dim]note:[/dim] {n}" for n in labelled_notes([v["label"] for v in variants], reports)]
     lines += [f"[yellow]warning:[/yellow] {w}" for w in sorted({w for r in reports for w in r.warnings})]
     return lines
 

@@ -11,18 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from costmodel.report import StepReport
+from costmodel.report import StepReport, breakdown_rows
+
+__all__ = ["breakdown_rows", "render_table", "to_chrome_trace", "to_html", "trace_json"]
 
 STREAM_ORDER = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer")
-
-
-def breakdown_rows(report: StepReport) -> list[tuple[str, float]]:
-    """(label, seconds) rows of the additive breakdown, in display order."""
-    b = report.breakdown_s
-    rows = [("compute", b.compute), ("pipeline bubble", b.pipeline_bubble)]
-    rows += [(f"exposed comm: {k}", v) for k, v in b.exposed_comm.items()]
-    rows += [("optimizer step", b.optimizer), ("other", b.other)]
-    return rows
 
 
 def render_table(report: StepReport, layout: str | None = None) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from costmodel.report import StepReport
+from costmodel.report import StepReport, breakdown_rows
 
 if TYPE_CHECKING:
     from costmodel.optimizer.plan_types import OptimizerPlan
@@ -99,8 +99,6 @@ def add_breakdown(fig: Any, report: StepReport, row: int, col: int) -> None:
     """The additive breakdown of the step time as horizontal bars (seconds)."""
     import plotly.graph_objects as go
 
-    from costmodel.exporters import breakdown_rows
-
     items = [(k, v) for k, v in breakdown_rows(report) if v > 0 or not k.startswith("exposed")]
     labels = [k for k, _ in items]
     fig.add_trace(go.Bar(x=[v for _, v in items], y=labels, orientation="h", showlegend=False,
@@ -129,7 +127,7 @@ def predict_html(report: StepReport, timeline: StepReport | None = None) -> str:
     des_note = "" if source is report else f" (discrete-event engine: {source.step_time_s:.3f} s/step)"
     fig = make_subplots(rows=1, cols=2, column_widths=[0.74, 0.26], horizontal_spacing=0.12,
                         subplot_titles=[f"timeline: pipeline stage × stream{des_note}",
-                                        f"where the {report.step_time_s:.3f} s go ({report.engine})"])
+                                        f"step-time breakdown: {report.step_time_s:.3f} s ({report.engine})"])
     add_timeline(fig, source, 1, 1)
     add_breakdown(fig, report, 1, 2)
     rows = len(timeline_rows(source))
@@ -153,8 +151,6 @@ def compare_html(labels: list[str], reports: list[StepReport], plans: list[Optim
 def breakdowns_figure(labels: list[str], reports: list[StepReport], title: str) -> Any:
     """One stacked horizontal bar per variant: its step-time breakdown in seconds."""
     import plotly.graph_objects as go
-
-    from costmodel.exporters import breakdown_rows
 
     parts = [dict(breakdown_rows(r)) for r in reports]
     keys = [k for k in dict.fromkeys(k for p in parts for k in p) if any(p.get(k, 0.0) > 0 for p in parts)]

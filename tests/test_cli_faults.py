@@ -45,8 +45,8 @@ def _one_line_error(result, *words: str) -> str:
 def test_non_utf8_streams_do_not_crash(tmp_path: Path, encoding: str) -> None:
     """τ (Kendall), Δ (compare) and σ are spelled in ASCII on a stream that cannot encode them."""
     (tmp_path / "runs.csv").write_text(_rows(3), encoding="utf-8")
-    for argv, word in ((["--help"], b"Kendall tau"), (["compare", "--optimizer", "adamw,muon"], b"d vs baseline"),
-                       (["validate", "runs.csv"], b"Kendall tau")):
+    for argv, word in ((["--help"], b"Kendall tau"), (["compare", "--optimizer", "adamw,muon", "--wide"], b"d vs baseline"),
+                       (["compare", "--optimizer", "adamw,muon"], b"B vs A"), (["validate", "runs.csv"], b"Kendall tau")):
         proc = _muonsim(*argv, cwd=tmp_path, encoding=encoding)
         assert proc.returncode == 0, (argv, proc.stderr.decode(errors="replace")[-800:])
         assert b"Traceback" not in proc.stderr

@@ -29,7 +29,7 @@ def test_predict_page_has_a_stage_by_stream_timeline_and_names_the_scenario(defa
     for row in rows:
         assert f'"{row}"' in html
     sc = default_scenario.config
-    for word in (sc.model, sc.system, sc.precision.value, "calibration", "bytes per GPU", "where the"):
+    for word in (sc.model, sc.system, sc.precision.value, "calibration", "bytes per GPU", "step-time breakdown"):
         assert word in html, word
     assert REMOTE.search(html) is None and "plotly" in html
 
