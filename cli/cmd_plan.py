@@ -21,6 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
+from cli.cluster import SchedulerOpt
 from cli.common import (
     CalibrationOpt,
     CliError,
@@ -114,30 +115,12 @@ def _base_and_reference(scenario_file: Path | None, flags: dict[str, str]) -> tu
     reference layout) for what neither the file nor a flag sets.
     """
     from cli.common import layered_scenario
-    from costmodel.planner.pins import SEARCH_KEYS
-    from costmodel.planner.plan import scenario_from_config
-    from topologies.inputs import UserInputError
-    from workloads.scenario import build_config
+    from costmodel.planner.base import plan_base, split_pins
 
-    pins = {k: v for k, v in flags.items() if k in SEARCH_KEYS}
-    rest = {k: v for k, v in flags.items() if k not in SEARCH_KEYS}
+    pins, rest = split_pins(flags)
     layered = layered_scenario(scenario_file, rest)
-    config = layered.config
-    singles = {k: v.strip() for k, v in pins.items() if "," not in v}
-    if singles:  # the reference takes the single-valued pins when they make a valid scenario
-        try:
-            pinned = build_config(config.model_dump(), singles)
-            scenario_from_config(pinned).validate()
-            config = pinned
-        except UserInputError:
-            pass
-    base = scenario_from_config(config)
+    base, error = plan_base(layered.config, pins)
     base.check_precision()  # not searched: no candidate could fix it
-    try:
-        base.validate()
-        error = None
-    except UserInputError as err:
-        error = str(err)
     return base, pins, error, layered
 
 
@@ -149,15 +132,18 @@ def plan(
     memory_headroom: Annotated[float, typer.Option("--memory-headroom", metavar="FRACTION", help="fraction of HBM kept free")] = 0.1,
     top_k: Annotated[int, typer.Option("--top-k", metavar="INT", help="best plans re-ranked with the discrete-event engine (0 = none)")] = 5,
     limit: Annotated[int, typer.Option("--limit", metavar="INT", help="plans listed")] = 10,
-    jobs: Annotated[int, typer.Option("--jobs", metavar="INT", help="worker processes (0 = every core)")] = 0,
+    jobs: Annotated[int, typer.Option("--jobs", metavar="INT", help="worker processes (0 = every core; ignored with --scheduler)")] = 0,
     explain: Annotated[list[str] | None, typer.Option("--explain", metavar="SETTINGS", help='why not this configuration? e.g. "tp=2,pp=8" (repeatable)')] = None,
     samples: Annotated[int, typer.Option("--samples", metavar="INT", help="calibration-uncertainty draws for the sensitivity (0 = none)")] = 16,
     sensitivity_sigma: Annotated[float | None, typer.Option("--sensitivity-sigma", metavar="REL", help="assumed relative 1-sigma for factors without a fitted uncertainty")] = None,
     seed: Annotated[int, typer.Option("--seed", help="random seed of the sensitivity draws")] = 0,
     exhaustive: Annotated[bool, typer.Option("--exhaustive", help="evaluate every candidate (no pruning)")] = False,
+    allow_hypothetical: Annotated[bool, typer.Option("--allow-hypothetical", help="also search layout / load-balance pairs "
+                                  "Megatron-Core does not have (legacy with lpt or none, current with ping_pong or none)")] = False,
     calibration: CalibrationOpt = None,
     json_out: JsonOpt = False,
     html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write plotly figures (all plans, Pareto front, breakdowns)")] = None,
+    scheduler: SchedulerOpt = None,
     *, scenario_flags: dict[str, str], bounds: dict[str, int | None],
 ) -> None:
     """Search parallel layouts and optimizer choices: the fastest plans that fit in memory."""
@@ -176,7 +162,7 @@ def plan(
     for q in queries:
         parse_query(q)
     base, raw_pins, reference_error, layered = _base_and_reference(scenario_file, scenario_flags)
-    pins = parse_pins(raw_pins, bounds)
+    pins = parse_pins(raw_pins, bounds, allow_hypothetical)
     memory_budget_bytes(base, memory_headroom)
     profile = load_calibration(calibration)
     label = "datasheet defaults"
@@ -184,7 +170,8 @@ def plan(
         base = profile.apply(base)
         label = profile.label(base.system.name)
     options = PlanOptions(pins=pins, headroom=memory_headroom, top_k=top_k, limit=limit, jobs=jobs, samples=samples,
-                          assumed_sigma=sensitivity_sigma, seed=seed, explain=queries, exhaustive=exhaustive)
+                          assumed_sigma=sensitivity_sigma, seed=seed, explain=queries, exhaustive=exhaustive,
+                          scheduler=scheduler)
     progress, report = _progress()
     with _terminate_as_interrupt() as terminated, progress:
         outcome = run_plan(base, options, reference_error=reference_error, profile=profile,

@@ -58,6 +58,8 @@ def _footer(data: dict[str, Any], reports: list[Any], names: list[str]) -> list[
     lines: list[Any] = [f"[bold]{name}[/bold] vs {names[0]}: {v['delta_step_time_pct']:+.2f} %; {where_it_comes_from(v)}"
                         for name, v in zip(names[1:], variants[1:], strict=True)]
     lines += [f"[dim]note:[/dim] {n}" for n in labelled_notes([v["label"] for v in variants], reports)]
+    if any(r.optimizer and r.optimizer.hypothetical for r in reports):
+        lines.append("[dim]note:[/dim] * hypothetical (layout, load balance) pair: Megatron-Core does not have it")
     lines += [f"[yellow]warning:[/yellow] {w}" for w in sorted({w for r in reports for w in r.warnings})]
     return lines
 
@@ -84,7 +86,7 @@ def _rows(data: dict[str, Any], reports: list[Any]) -> list[tuple[str, list[str]
         ("optimizer", [f"{o.kind} {SHORT_DISTRIBUTION.get(o.distribution, o.distribution)}" if o else "-" for o in opt]),
         ("layer-wise layout", [o.layout or "-" if o else "-" for o in opt]),
         ("tp mode", [o.tp_mode or "-" if o else "-" for o in opt]),
-        ("load balance", [o.load_balance or "-" if o else "-" for o in opt]),
+        ("load balance", [(o.load_balance or "-") + ("*" if o.hypothetical else "") if o else "-" for o in opt]),
         ("NS TFLOP/GPU max", [f"{o.newton_schulz_flops.get('per_rank_max', 0.0) / 1e12:,.1f}" if o else "-" for o in opt]),
         ("optimizer/GPU max ms", [f"{o.per_rank_compute_s.max * 1e3:,.1f}" if o else "-" for o in opt]),
         ("imbalance", [f"{o.imbalance:.3f}" if o else "-" for o in opt]),
@@ -160,7 +162,8 @@ def render_wide(data: dict[str, Any], reports: list[Any]) -> Any:
     t.add_section()
     opt = [r.optimizer for r in reports]
     row("optimizer", [f"{o.kind} {o.distribution}" + (f" {o.layout}" if o.layout else "") if o else "-" for o in opt])
-    row("tp mode / balance", [f"{o.tp_mode or '-'} / {o.load_balance or '-'}" if o else "-" for o in opt])
+    row("tp mode / balance", [f"{o.tp_mode or '-'} / {o.load_balance or '-'}" + (" (hypothetical)" if o.hypothetical else "")
+                              if o else "-" for o in opt])
     row("NS TFLOP/GPU (max)", [f"{o.newton_schulz_flops.get('per_rank_max', 0.0) / 1e12:,.1f}" if o else "-" for o in opt])
     row("optimizer/GPU max", [f"{o.per_rank_compute_s.max * 1e3:.1f} ms" if o else "-" for o in opt])
     row("imbalance (lost)", [f"{o.imbalance:.3f} ({o.imbalance_lost_s * 1e3:.1f} ms)" if o else "-" for o in opt])

@@ -73,6 +73,8 @@ class OptimizerReport(_Out):
     layout: str | None = None
     tp_mode: str | None = None
     load_balance: str | None = None
+    hypothetical: bool = Field(False, description="a layout / load-balance pair Megatron-Core does not have (a what-if; "
+                               "the reason is in notes)")
     per_rank_compute_s: Stats
     imbalance: float = Field(description="max / mean per-rank optimizer compute")
     imbalance_lost_s: float = Field(0.0, description="(max - mean) per-rank optimizer compute")

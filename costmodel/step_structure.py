@@ -16,6 +16,9 @@ Which collectives are on the critical path (explicit, per Megatron-Core's defaul
 - **DP**: gradient reduce-scatter per bucket (from the optimizer plan) overlapped with backward
   when ``overlap_grad_reduce``; parameter all-gather synchronous after the optimizer step or, with
   ``hide_param_gather``, per bucket in forward order ahead of the next step's first forward.
+- **Embedding group**: with a word embedding on both the first and the last stage (MTP with
+  pp > 1), its gradient is all-reduced over ``embd`` once both stages have reduced their DP
+  gradients, before the optimizer step (``finalize_model_grads``); exposed, counted in ``dp_grad``.
 - **Megatron-FSDP** (``fsdp = dp·cp``): per layer and micro-batch, parameter all-gathers (forward
   and backward) and gradient reduce-scatters (backward) over the dp groups, kind ``dp_fsdp``,
   exposed beyond the layer's compute; no DP buckets (:mod:`costmodel.fsdp`).
@@ -128,6 +131,9 @@ class StageCost:
     buckets: tuple[BucketCost, ...]  # backprop order
     optimizer_compute_s: float
     optimizer_tp_s: float
+    embedding_grad_s: float = 0.0  # all-reduce of a shared embedding's gradient with the other end of ``embd``
+    embedding_grad_latency_s: float = 0.0
+    embedding_grad_link: str = "nvlink"
 
     @cached_property
     def work_s(self) -> float:
@@ -246,6 +252,18 @@ def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placem
     return out
 
 
+def _embedding_grad(plan: OptimizerPlan, stage: int, scenario: Scenario, placement) -> tuple[float, float, str]:  # noqa: ANN001
+    """(seconds, latency s, link) of ``stage``'s shared-embedding gradient all-reduce over ``embd``
+    (first and last stage, after their DP reduction: ``finalize_model_grads``); zeros without one."""
+    sp = next((x for x in plan.stages if x.stage == stage), None)
+    calls = [c for c in (sp.bucket_calls if sp else ()) if c.phase == "embedding_grad"]
+    if not calls:
+        return 0.0, 0.0, "nvlink"
+    shape = placement.shape("embd")
+    times = [collective_s(c.op, c.bytes, shape, scenario.system) for c in calls for _ in range(c.count)]
+    return sum(t[0] for t in times), sum(t[1] for t in times), times[0][2]
+
+
 def build_step_structure(scenario: Scenario, overlap: bool = True, plan: OptimizerPlan | None = None) -> StepStructure:
     """The step's structure for ``scenario`` (raises UnsupportedScenario for hybrid FSDP sharding).
 
@@ -300,8 +318,10 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
                 shared = passes[kinds] = (layers, PassCost(f, cf), PassCost(b, cb))
             chunks.append(ChunkCost(s, c, *shared))
         buckets, opt_compute_s, opt_tp_s = _stage_optimizer(plan, s, scenario, placement, overlap)
+        embd = _embedding_grad(plan, s, scenario, placement)
         stages.append(StageCost(stage=s, chunks=tuple(chunks), buckets=buckets,
-                                optimizer_compute_s=opt_compute_s, optimizer_tp_s=opt_tp_s))
+                                optimizer_compute_s=opt_compute_s, optimizer_tp_s=opt_tp_s,
+                                embedding_grad_s=embd[0], embedding_grad_latency_s=embd[1], embedding_grad_link=embd[2]))
     pps = shapes["pp"]
     p2p_bytes = float(shape.sp_tokens * model.hidden_size * ACT_BYTES)
     pair = GroupShape(2, 2, 1) if pps.intra_domain else GroupShape(2, 1, 2)

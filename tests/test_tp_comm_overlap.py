@@ -46,8 +46,9 @@ def test_recipe_settings_mark_llama_runs_with_tp_and_leave_the_table_untouched()
     marked = [r for r in runs if r.tp_comm_overlap]
     assert marked and all(r.model.startswith("llama") and r.tp > 1 for r in marked)
     assert {r.run_id for r in marked} == {r.run_id for r in runs if r.model.startswith("llama") and r.tp > 1}
-    assert all(r.model_dump(exclude={"tp_comm_overlap"}) == raw[r.run_id].model_dump(exclude={"tp_comm_overlap"})
-               for r in runs)
+    extra = {"tp_comm_overlap", "overlap_param_gather"}  # overlap_param_gather: every recipe's (own rule)
+    assert all(r.model_dump(exclude=extra) == raw[r.run_id].model_dump(exclude=extra) for r in runs)
+    assert all(r.overlap_param_gather is True for r in runs)
     assert marked[0].scenario_overrides()["tp_comm_overlap"] is True
 
 

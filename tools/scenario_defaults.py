@@ -15,8 +15,8 @@ For each model × system (see :mod:`workloads.scenario_defaults` for how the tab
    the first of mxfp8, fp8-cs, bf16, nvfp4 the GPU supports (muonsim's preference).
 2. **published**: :data:`PUBLISHED` (a layout published outside the table, e.g. NVIDIA's Kimi K2 run).
 3. **search**: otherwise the best plan of ``muonsim plan`` with every optimizer setting pinned to
-   muonsim's defaults (Muon, current layer-wise layout, duplicated TP mode, LPT, hidden parameter
-   gather) and tp/pp/vpp/cp/ep/etp/micro-batch/recompute searched, with the built-in calibration,
+   muonsim's defaults (:func:`search_pins`: Muon, current layer-wise layout, duplicated TP mode,
+   LPT, Megatron's synchronous parameter gather) and tp/pp/vpp/cp/ep/etp/micro-batch/recompute searched, with the built-in calibration,
    seed 0, ranked by the analytic engine (what predict uses by default). GPUs, global batch and sequence come from the model's
    newest run on another system (or its published layout); when no plan fits in memory the GPU
    count doubles (up to 8x). Precision: the system's preferred one.
@@ -51,8 +51,15 @@ from workloads.scenario_defaults import (  # noqa: E402
 
 DATASET = "megatron-bridge"
 CSV_NAME = "workloads/data/measured/megatron_bridge_perf_summary.csv"
-SEARCH_PINS = {"optimizer": "muon", "layer_wise_layout": "current", "tp_mode": "duplicated", "load_balance": "lpt",
-               "hide_param_gather": "on"}
+def search_pins() -> dict[str, str]:
+    """Every optimizer setting pinned to muonsim's default (what ``predict`` uses unless told otherwise)."""
+    from workloads.scenario import OptimizerSpec
+
+    spec = OptimizerSpec()
+    return {"optimizer": spec.kind, "layer_wise_layout": spec.layer_wise_layout, "tp_mode": spec.tp_mode,
+            "load_balance": spec.resolved_load_balance, "hide_param_gather": "on" if spec.hide_param_gather else "off"}
+
+
 MAX_DOUBLINGS = 3
 OPTIMIZER_KEYS = {"optimizer", "distribution", "tp_mode", "ns_steps", "hide_param_gather", "layer_wise_layout",
                   "load_balance"}
@@ -175,7 +182,7 @@ def search_entry(model: str, system: SystemSpec, template: tuple[int, int, int, 
         base = scenario_from_config(config)
         if profile is not None:
             base = profile.apply(base)
-        options = PlanOptions(pins=parse_pins(SEARCH_PINS), top_k=0, limit=1, jobs=jobs, samples=0, seed=0)
+        options = PlanOptions(pins=parse_pins(search_pins()), top_k=0, limit=1, jobs=jobs, samples=0, seed=0)
         try:
             outcome = run_plan(base, options, reference_error="no reference", profile=profile)
         except UserInputError as err:

@@ -11,17 +11,25 @@ router are replicated over tp. Expert fc1/fc2 shard over the expert-tensor-paral
 experts are split over ep. Optimizer routing follows ``_is_muon_excluded``: Muon owns every 2-D
 weight that is not the embedding or the output layer; AdamW owns the rest; the expert score bias is
 a buffer updated outside the optimizer.
+
+With MTP and pp > 1 the last stage holds its own copy of the word embedding for the MTP layers
+(``EMBEDDING_COPY``, ``duplicate_of`` the stage-0 embedding); both copies are Megatron
+``shared_embedding`` parameters: each gets its own DDP bucket (distributed optimizer) and their
+gradients are all-reduced over the ``embd`` group (first and last stage) after the DP reduction
+(``finalize_model_grads``). Megatron-Core 0.16.1 does not flag the copy
+``is_embedding_or_output_parameter``, so with Muon it is orthogonalised like any 2-D weight.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal
 
 from workloads.models import GqaAttention, MlaAttention, ModelSpec
 from workloads.pipeline_layout import virtual_stage_layer_counts
 
+EMBEDDING_COPY = "last_stage.embedding.word_embeddings.weight"  # the MTP stage's copy (pp > 1)
 ShardGroup = Literal["tp", "etp"]
 DpGroup = Literal["dp", "expert_dp"]
 OptimizerOwner = Literal["muon", "adamw", "none"]
@@ -49,6 +57,8 @@ class TensorSpec:
     num_experts: int = 1  # identical copies (routed experts of one layer); 1 otherwise
     experts_per_rank: int = 1  # copies held by one expert-parallel rank
     muon_components: tuple[tuple[int, int], ...] = ()  # global shapes Newton-Schulz sees (QKV split)
+    shared_embedding: bool = False  # Megatron's ``shared_embedding``: gradient all-reduced over the embd group
+    duplicate_of: str | None = None  # a stage's own copy of another tensor (not a distinct model parameter)
 
     @property
     def is_expert(self) -> bool:
@@ -113,8 +123,14 @@ class Inventory:
 
     @cached_property
     def params_total(self) -> int:
-        """Parameters of the model as laid out (embedding/output use the tp-padded vocabulary)."""
-        return sum(t.total_numel for t in self.tensors)
+        """Parameters of the model as laid out (embedding/output use the tp-padded vocabulary); a
+        stage's copy of another tensor (the MTP stage's word embedding) is not a distinct parameter."""
+        return sum(t.total_numel for t in self.tensors if t.duplicate_of is None)
+
+    @property
+    def embedding_copy(self) -> TensorSpec | None:
+        """The last stage's own copy of the word embedding (MTP with pp > 1), or None."""
+        return next((t for t in self.tensors if t.duplicate_of is not None and t.role == "embedding_copy"), None)
 
     def stage_tensors(self, stage: int) -> list[TensorSpec]:
         """Tensors held by pipeline stage ``stage`` (all chunks)."""
@@ -129,6 +145,8 @@ class Inventory:
         tensor once (on tp rank 0). Equals :attr:`params_total` exactly; used by the property test."""
         total = 0
         for t in self.tensors:
+            if t.duplicate_of is not None:
+                continue
             ranks_holding_distinct = t.shards  # tp/etp ranks with distinct shards
             ep_ranks = self.ep if t.num_experts > 1 else 1
             total += t.local_numel * t.experts_per_rank * ranks_holding_distinct * ep_ranks
@@ -167,6 +185,9 @@ def build_inventory(
         ))
 
     add("embedding.word_embeddings.weight", "embedding", None, (0, 0), (vpad, h), 0, "tp", "adamw")
+    copy_embedding = model.mtp_layers > 0 and pp > 1
+    if copy_embedding:  # stage 0's copy is a shared embedding: own DDP bucket, gradient all-reduced with the last stage's
+        out[-1] = replace(out[-1], shared_embedding=True)
 
     def add_layer(i: int, loc: tuple[int, int], prefix: str, moe: bool) -> None:
         att = model.attention
@@ -226,6 +247,15 @@ def build_inventory(
         add(f"{prefix}.final_layernorm.weight", "norm", layer, last, (h,), None, None)
     add("decoder.final_layernorm.weight", "norm", None, last, (h,), None, None)
     add("output_layer.weight", "output", None, last, (vpad, h), 0, "tp", "adamw")
+    if copy_embedding:
+        # The MTP layers' own word embedding on the last stage (GPTModel builds ``embedding`` where
+        # mtp_process), defined first in its model chunk (so reduced last in backprop). Megatron-Core
+        # 0.16.1 sets ``is_embedding_or_output_parameter`` only where pre_process (language_module.py
+        # setup_embeddings_and_output_layer), so this 2-D copy is NOT excluded from Muon
+        # (muon.py get_megatron_muon_optimizer): it is routed like any other matrix.
+        add(EMBEDDING_COPY, "embedding_copy", None, last, (vpad, h), 0, "tp")
+        copy = replace(out.pop(), shared_embedding=True, duplicate_of="embedding.word_embeddings.weight")
+        out.insert(next(i for i, t in enumerate(out) if (t.stage, t.chunk) == last), copy)
     return Inventory(model=model, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp, split_qkv=split_qkv, tensors=tuple(out))
 
 

@@ -83,6 +83,8 @@ class StepSimulation:
         self.queues = [simpy.Store(self.env) for _ in range(st.pp)]
         self.dp_busy = [0] * st.pp
         self.grad_done = [[self.env.event() for _ in range(st.pp)] for _ in range(steps)]
+        self.embd_stages = [s for s, stage in enumerate(st.stages) if stage.embedding_grad_s > 0]
+        self.embd_done = [self.env.event() for _ in range(steps)]  # shared-embedding all-reduce finished
         self.reduce_left = [[len(s.buckets) for s in st.stages] for _ in range(steps)]
         self.params: dict[tuple[int, int, int], simpy.Event] = {}
         self.rank_end = [[0.0] * st.pp for _ in range(steps)]
@@ -286,8 +288,17 @@ class StepSimulation:
                 for b in stage.backward_buckets:
                     self._reduce(s, step, b)
             yield from self._wait(s, self.grad_done[step][s], "dp_grad", step)
+            if s in self.embd_stages:  # both ends reduced their DP grads: all-reduce the shared embedding's
+                yield from self._wait(s, env.all_of([self.grad_done[step][j] for j in self.embd_stages]), "dp_grad", step)
+                t0 = env.now
+                yield self.net.transfer(max(stage.embedding_grad_s - stage.embedding_grad_latency_s, 0.0),
+                                        self._res(stage.embedding_grad_link, s), stage.embedding_grad_latency_s)
+                self.acc[step][s]["dp_grad"] += env.now - t0
+                self._log(s, "dp", "AR embedding grad (embd)", t0, "dp", step)
+                if not self.embd_done[step].triggered:
+                    self.embd_done[step].succeed()
             t0 = env.now
-            yield env.all_of(self.grad_done[step])
+            yield env.all_of(self.grad_done[step] + ([self.embd_done[step]] if self.embd_stages else []))
             drain = min(max(max(self.bwd_end[step]) - t0, 0.0), env.now - t0)  # others still in backward
             self.acc[step][s]["pipeline_bubble"] += drain
             self.acc[step][s]["dp_grad"] += env.now - t0 - drain

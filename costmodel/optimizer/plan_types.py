@@ -40,6 +40,7 @@ class Bucket:
     order: int = 0  # position in backprop order within the stage (0 = reduced first)
     used_numel: int = 0  # parameter elements (numel minus padding)
     kind: Literal["element_wise", "layer_wise", "ddp"] = "element_wise"
+    param_dtype: Literal["bf16", "fp8"] = "bf16"  # what the parameter gather moves (fp8: fp8_param_gather, fp8-cs)
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ class OptimizerPlan:
     stages: tuple[StageOptimizerPlan, ...]
     notes: tuple[str, ...] = field(default=())
     hide_param_gather: bool = False  # engines overlap each bucket's gather with the next forward
+    hypothetical: bool = False  # a (layout, load balance) pair Megatron-Core does not have (a what-if)
 
     @property
     def critical_stage(self) -> StageOptimizerPlan:

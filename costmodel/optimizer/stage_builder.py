@@ -11,7 +11,8 @@ dp×cp, experts over ``expert_dp``); the distribution then decides buckets and w
   all-gather; non-Muon parameters in separate element-wise buckets;
 * ``layer_wise`` ``legacy``: unpadded DDP buckets all-reduced; every parameter (Muon and AdamW)
   owned whole by one rank (ping-pong by numel over the stage by default); ``all_gather_v`` per
-  bucket of the updated parameters;
+  bucket of the updated parameters. With dp·cp = 1 Megatron's ``shard_params`` returns early:
+  every rank steps all its parameters (experts too, whatever expert_dp is), nothing is gathered;
 * ``replicated``: unpadded DDP buckets all-reduced; every rank steps everything.
 
 Per-rank values are numpy arrays over a role's dp indices; a GPU's load is its dense-role work plus
@@ -49,6 +50,7 @@ from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from workloads.comm import CollectiveCall, merge_calls
 from workloads.flops import newton_schulz_cost_proxy
+from workloads.fp8_params import is_fp8_param
 from workloads.inventory import TensorSpec
 
 GROUPS = ("dp", "expert_dp")
@@ -157,6 +159,8 @@ class _Buffer:
     position: np.ndarray  # index in the chunk's backprop order (bucket readiness)
     unique: tuple[TensorSpec, ...] = ()
     tid: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    shared: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # Megatron shared_embedding
+    fp8: bool = False  # FP8 parameters (fp8_param_gather): their own buffer, param dtype uint8
 
 
 def _cost(t: TensorSpec) -> int:
@@ -164,19 +168,24 @@ def _cost(t: TensorSpec) -> int:
     return newton_schulz_cost_proxy(*shape) if len(shape) == 2 else t.local_numel
 
 
-def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str) -> list[_Buffer]:
-    """Split one chunk's tensors (definition order) into dense and expert buffers, backprop order."""
-    runs: dict[str, list[tuple[TensorSpec, int, int]]] = {g: [] for g in GROUPS}  # (tensor, copies, first position)
+def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str, fp8_params: bool = False) -> list[_Buffer]:
+    """Split one chunk's tensors (definition order) into dense and expert buffers, backprop order.
+
+    ``fp8_params`` (fp8_param_gather active): the FP8 parameters (:func:`workloads.fp8_params.is_fp8_param`)
+    get buffers of their own, as Megatron keys its buffers by (param dtype, grad dtype).
+    """
+    keys = [(g, f) for g in GROUPS for f in ((True, False) if fp8_params else (False,))]
+    runs: dict[tuple[str, bool], list[tuple[TensorSpec, int, int]]] = {k: [] for k in keys}  # (tensor, copies, first position)
     pos = 0
     for t in reversed(tensors):
         if t.optimizer == "none":
             continue
         copies = t.experts_per_rank
-        runs[t.dp_group].append((t, copies, pos))
+        runs[(t.dp_group, fp8_params and is_fp8_param(t))].append((t, copies, pos))
         pos += copies
     out = []
-    for g in GROUPS:
-        items = runs[g]
+    for g, f in keys:
+        items = runs[(g, f)]
         if not items:
             continue
         uniq = tuple(t for t, _, _ in items)
@@ -192,6 +201,7 @@ def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str) -> list[_Buf
             cost=np.array([_cost(t) for t in uniq], dtype=np.float64)[tid],
             muon=np.array([kind == "muon" and t.optimizer == "muon" for t in uniq], dtype=bool)[tid],
             position=firsts[tid] + offset, unique=uniq, tid=tid,
+            shared=np.array([t.shared_embedding for t in uniq], dtype=bool)[tid], fp8=f,
         ))
     return out
 
@@ -199,14 +209,17 @@ def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str) -> list[_Buf
 class StageBuilder:
     """Accumulates buckets and per-rank work of one stage."""
 
-    def __init__(self, stage: int, grid: Grid, spec, timer: Timer, st: NsSettings) -> None:  # noqa: ANN001
+    def __init__(self, stage: int, grid: Grid, spec, timer: Timer, st: NsSettings,  # noqa: ANN001
+                 fp8_gather_bytes: int = PARAM_BYTES) -> None:
         self.stage, self.grid, self.spec, self.timer, self.st = stage, grid, spec, timer, st
+        self.fp8_gather_bytes = fp8_gather_bytes  # bytes per element gathered for FP8-parameter buffers
         self.roles = {g: _Role(g, grid.size(g)) for g in GROUPS}
         self.buckets: list[tuple[tuple[int, int], dict]] = []  # (sort key, Bucket kwargs)
         self.gb = spec.grad_bytes
         self.grad_dtype = "fp32" if self.gb == 4 else "bf16"
         self._muon_memo: dict[int, tuple[float, float, float, float, tuple[CollectiveCall, ...]]] = {}
         self._buffer_memo: dict[int, tuple[_Buffer, np.ndarray, list[tuple[CollectiveCall, ...]]]] = {}
+        self.extra_calls: list[CollectiveCall] = []  # per-step collectives outside the DP buckets
 
     def bucket_size(self, chunk: int) -> int | None:
         """Elements per bucket; None (one bucket) for pp ranks > 0, chunks > 0, or no overlap."""
@@ -218,11 +231,13 @@ class StageBuilder:
                    gather_op: str | None, kind: str) -> None:
         ready = int(buf.position[idx].max())
         gs = self.grid.size(buf.group)
-        gather_bytes = (used if gather_op == "all_gather_v" else numel) * PARAM_BYTES
+        per = self.fp8_gather_bytes if buf.fp8 else PARAM_BYTES
+        gather_bytes = (used if gather_op == "all_gather_v" else numel) * per
         self.buckets.append(((-buf.chunk, ready), dict(
             stage=self.stage, chunk=buf.chunk, dp_group=buf.group, group_size=gs, numel=numel,
-            grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * PARAM_BYTES,
-            reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind)))
+            grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * per,
+            reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind,
+            param_dtype="fp8" if per == 1 else "bf16")))
 
     def muon_item(self, t: TensorSpec) -> tuple[float, float, float, float, tuple[CollectiveCall, ...]]:
         """(NS FLOPs, NS s, TP comm s, HBM bytes, TP calls) of stepping one copy of ``t``."""
@@ -276,7 +291,8 @@ class StageBuilder:
             return
         gs, role = self.grid.size(buf.group), self.roles[buf.group]
         numel = buf.numel[sel]
-        for span in lay.ddp_buckets(numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=True):
+        for span in lay.ddp_buckets(numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=True,
+                                    isolate=buf.shared[sel]):
             per_rank = lay.shard_param_numel(span, numel, gs).astype(np.float64)
             role.owned += per_rank
             role.mem_bytes += per_rank * adam_bytes_per_element(self.gb)
@@ -288,7 +304,8 @@ class StageBuilder:
         if len(sel) == 0:
             return
         gs = self.grid.size(buf.group)
-        spans = lay.layer_wise_buckets(buf.numel[sel], buf.cost[sel], gs, self.bucket_size(buf.chunk), strategy)
+        spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, self.bucket_size(buf.chunk), strategy,
+                                      isolate=buf.shared[sel])
         for span in spans:
             idx = sel[span.first:span.stop]
             assert span.owner is not None  # layer-wise spans always carry their owners
@@ -302,6 +319,15 @@ class StageBuilder:
             self.add_bucket(buf, np.arange(span.first, span.stop), span.numel, span.used, "all_reduce",
                             gather_op, "ddp")
 
+    def embedding_grad(self, t: TensorSpec, fsdp: int = 0) -> None:
+        """The all-reduce of a shared embedding's gradient between the first and the last stage
+        (``finalize_model_grads._allreduce_word_embedding_grads``, group ``embd``): the whole local
+        main_grad in the gradient dtype; with Megatron-FSDP its local shard (approximated as
+        ⌈numel / fsdp⌉: the FSDP shard boundaries are not modelled)."""
+        numel = -(-t.rank_numel // fsdp) if fsdp else t.rank_numel
+        self.extra_calls.append(CollectiveCall("all_reduce", "embd", 2, self.grad_dtype, numel * self.gb, 1,
+                                               "embedding_grad"))
+
     def finish(self, rank_work: Callable[[StageBuilder], tuple[RankWork, ...]]) -> StageOptimizerPlan:
         self.buckets.sort(key=lambda kb: kb[0])
         buckets = tuple(Bucket(order=i, **kw) for i, (_, kw) in enumerate(self.buckets))
@@ -311,8 +337,9 @@ class StageBuilder:
             bucket_calls.append(CollectiveCall(b.reduce_op, b.dp_group, b.group_size, self.grad_dtype,  # type: ignore[arg-type]
                                                b.grad_bytes, 1, phase_r))
             if b.gather_op:
-                bucket_calls.append(CollectiveCall(b.gather_op, b.dp_group, b.group_size, "bf16",  # type: ignore[arg-type]
+                bucket_calls.append(CollectiveCall(b.gather_op, b.dp_group, b.group_size, b.param_dtype,  # type: ignore[arg-type]
                                                    b.param_bytes, 1, "param_gather"))
+        bucket_calls += self.extra_calls
         used = sum(b.used_numel for b in buckets)
         padding = sum(b.numel for b in buckets) / used - 1 if used else 0.0
         roles = tuple(

@@ -43,7 +43,7 @@ def optimizer_report(plan: OptimizerPlan, exposed_s: float, hidden_s: float) -> 
         notes.append(f"per-rank statistics over the {crit.gpus} GPUs of pipeline stage {crit.stage} (the critical stage)")
     return OptimizerReport(
         kind=plan.kind, distribution=plan.distribution, layout=plan.layout, tp_mode=plan.tp_mode,
-        load_balance=plan.load_balance,
+        load_balance=plan.load_balance, hypothetical=plan.hypothetical,
         per_rank_compute_s=Stats(min=min(loads), mean=mean, max=max(loads)),
         imbalance=imbalance_of(crit), imbalance_lost_s=max(loads) - mean,
         exposed_s=exposed_s, hidden_s=hidden_s,

@@ -56,6 +56,8 @@ def _stage_classes(model: ModelSpec, pp: int, vpp: int, split: str) -> np.ndarra
     out[last, 0] += outside
     out[0, 3] = 1.0
     out[last, 4] = 1.0
+    if model.mtp_layers and pp > 1:
+        out[last, 3] = 1.0  # the MTP layers' own copy of the word embedding
     return out
 
 
@@ -83,6 +85,8 @@ def stage_params_max(model: ModelSpec, grid: np.ndarray, split: str = "auto") ->
     return out
 
 
-def weights_and_grads_bytes(model: ModelSpec, grid: np.ndarray, grad_bytes: int, split: str = "auto") -> np.ndarray:
-    """Lower bound on memory per GPU in bytes (bf16 weights + gradients of the heaviest stage)."""
-    return stage_params_max(model, grid, split) * (BF16_BYTES + grad_bytes)
+def weights_and_grads_bytes(model: ModelSpec, grid: np.ndarray, grad_bytes: int, split: str = "auto",
+                            param_bytes: float = BF16_BYTES) -> np.ndarray:
+    """Lower bound on memory per GPU in bytes (weights + gradients of the heaviest stage); ``param_bytes``
+    is the smallest a weight element can take (1 under fp8_param_gather with fp8-cs, else bf16's 2)."""
+    return stage_params_max(model, grid, split) * (param_bytes + grad_bytes)
