@@ -10,8 +10,12 @@ ranked among the plans. See :mod:`costmodel.planner` for the search.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import signal
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -60,7 +64,11 @@ def with_bound_flags(func: Any) -> Any:
 
 
 def _progress() -> tuple[Any, Any]:
-    """A rich progress display on stderr and the callback the planner reports to."""
+    """A rich progress display on stderr and the callback the planner reports to.
+
+    When stderr is not a terminal (a pipe, a log file, a test), each stage is announced by one
+    line ``plan: STAGE`` instead of a progress bar: a script knows the search is under way.
+    """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -74,23 +82,46 @@ def _progress() -> tuple[Any, Any]:
             for other in tasks.values():
                 progress.update(other, visible=False)
             tasks[label] = progress.add_task(label, total=total)
+            if not console.is_terminal:
+                print(f"plan: {label}", file=sys.stderr, flush=True)
         progress.update(tasks[label], completed=done, total=max(total, done))
 
     return progress, report
 
 
-def _base_and_reference(scenario_file: Path | None, flags: dict[str, str]) -> tuple[Any, dict[str, str], str | None]:
-    """(base scenario, raw pins, why the reference is invalid or None)."""
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[list[int]]:
+    """SIGTERM behaves like Ctrl-C while the search runs: stop the workers, keep what was found.
+
+    Yields a list that holds the signal number once one arrived (the exit code becomes 128 + it).
+    """
+    received: list[int] = []
+
+    def handler(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _base_and_reference(scenario_file: Path | None, flags: dict[str, str]) -> tuple[Any, dict[str, str], str | None, Any]:
+    """(base scenario, raw pins, why the reference is invalid or None, the base's Layered config).
+
+    The base takes the defaults of its model × system (GPUs, precision, batch, sequence and the
+    reference layout) for what neither the file nor a flag sets.
+    """
+    from cli.common import layered_scenario
     from costmodel.planner.base import plan_base, split_pins
-    from workloads.scenario import DEFAULT_SCENARIO, build_config, load_scenario_config
 
     pins, rest = split_pins(flags)
-    if scenario_file is not None:
-        config = load_scenario_config(scenario_file, rest)
-    else:
-        config = build_config(DEFAULT_SCENARIO.model_dump(), rest, source="scenario")
-    base, error = plan_base(config, pins)
-    return base, pins, error
+    layered = layered_scenario(scenario_file, rest)
+    base, error = plan_base(layered.config, pins)
+    base.check_precision()  # not searched: no candidate could fix it
+    return base, pins, error, layered
 
 
 @user_errors
@@ -130,7 +161,7 @@ def plan(
     queries = tuple(explain or ())
     for q in queries:
         parse_query(q)
-    base, raw_pins, reference_error = _base_and_reference(scenario_file, scenario_flags)
+    base, raw_pins, reference_error, layered = _base_and_reference(scenario_file, scenario_flags)
     pins = parse_pins(raw_pins, bounds, allow_hypothetical)
     memory_budget_bytes(base, memory_headroom)
     profile = load_calibration(calibration)
@@ -142,10 +173,10 @@ def plan(
                           assumed_sigma=sensitivity_sigma, seed=seed, explain=queries, exhaustive=exhaustive,
                           scheduler=scheduler)
     progress, report = _progress()
-    with progress:
+    with _terminate_as_interrupt() as terminated, progress:
         outcome = run_plan(base, options, reference_error=reference_error, profile=profile,
                            calibration_label=label, progress=report)
-    result = outcome.result
+    result = outcome.result = outcome.result.model_copy(update={"scenario_source": layered.summary()})
     if html is not None:
         from costmodel.planner.figures import plan_html
 
@@ -153,13 +184,12 @@ def plan(
     if json_out:
         print_json(result.model_dump(mode="json"))
     else:
-        from rich.console import Console
-
+        from cli.terminal import console as make_console
         from costmodel.planner.render import render
 
-        console = Console()
+        console = make_console()
         console.print(render(result, outcome.best_report))
         if html is not None:
             console.print(f"wrote {html}")
     if result.interrupted:
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(128 + terminated[0] if terminated else EXIT_INTERRUPTED)

@@ -18,7 +18,7 @@ from cli.common import (
     check_output_paths,
     check_release,
     print_json,
-    resolve_scenario,
+    resolve_with_layout,
     user_errors,
     with_scenario_flags,
     write_text_atomically,
@@ -37,7 +37,7 @@ def predict(
     engine: EngineOpt = "analytic",
     json_out: JsonOpt = False,
     trace: Annotated[Path | None, typer.Option("--trace", metavar="FILE", help="write a Perfetto/Chrome trace (des engine)")] = None,
-    html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write a plotly HTML report")] = None,
+    html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write a plotly page: the DES timeline beside the breakdown")] = None,
     calibration: CalibrationOpt = None,
     release: ReleaseOpt = None,
     *, scenario_flags: dict[str, str],
@@ -50,7 +50,7 @@ def predict(
     if trace is not None and engine != "des":
         raise CliError("--trace needs the simulated timeline: add --engine des")
     check_output_paths(trace, html)
-    sc = resolve_scenario(scenario_file, scenario_flags)
+    sc, layered = resolve_with_layout(scenario_file, scenario_flags)
     profile = load_calibration(calibration)
     check_release(profile, release, sc.system.name)
     report = run_predict(sc, engine, profile, release)  # type: ignore[arg-type]
@@ -59,16 +59,17 @@ def predict(
     texts: list[tuple[Path, str]] = []
     if trace is not None:
         texts.append((trace, exporters.trace_json(report)))
-    if html is not None:
-        texts.append((html, exporters.to_html(report)))
+    if html is not None:  # the page shows the simulated timeline whatever the engine
+        timeline = report if report.events else run_predict(sc, "des", profile, release)  # type: ignore[arg-type]
+        texts.append((html, exporters.to_html(report, timeline)))
     for path, text in texts:  # only after the prediction (and every export) succeeded
         write_text_atomically(path, text)
     if json_out:
-        print_json(report.to_json_dict())
+        print_json(report.to_json_dict() | {"layout": layered.to_json_dict()})
         return
-    from rich.console import Console
+    from cli.terminal import console as make_console
 
-    console = Console()
-    console.print(exporters.render_table(report))
+    console = make_console()
+    console.print(exporters.render_table(report, layout=layered.summary()))
     for path, _ in texts:
         console.print(f"wrote {path}")

@@ -7,6 +7,7 @@ named efficiency factors and writes a profile, reporting held-out error (each co
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,6 +17,7 @@ import typer
 from cli.common import (
     CliError,
     JsonOpt,
+    WideOpt,
     print_json,
     user_errors,
     with_scenario_flags,
@@ -83,6 +85,7 @@ def validate(
     json_out: JsonOpt = False,
     html: Annotated[Path | None, typer.Option("--html", help="write a plotly scatter + histogram page")] = None,
     warmup: WarmupOpt = 10,
+    wide: WideOpt = False,
     *, scenario_flags: dict[str, str],
 ) -> None:
     """How wrong is the model on measured runs? Predicted vs measured, MAPE, bias, worst case, Kendall τ."""
@@ -110,7 +113,7 @@ def validate(
         print_json(data)
         return
     if report is not None:
-        _print_validation(report, where)
+        _print_validation(report, where, wide)
     for check in reference:
         _print_reference(check)
     if html is not None:
@@ -143,18 +146,40 @@ def _reference_model(run: Any) -> Any:
     return load_shapes(shapes)
 
 
-def _print_validation(report: Any, where: str) -> None:
-    from rich.console import Console
+def short_run_ids(rows: list[Any]) -> dict[str, str]:
+    """Run ids without what the table shows elsewhere: the system (rows are grouped by it) and the
+    prefix every id shares (``mb-``), e.g. 'mb-26.08-qwen3-30b-a3b-gb200-nvl72-mxfp8-8g-gbs512' ->
+    '26.08-qwen3-30b-a3b-mxfp8-8g-gbs512'."""
+    ids = [r.run_id for r in rows]
+    prefix = os.path.commonprefix(ids) if len(ids) > 1 else ""
+    prefix = prefix[: prefix.rfind("-") + 1] if "-" in prefix else ""
+    return {r.run_id: r.run_id[len(prefix):].replace(f"-{r.system}", "") or r.run_id for r in rows}
+
+
+def _print_validation(report: Any, where: str, wide: bool = False) -> None:
+    from rich import box
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 120))
-    table = Table(title=f"predicted vs measured step time ({where}; calibration: {report.calibration}, "
-                        f"engine {report.engine})")
-    for col in ("run", "measured s", "predicted s", "error %"):
-        table.add_column(col, justify="left" if col == "run" else "right")
-    for r in sorted(report.rows, key=lambda r: (r.system, r.model, r.run_id)):
+    from cli.terminal import console as make_console
+
+    console = make_console(wide=wide)
+    console.print(f"[bold]predicted vs measured step time, s[/bold] ({where}; calibration: {report.calibration}, "
+                  f"engine {report.engine})", highlight=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("run (by system)", overflow="fold")
+    for col in ("measured", "predicted", "error %"):
+        table.add_column(col, justify="right", no_wrap=True)
+    rows = sorted(report.rows, key=lambda r: (r.system, r.model, r.run_id))
+    short = {r.run_id: r.run_id for r in rows} if wide else short_run_ids(rows)
+    system = None
+    for r in rows:
+        if r.system != system:
+            if system is not None:
+                table.add_section()
+            system = r.system
+            table.add_row(f"[bold]{system}[/bold]", "", "", "")
         mark = " *" if r.in_training_set else ""
-        table.add_row(r.run_id + mark, f"{r.measured_step_time_s:.3f}", f"{r.predicted_step_time_s:.3f}",
+        table.add_row(short[r.run_id] + mark, f"{r.measured_step_time_s:.3f}", f"{r.predicted_step_time_s:.3f}",
                       f"{r.error_pct:+.1f}")
     console.print(table)
     if report.n_in_training_set:
@@ -164,9 +189,9 @@ def _print_validation(report: Any, where: str) -> None:
         console.print(f"unsupported runs ({len(report.unsupported)}), not predicted:")
         for u in report.unsupported:
             console.print(f"  {u.run_id}: {u.reason}", markup=False)
-    summary = Table(title="errors by system")
-    for col in ("system", "n", "MAPE %", "median APE %", "bias %", "worst %", "Kendall τ"):
-        summary.add_column(col, justify="left" if col == "system" else "right")
+    summary = Table(title="errors by system", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for col in ("system", "n", "MAPE %", "median %", "bias %", "worst %", "Kendall τ"):
+        summary.add_column(col, justify="left" if col == "system" else "right", no_wrap=True)
     for name, m in [*report.by_system.items(), ("overall", report.metrics)]:
         summary.add_row(name, str(m.n), _fmt(m.mape_pct), _fmt(m.median_ape_pct), _fmt(m.bias_pct, "+.1f"),
                         _fmt(m.max_ape_pct), _fmt(m.kendall_tau, ".2f"))
@@ -201,6 +226,7 @@ def calibrate(
         "--microbench", help="measure this machine (GEMM, eager dispatch, gloo α-β) instead of fitting runs")] = False,
     json_out: JsonOpt = False,
     warmup: WarmupOpt = 10,
+    wide: WideOpt = False,
     *, scenario_flags: dict[str, str],
 ) -> None:
     """Fit the named efficiency factors to measured runs; report held-out error; write a profile."""
@@ -235,11 +261,27 @@ def calibrate(
     if not report.result.fits.systems:
         raise CliError("no supported run to fit (all runs are unsupported; see 'muonsim validate')")
     write_text_atomically(out, report.profile.to_yaml())
+    warnings = underdetermined_warnings(report.profile)
+    for warning in warnings:
+        typer.echo(f"warning: {warning}", err=True)
     if json_out:
-        print_json(report.to_json_dict())
+        print_json(report.to_json_dict() | {"warnings": warnings})
         return
-    _print_calibration(report)
+    _print_calibration(report, wide)
     typer.echo(f"wrote {out}")
+
+
+def underdetermined_warnings(profile: Any) -> list[str]:
+    """One line per system (or release) whose fit has more factors than runs to determine them."""
+    out = []
+    for system, cal in profile.systems.items():
+        sets = [(system, cal)] + [(f"{system} release {tag}", rel) for tag, rel in cal.releases.items()]
+        for scope, fitted in sets:
+            n, k = fitted.n_runs or 0, len(fitted.factors)
+            if k > n:
+                out.append(f"{scope}: {k} factors fitted from {n} run{'s' if n != 1 else ''}; the runs cannot "
+                           "determine them (the values lean on their priors); give more runs or fewer --factors")
+    return out
 
 
 def _factor_list(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -248,24 +290,34 @@ def _factor_list(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(f.strip() for f in text.split(",") if f.strip())
 
 
-def _print_calibration(report: Any) -> None:
-    from rich.console import Console
+def _print_calibration(report: Any, wide: bool = False) -> None:
+    from rich import box
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 120))
-    fac = Table(title="fitted factors per system (± 1 σ)")
-    fac.add_column("system")
+    from cli.terminal import console as make_console
+
+    console = make_console(wide=wide)
+    fac = Table(title="fitted factors per system (± 1 σ)", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    fac.add_column("system", no_wrap=True)
     fac.add_column("runs", justify="right")
-    fac.add_column("factors")
-    fac.add_column("releases refined")
+    fac.add_column("factor", no_wrap=True)
+    fac.add_column("value ± σ", justify="right", no_wrap=True)
+    refined = []
     for system, cal in report.profile.systems.items():
-        text = ", ".join(f"{k} {v:.3g} ± {cal.uncertainty.get(k, float('nan')):.2g}" for k, v in cal.factors.items())
-        fac.add_row(system, str(cal.n_runs), text or "(none identifiable)", ", ".join(cal.releases) or "-")
+        items = list(cal.factors.items()) or [("(none identifiable)", None)]
+        for k, (name, value) in enumerate(items):
+            cell = "-" if value is None else f"{value:.3g} ± {cal.uncertainty.get(name, float('nan')):.2g}"
+            fac.add_row(system if k == 0 else "", str(cal.n_runs) if k == 0 else "", name, cell)
+        fac.add_section()
+        refined.append(f"{system}: {', '.join(cal.releases) or '-'}")
     console.print(fac)
-    table = Table(title=f"step-time error: held-out ({report.result.settings.heldout_scheme}) vs training vs datasheet")
-    for col in ("scope", "n", "held-out MAPE %", "bias %", "median %", "worst %", "Kendall τ",
-                "train MAPE %", "datasheet MAPE %"):
-        table.add_column(col, justify="left" if col == "scope" else "right")
+    console.print("releases refined: " + "; ".join(refined), highlight=False)
+    table = Table(title=f"step-time error, %: held-out ({report.result.settings.heldout_scheme}) MAPE, bias, "
+                        "median and worst APE, Kendall τ; training and datasheet MAPE",
+                  box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    headers = ("scope", "n", "held-out", "bias", "median", "worst", "τ", "train", "datasheet")
+    for col in headers:
+        table.add_column(col, justify="left" if col == "scope" else "right", no_wrap=col == "scope")
     for scope, kinds in report.metrics_table().items():
         h, t, d = kinds.get("heldout"), kinds.get("train"), kinds.get("datasheet")
         table.add_row(scope, str((h or t).n), _fmt(h.mape_pct if h else None), _fmt(h.bias_pct if h else None, "+.1f"),

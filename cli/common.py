@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +23,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 SCENARIO_FLAGS: dict[str, tuple[str, str, str]] = {
     "model": ("model", "NAME|FILE", "model: catalogue name or YAML file"),
     "system": ("system", "NAME|FILE", "system: catalogue name or YAML file"),
-    "gpus": ("gpus", "INT", "GPUs in the job"),
-    "precision": ("precision", "PREC", "bf16, fp8-cs, mxfp8 or nvfp4"),
+    "gpus": ("gpus", "INT", "GPUs in the job (default, like every layout value: the model's defaults on the system)"),
+    "precision": ("precision", "PREC", "bf16, fp8-cs, mxfp8 or nvfp4 (those the GPU supports)"),
     "tp": ("tp", "INT", "tensor parallel size"),
     "pp": ("pp", "INT", "pipeline parallel size"),
     "vpp": ("vpp", "INT", "virtual pipeline chunks per stage"),
@@ -64,6 +65,7 @@ SCENARIO_FLAGS: dict[str, tuple[str, str, str]] = {
 ScenarioFileArg = Annotated[Path | None, typer.Argument(help="scenario YAML (default: built-in scenario)")]
 EngineOpt = Annotated[str, typer.Option("--engine", metavar="analytic|des", help="step engine")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+WideOpt = Annotated[bool, typer.Option("--wide", help="wide tables (160 columns) instead of fitting the terminal")]
 CalibrationOpt = Annotated[Path | None, typer.Option(
     "--calibration", metavar="FILE",
     help="calibration profile YAML; default: the built-in profile; 'none': datasheet defaults")]
@@ -129,15 +131,33 @@ def with_scenario_flags(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+FLAG_OF_KEY = {key: f"--{flag.replace('_', '-')}" for flag, (key, _, _) in SCENARIO_FLAGS.items()}
+
+
+def layered_scenario(scenario_file: Path | None, flags: dict[str, Any]):  # noqa: ANN201
+    """The layered configuration (model × system defaults < file < flags), not yet validated."""
+    from workloads.scenario import read_scenario_file
+    from workloads.scenario_defaults import layered_config
+
+    data = read_scenario_file(scenario_file) if scenario_file is not None else None
+    return layered_config(data, flags, file=str(scenario_file) if scenario_file is not None else None)
+
+
+def resolve_with_layout(scenario_file: Path | None, flags: dict[str, Any]):  # noqa: ANN201
+    """(validated Scenario, its Layered configuration) from an optional YAML file plus flags.
+
+    The scenario inherits the defaults of its model on its system for what neither the file nor a
+    flag sets; an error caused by an inherited value names it and where it came from.
+    """
+    from workloads.scenario_defaults import resolve_layered
+
+    layered = layered_scenario(scenario_file, flags)
+    return resolve_layered(layered, FLAG_OF_KEY), layered
+
+
 def resolve_scenario(scenario_file: Path | None, flags: dict[str, Any]):  # noqa: ANN201
     """Build and validate a Scenario from an optional YAML file plus flags (raises UserInputError)."""
-    from workloads.scenario import DEFAULT_SCENARIO, build_config, load_scenario_config
-
-    if scenario_file is not None:
-        config = load_scenario_config(scenario_file, flags)
-    else:
-        config = build_config(DEFAULT_SCENARIO.model_dump(), flags, source="scenario")
-    return config.resolve()
+    return resolve_with_layout(scenario_file, flags)[0]
 
 
 def load_calibration(path: Path | None, use_default: bool = True):  # noqa: ANN201
@@ -167,9 +187,20 @@ def check_release(profile: Any, release: str | None, system_name: str) -> None:
                        f"'{profile.name}'; known releases: {known}")
 
 
+def finite_json(data: Any) -> Any:
+    """``data`` with every NaN or infinite float replaced by None (strict JSON has no NaN/Infinity)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite_json(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite_json(v) for v in data]
+    return data
+
+
 def print_json(data: Any) -> None:
-    """Write JSON to stdout (machine-readable output for ``--json``)."""
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    """Write strict JSON to stdout (``--json``): non-finite numbers become null, never NaN/Infinity."""
+    sys.stdout.write(json.dumps(finite_json(data), indent=2, default=str, allow_nan=False) + "\n")
 
 
 ENGINES = ("analytic", "des")

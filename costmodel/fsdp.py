@@ -132,11 +132,11 @@ def fsdp_block(calls: tuple[CollectiveCall, ...], compute_s: float, shapes: dict
     """
     acc = CommAcc()
     for c in calls:
-        acc.add(collective_s(c.op, float(c.bytes), shapes[c.group], system), c.count)
+        acc.add(collective_s(c.op, float(c.bytes), shapes[c.group], system), c.count, float(c.bytes))
     if acc.time_s <= 0:
         return None
     frac = max(0.0, acc.time_s - compute_s) / acc.time_s if overlap else 1.0
-    return CommBlock(FSDP_KIND, acc.time_s, acc.latency_s, acc.link, frac)
+    return CommBlock(FSDP_KIND, acc.time_s, acc.latency_s, acc.link, frac, acc.bytes)
 
 
 def fsdp_layer_blocks(scenario: Scenario, units: dict[str, FsdpUnit], kind: str, shapes: dict[str, GroupShape],

@@ -54,6 +54,7 @@ class CommBlock:
     latency_s: float
     link: str  # "nvlink" or "network"
     exposed_fraction: float = 1.0
+    bytes: float = 0.0  # message bytes of the collectives (nccl-tests sizes, summed); 0: not recorded
 
     @property
     def exposed_s(self) -> float:
@@ -146,11 +147,13 @@ class CommAcc:
     time_s: float = 0.0
     latency_s: float = 0.0
     by_link: dict[str, float] = field(default_factory=dict)
+    bytes: float = 0.0
 
-    def add(self, t: tuple[float, float, str], count: float = 1.0) -> None:
+    def add(self, t: tuple[float, float, str], count: float = 1.0, size_bytes: float = 0.0) -> None:
         self.time_s += t[0] * count
         self.latency_s += t[1] * count
         self.by_link[t[2]] = self.by_link.get(t[2], 0.0) + t[0] * count
+        self.bytes += size_bytes * count
 
     @property
     def link(self) -> str:
@@ -179,27 +182,27 @@ def layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str
         ag, rs = collective_s("all_gather", act, tps, system), collective_s("reduce_scatter", act, tps, system)
         ar = collective_s("all_reduce", act, tps, system)
         if kind == "embedding":  # vocab-parallel lookup: RS (SP) or AR forward; AG of dy backward (SP)
-            fwd["tp"].add(rs if sp else ar)
+            fwd["tp"].add(rs if sp else ar, 1, act)
             if sp:
-                bwd["tp"].add(ag)
+                bwd["tp"].add(ag, 1, act)
         elif kind == "output":  # column-parallel logits: AG of x forward (SP); RS dx + AG x (SP) or AR dx
             if sp:
-                fwd["tp"].add(ag)
-                bwd["tp"].add(rs)
-                bwd["tp"].add(ag)
+                fwd["tp"].add(ag, 1, act)
+                bwd["tp"].add(rs, 1, act)
+                bwd["tp"].add(ag, 1, act)
             else:
-                bwd["tp"].add(ar)
+                bwd["tp"].add(ar, 1, act)
         else:  # column/row pairs: attention, dense MLP or shared experts (routed experts need none)
             shared = bool(model.moe and model.moe.shared_expert_ffn_hidden_size)
             pairs = 1 + (1 if kind in ("dense", "mtp") or shared else 0)
             if sp:  # fwd AG x + RS y; bwd AG dy + AG x (wgrad) + RS dx
-                fwd["tp"].add(ag, pairs)
-                fwd["tp"].add(rs, pairs)
-                bwd["tp"].add(ag, 2 * pairs)
-                bwd["tp"].add(rs, pairs)
+                fwd["tp"].add(ag, pairs, act)
+                fwd["tp"].add(rs, pairs, act)
+                bwd["tp"].add(ag, 2 * pairs, act)
+                bwd["tp"].add(rs, pairs, act)
             else:  # fwd AR after the row-parallel GEMM; bwd AR after the column-parallel dgrad
-                fwd["tp"].add(ar, pairs)
-                bwd["tp"].add(ar, pairs)
+                fwd["tp"].add(ar, pairs, act)
+                bwd["tp"].add(ar, pairs, act)
     cps = shapes["cp"]
     if cps.size > 1 and kind in ("dense", "moe", "mtp"):
         att = model.attention
@@ -207,32 +210,33 @@ def layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str
             width = 2 * att.num_kv_heads // shape.tp * att.head_dim
         else:
             width = att.num_heads // shape.tp * (att.qk_head_dim + att.qk_pos_emb_head_dim + att.v_head_dim)
-        kv = collective_s("all_gather", cps.size * shape.tokens * width * ACT_BYTES, cps, system)
-        fwd["cp"].add(kv)
-        bwd["cp"].add(kv, 2.0)
+        kv_bytes = cps.size * shape.tokens * width * ACT_BYTES
+        kv = collective_s("all_gather", kv_bytes, cps, system)
+        fwd["cp"].add(kv, 1, kv_bytes)
+        bwd["cp"].add(kv, 2.0, kv_bytes)
     eps = shapes["ep"]
     is_moe = kind == "moe" or (kind == "mtp" and model.is_moe_layer(model.num_layers - 1))
     if is_moe and model.moe is not None:
         send = shape.sp_tokens * model.moe.topk * h * ACT_BYTES
         if eps.size > 1:
             a2a = dispatch_cost(shape.sp_tokens, h, model.moe.num_experts, model.moe.topk, eps, system)
-            fwd["ep"].add(a2a, 2)
-            bwd["ep"].add(a2a, 2)
+            fwd["ep"].add(a2a, 2, send)
+            bwd["ep"].add(a2a, 2, send)
         etps = shapes["etp"]
         if etps.size > 1:
             gathered = send * etps.size
             for acc in (fwd["ep"], bwd["ep"]):
-                acc.add(collective_s("all_gather", gathered, etps, system))
-                acc.add(collective_s("reduce_scatter", gathered, etps, system))
+                acc.add(collective_s("all_gather", gathered, etps, system), 1, gathered)
+                acc.add(collective_s("reduce_scatter", gathered, etps, system), 1, gathered)
     # recomputed modules repeat their forward collectives in backward (CP's ring runs inside core_attn)
     redo = COMM_KINDS if full_recompute else (("ep",) if moe_recompute else ()) + (("cp",) if attn_recompute else ())
     for k in redo:
-        bwd[k].add((fwd[k].time_s, fwd[k].latency_s, fwd[k].link))
+        bwd[k].add((fwd[k].time_s, fwd[k].latency_s, fwd[k].link), 1, fwd[k].bytes)
     paired = ep_paired_share(scenario)
 
     def blocks(acc: dict[str, CommAcc], attn: float, other: float) -> tuple[CommBlock, ...]:
         return tuple(CommBlock(k, a.time_s, a.latency_s, a.link,
-                               exposed_fraction(k, a.time_s, p, system.efficiency, overlap, attn, other, paired))
+                               exposed_fraction(k, a.time_s, p, system.efficiency, overlap, attn, other, paired), a.bytes)
                      for k, a in ((k, acc[k]) for k in COMM_KINDS) if a.time_s > 0)
 
     return blocks(fwd, attn_s[0], compute_s[1]), blocks(bwd, attn_s[1], compute_s[0])

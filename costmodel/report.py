@@ -35,6 +35,15 @@ class Breakdown(_Out):
         return self.compute + self.pipeline_bubble + sum(self.exposed_comm.values()) + self.optimizer + self.other
 
 
+def breakdown_rows(report: StepReport) -> list[tuple[str, float]]:
+    """(label, seconds) rows of a report's additive breakdown, in display order."""
+    b = report.breakdown_s
+    rows = [("compute", b.compute), ("pipeline bubble", b.pipeline_bubble)]
+    rows += [(f"exposed comm: {k}", v) for k, v in b.exposed_comm.items()]
+    rows += [("optimizer step", b.optimizer), ("other", b.other)]
+    return rows
+
+
 class Stats(_Out):
     """Minimum, mean and maximum of a per-rank quantity."""
 
@@ -112,6 +121,7 @@ class TimelineEvent(_Out):
     duration_s: float
     category: str = ""
     step: int = 0
+    bytes: float | None = Field(None, description="bytes the operation moves per GPU (communication; None: not recorded)")
 
 
 class StepReport(_Out):

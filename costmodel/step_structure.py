@@ -116,6 +116,8 @@ class BucketCost:
     bwd_ready_fraction: float  # fraction of the chunk's backward after which the grads are complete
     reduce_latency_s: float = 0.0
     gather_latency_s: float = 0.0
+    reduce_bytes: float = 0.0  # the gradient reduction's message size (bytes, nccl-tests convention)
+    gather_bytes: float = 0.0  # the parameter gather's message size (bytes)
 
     @property
     def fwd_need_fraction(self) -> float:
@@ -181,7 +183,8 @@ def _merge(blocks: list[CommBlock]) -> tuple[CommBlock, ...]:
     for k, bs in by.items():
         t = sum(b.time_s for b in bs)
         exposed = sum(b.exposed_s for b in bs)
-        out.append(CommBlock(k, t, sum(b.latency_s for b in bs), bs[0].link, exposed / t if t > 0 else 1.0))
+        out.append(CommBlock(k, t, sum(b.latency_s for b in bs), bs[0].link, exposed / t if t > 0 else 1.0,
+                             sum(b.bytes for b in bs)))
     return tuple(out)
 
 
@@ -223,7 +226,8 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
         seen[key] = seen.get(key, 0) + b.numel
         frac = seen[key] / groups[key] if groups[key] else 1.0
         out.append(BucketCost(b.chunk, b.dp_group, red[0] + _prescale_s(b, system), gat[0], red[2],
-                              frac if overlap else 1.0, red[1], gat[1]))
+                              frac if overlap else 1.0, red[1], gat[1], float(b.grad_bytes),
+                              float(b.param_bytes) if b.gather_op else 0.0))
     return tuple(out)
 
 

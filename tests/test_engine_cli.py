@@ -88,13 +88,15 @@ def test_predict_reads_a_scenario_file(run_cli, tmp_path) -> None:
     assert data["breakdown_s"]["pipeline_bubble"] == 0.0
 
 
-def test_nvfp4_on_a_gpu_without_fp4_is_flagged(run_cli) -> None:
+def test_nvfp4_on_a_gpu_without_fp4_is_an_error(run_cli) -> None:
+    """H100 has no FP4 (and no block-scaled) tensor cores: NVFP4 is a one-line error, not a warning
+    beside a prediction faster than FP8 (issue 14)."""
     args = ("predict", "--system", "dgx-h100", "--model", "llama3-8b", "--gpus", "8", "--pp", "1", "--vpp", "1",
             "--ep", "1", "--gbs", "128", "--precision", "nvfp4", "--json")
     result = run_cli(*args)
-    assert result.exit_code == 0, result.output
-    assert any("no FP4 tensor cores" in w for w in json.loads(result.stdout)["warnings"])
+    assert result.exit_code == 2 and "precision nvfp4 is not supported" in result.stderr
     on_b200 = run_cli(*args[:2], "dgx-b200", *args[3:])
+    assert on_b200.exit_code == 0, on_b200.output
     assert not any("FP4" in w for w in json.loads(on_b200.stdout)["warnings"])
 
 

@@ -60,6 +60,19 @@ class GpuSpec(_Strict):
     hbm_bytes: float = Field(gt=0, description="usable HBM capacity per GPU")
     hbm_bandwidth_Bps: float = Field(gt=0)
     sm_count: int = Field(gt=0)
+    precisions: tuple[Precision, ...] | None = Field(
+        default=None, description="training precisions the tensor cores run natively; default: bf16 and fp8-cs, "
+        "plus the block-scaled mxfp8 and nvfp4 when the GPU has an FP4 peak (Blackwell's tensor cores brought "
+        "both MX block scaling and FP4; Hopper runs FP8 with per-tensor scaling only)")
+
+    @property
+    def supported_precisions(self) -> tuple[Precision, ...]:
+        """The training precisions this GPU's tensor cores support (see ``precisions``)."""
+        if self.precisions is not None:
+            return self.precisions
+        if self.peak_flops_per_s.fp4 is not None:
+            return tuple(Precision)
+        return (Precision.BF16, Precision.FP8_CS)
 
 
 class NvlinkSpec(_Strict):

@@ -381,6 +381,8 @@ def load_many(paths: Iterable[str | Path], overrides: Mapping[str, Any] | None =
     runs: list[MeasuredRun] = []
     where: dict[str, str] = {}
     for name, batch in sources:
+        if not batch:
+            raise UserInputError(f"{name}: holds no runs (a header without rows?)")
         for run in batch:
             if run.run_id in where:
                 raise UserInputError(f"{name}, column 'run_id': run '{run.run_id}' is also in {where[run.run_id]}")

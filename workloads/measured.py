@@ -17,7 +17,7 @@ from topologies.hardware import Precision
 class MeasuredRun(BaseModel):
     """A measured run. Required: the scenario columns and ``step_time_s``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # inf/NaN measurements are rejected
 
     run_id: str
     source: str = ""

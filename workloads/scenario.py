@@ -180,8 +180,8 @@ class ScenarioConfig(_Strict):
 DEFAULT_SCENARIO = ScenarioConfig()
 
 
-def load_scenario_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ScenarioConfig:
-    """Read a scenario YAML file and apply flat CLI-style overrides (see :func:`apply_overrides`)."""
+def read_scenario_file(path: str | Path) -> dict[str, Any]:
+    """The nested mapping of a scenario YAML file (model/system paths made relative to the file)."""
     data = load_yaml_file(path, "scenario file")
     for key in ("system", "model"):  # a relative path that is not found here is looked up next to the file
         value = data.get(key)
@@ -189,7 +189,12 @@ def load_scenario_config(path: str | Path, overrides: dict[str, Any] | None = No
             beside = Path(path).parent / value
             if not Path(value).is_file() and beside.is_file():
                 data[key] = str(beside)
-    return build_config(data, overrides or {}, source=f"scenario file '{path}'")
+    return data
+
+
+def load_scenario_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ScenarioConfig:
+    """Read a scenario YAML file and apply flat CLI-style overrides (see :func:`apply_overrides`)."""
+    return build_config(read_scenario_file(path), overrides or {}, source=f"scenario file '{path}'")
 
 
 def build_config(data: dict[str, Any], overrides: dict[str, Any], source: str = "scenario") -> ScenarioConfig:
@@ -299,10 +304,19 @@ class Scenario:
         return build_config(data, overrides).resolve()
 
     # ----- validation -----
+    def check_precision(self) -> None:
+        """Raise UserInputError unless the GPU's tensor cores support the training precision."""
+        supported = self.system.gpu.supported_precisions
+        if self.precision not in supported:
+            raise UserInputError(
+                f"precision {self.precision.value} is not supported by the {self.system.gpu.name} tensor cores of "
+                f"{self.system.name}; valid: {', '.join(x.value for x in supported)}")
+
     def validate(self) -> None:
         """Raise UserInputError (one line) on the first rule this scenario breaks."""
         p, m, o = self.par, self.model, self.optimizer
         mp = p.tp * p.pp * p.cp
+        self.check_precision()
         if self.gpus > self.system.max_gpus:
             raise UserInputError(f"gpus {self.gpus} exceeds the {self.system.name} limit of {self.system.max_gpus}")
         if self.gpus % mp:

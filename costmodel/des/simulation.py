@@ -48,6 +48,13 @@ class RawEvent:
     duration_s: float
     category: str
     step: int
+    bytes: float = 0.0  # bytes moved per GPU (0: not recorded)
+
+
+# Waits that delay a rank's messages and so reach the ranks downstream of it: an activation that is
+# late because its sender waited for these is booked under the same kind, not as a pipeline bubble
+# (the analytic engine books the parameter gather's delay of the first forwards as dp_param too).
+PROPAGATED_KINDS = ("dp_param",)
 
 
 @dataclass
@@ -83,6 +90,9 @@ class StepSimulation:
         self.rank_end = [[0.0] * st.pp for _ in range(steps)]
         self.bwd_end = [[0.0] * st.pp for _ in range(steps)]
         self.acc: list[list[dict[str, float]]] = [[defaultdict(float) for _ in range(st.pp)] for _ in range(steps)]
+        # [step][rank] seconds of PROPAGATED_KINDS waits on the rank's path so far (own or inherited)
+        self.delay: list[list[dict[str, float]]] = [[defaultdict(float) for _ in range(st.pp)] for _ in range(steps)]
+        self.carried: dict[tuple, dict[str, float]] = {}  # message key -> its sender's delays when sent
         self.events: list[RawEvent] = []
 
     # ------------------------------------------------------------------ helpers
@@ -90,9 +100,10 @@ class StepSimulation:
         p = LINK_PREFIX[link]
         return (f"{p}_tx{s}", f"{p}_rx{s if dst is None else dst}")
 
-    def _log(self, s: int, stream: str, name: str, start: float, category: str, step: int) -> None:
+    def _log(self, s: int, stream: str, name: str, start: float, category: str, step: int,
+             size_bytes: float = 0.0) -> None:
         if self.record:
-            self.events.append(RawEvent(s, stream, name, start, self.env.now - start, category, step))
+            self.events.append(RawEvent(s, stream, name, start, self.env.now - start, category, step, size_bytes))
 
     def _msg(self, key: tuple) -> simpy.Event:
         ev = self.msgs.get(key)
@@ -103,12 +114,13 @@ class StepSimulation:
     def _send(self, s: int, dst: int, key: tuple, step: int) -> None:
         st = self.st
         self.sent_at[key] = self.env.now
+        self.carried[key] = dict(self.delay[step][s])
         done = self.net.transfer(st.p2p_s - st.p2p_latency_s, self._res(st.p2p_link, s, dst), st.p2p_latency_s)
         start = self.env.now
         target = self._msg(key)
 
         def arrived(_: simpy.Event) -> None:
-            self._log(s, "pp", f"send {key[0]} mb{key[2]} v{key[3]}", start, "pp", step)
+            self._log(s, "pp", f"send {key[0]} mb{key[2]} v{key[3]}", start, "pp", step, st.p2p_bytes)
             target.succeed()
 
         done.callbacks.append(arrived)
@@ -120,13 +132,22 @@ class StepSimulation:
         wait = self.env.now - t0
         if wait > 0:
             transfer = self.env.now - max(t0, self.sent_at.get(key, t0))
-            self.acc[step][s]["pp"] += transfer
-            self.acc[step][s]["pipeline_bubble"] += wait - transfer
+            acc, mine = self.acc[step][s], self.delay[step][s]
+            acc["pp"] += transfer
+            idle = wait - transfer
+            for kind, theirs in self.carried.get(key, {}).items():  # the sender's delays explain the lateness first
+                inherited = min(idle, max(theirs - mine[kind], 0.0))
+                acc[kind] += inherited
+                mine[kind] += inherited
+                idle -= inherited
+            acc["pipeline_bubble"] += idle
 
     def _wait(self, s: int, ev: simpy.Event, kind: str, step: int) -> Ev:
         t0 = self.env.now
         yield ev
         self.acc[step][s][kind] += self.env.now - t0
+        if kind in PROPAGATED_KINDS:
+            self.delay[step][s][kind] += self.env.now - t0
 
     # ------------------------------------------------------------------ passes
     def _slice(self, s: int, cost: PassCost, frac: float, name: str, step: int) -> Ev:
@@ -134,7 +155,7 @@ class StepSimulation:
         env, acc = self.env, self.acc[step][s]
         if frac <= 0:
             return
-        exposed: dict[str, list[tuple[str, float, float]]] = {}
+        exposed: dict[str, list[tuple[str, float, float, float]]] = {}
         for blk in cost.comm:
             vol = max(blk.time_s - blk.latency_s, 0.0) * frac
             hidden = 1.0 - blk.exposed_fraction
@@ -142,7 +163,7 @@ class StepSimulation:
                 self.net.transfer(vol * hidden, self._res(blk.link, s), 0.0)
             if blk.exposed_fraction > 0:
                 exposed.setdefault(blk.link, []).append(
-                    (blk.kind, vol * blk.exposed_fraction, blk.latency_s * frac * blk.exposed_fraction))
+                    (blk.kind, vol * blk.exposed_fraction, blk.latency_s * frac * blk.exposed_fraction, blk.bytes * frac))
         if cost.compute_s > 0:
             t0 = env.now
             dur = cost.compute_s * frac
@@ -153,14 +174,14 @@ class StepSimulation:
             self._log(s, "compute", name, t0, "compute", step)
         for link, parts in exposed.items():  # back-to-back collectives on one link: one flow
             t0 = env.now
-            yield self.net.transfer(sum(v for _, v, _ in parts), self._res(link, s), sum(lat for _, _, lat in parts))
-            took, alone = env.now - t0, sum(v + lat for _, v, lat in parts)
+            yield self.net.transfer(sum(p[1] for p in parts), self._res(link, s), sum(p[2] for p in parts))
+            took, alone = env.now - t0, sum(p[1] + p[2] for p in parts)
             t = t0
-            for kind, v, lat in parts:  # split the measured time by each collective's share
+            for kind, v, lat, size in parts:  # split the measured time by each collective's share
                 share = took * (v + lat) / alone if alone > 0 else 0.0
                 acc[kind] += share
                 if self.record:
-                    self.events.append(RawEvent(s, kind, f"{kind} {name}", t, share, kind, step))
+                    self.events.append(RawEvent(s, kind, f"{kind} {name} (exposed part)", t, share, kind, step, size))
                 t += share
 
     def _run_pass(self, s: int, cost: PassCost, name: str, step: int, layers: int,
@@ -201,7 +222,9 @@ class StepSimulation:
                 self.dp_busy[s] += 1
                 yield self.net.transfer(max(total - lat, 0.0), self._res(bucket.link, s), lat)
                 self.dp_busy[s] -= 1
-            self._log(s, "dp", f"{'RS grad' if kind == 'reduce' else 'AG param'} c{bucket.chunk} {bucket.group}", t0, "dp", step)
+            size = bucket.reduce_bytes if kind == "reduce" else bucket.gather_bytes
+            self._log(s, "dp", f"{'RS grad' if kind == 'reduce' else 'AG param'} c{bucket.chunk} {bucket.group}", t0, "dp",
+                      step, size)
             if done is not None:
                 done.succeed()
             if kind == "reduce":

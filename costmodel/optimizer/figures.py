@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from costmodel.optimizer.plan_types import OptimizerPlan, StageOptimizerPlan
@@ -25,6 +27,11 @@ def per_gpu_loads_s(stage: StageOptimizerPlan) -> dict[str, np.ndarray]:
 
 def optimizer_load_html(plans: list[tuple[str, OptimizerPlan]]) -> str:
     """Self-contained HTML: one panel per variant, stacked per-GPU optimizer time of its critical stage."""
+    return optimizer_load_figure(plans).to_html(include_plotlyjs=True, full_html=True)
+
+
+def optimizer_load_figure(plans: list[tuple[str, OptimizerPlan]]) -> Any:
+    """The plotly figure of :func:`optimizer_load_html`."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -46,4 +53,4 @@ def optimizer_load_html(plans: list[tuple[str, OptimizerPlan]]) -> str:
     fig.update_xaxes(title_text="GPU (stage-local rank)", row=len(plans), col=1)
     fig.update_layout(barmode="stack", height=max(360, 300 * len(plans)), bargap=0.05,
                       title="Optimizer step time per GPU (critical pipeline stage)")
-    return fig.to_html(include_plotlyjs=True, full_html=True)
+    return fig

@@ -248,7 +248,9 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
         layouts_screened=sres.layouts, groups=sres.groups, candidates=sres.candidates,
         bounds_computed=sres.bounds_computed, groups_expanded=sres.groups_expanded,
         groups_infeasible=sres.groups_infeasible, candidates_evaluated=sres.candidates_evaluated,
-        candidates_pruned=max(covered - sres.candidates_evaluated, 0), bound_violations=sres.bound_violations,
+        candidates_pruned=(sres.candidates_proven_slower if sres.interrupted  # only what the search examined
+                           else max(covered - sres.candidates_evaluated, 0)),
+        candidates_unexamined=sres.candidates_unexamined if sres.interrupted else 0, bound_violations=sres.bound_violations,
         threshold_s=sres.threshold_s if math.isfinite(sres.threshold_s) else None, jobs=jobs,
         screening_wall_s=sres.wall_s,
         engine_calls_per_s=(sres.bounds_computed + sres.candidates_evaluated) / max(sres.wall_s, 1e-9),
@@ -256,7 +258,7 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
         des_wall_s=t_des, sensitivity_wall_s=t_sens, total_wall_s=total,
     )
     if interrupted:
-        notes.append("interrupted: the ranking holds what was found before Ctrl-C")
+        notes.append("interrupted: the ranking holds what was found before the interruption")
     result = PlanResult(
         scenario=base.config.model_dump(mode="json"), calibration=calibration_label, pins=options.pins.describe(),
         memory_headroom=options.headroom, memory_budget_bytes=budget, ranking=rows, reference=reference,

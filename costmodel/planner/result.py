@@ -60,6 +60,7 @@ class SpaceStats(_Out):
     groups_infeasible: int
     candidates_evaluated: int = Field(description="full analytic evaluations (memory + step time)")
     candidates_pruned: int = Field(description="never evaluated: provably slower than the listed plans")
+    candidates_unexamined: int = Field(0, description="neither evaluated nor pruned: the search was interrupted first")
     bound_violations: int = Field(description="times a real step time fell below its bound (should be 0)")
     threshold_s: float | None = None
     jobs: int
@@ -73,6 +74,7 @@ class SpaceStats(_Out):
 
 class PlanResult(_Out):
     scenario: dict[str, Any]
+    scenario_source: str = Field("", description="where the base scenario's layout came from (one line)")
     calibration: str
     pins: str
     memory_headroom: float
