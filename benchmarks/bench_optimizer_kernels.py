@@ -2,9 +2,10 @@
 
     python benchmarks/bench_optimizer_kernels.py [--repeats 3] [--presets small,many-small] [--local local.yaml]
 
-Measures the machine once (``muonsim calibrate --microbench``: GEMM rate and per-call cost, eager
-dispatch cost per operator, element-wise bandwidth, NS efficiency; or reads ``--local``), then, per
-repeat and shape preset, runs the reference backend (2 gloo ranks, tp 1, Muon on the current
+Measures the machine (``muonsim calibrate --microbench``: GEMM rate and per-call cost, eager
+dispatch cost per operator, element-wise bandwidth, NS efficiency) at the start of every repeat (the
+shared VM's speed drifts by tens of percent within minutes; ``--local`` reads one profile instead),
+then, per shape preset, runs the reference backend (2 gloo ranks, tp 1, Muon on the current
 layer-wise layout, 5 steps) and prints per rank the measured ``newton_schulz`` and ``optimizer``
 phases (wall time, and the thread CPU time that other processes on the cores do not inflate),
 the kernel-level prediction and its error, and the FLOP-only prediction (NS FLOPs at the peak
@@ -49,22 +50,20 @@ def main() -> None:
     parser.add_argument("--presets", default="small,many-small")
     parser.add_argument("--local", default=None, help="local profile YAML (default: measure now)")
     args = parser.parse_args()
-    local = local_measurements(args.local)
-    ns = local.newton_schulz.get("bf16")
-    print(f"machine: bf16 GEMM {local.gemm_flops_per_s['bf16'] / 1e9:.0f} GFLOP/s + "
-          f"{local.gemm_overhead_s.get('bf16', 0.0) * 1e6:.1f} us/call, dispatch {(local.dispatch_s or 0) * 1e6:.2f} us/op, "
-          f"element-wise {(local.memory_Bps or 0) / 1e9:.0f} GB/s"
-          + (f", NS GEMM efficiency {ns.efficiency:.2f}, {ns.call_overhead_s * 1e6:.0f} us/call" if ns else ""))
     errors: dict[tuple[str, str, str], list[float]] = {}
-    for preset in args.presets.split(","):
-        model = load_shapes(preset)
-        for rep in range(args.repeats):
+    for rep in range(args.repeats):
+        local = local_measurements(args.local)
+        ns = local.newton_schulz.get("bf16")
+        print(f"\nrepeat {rep + 1}: bf16 GEMM {local.gemm_flops_per_s['bf16'] / 1e9:.0f} GFLOP/s + "
+              f"{local.gemm_overhead_s.get('bf16', 0.0) * 1e6:.1f} us/call, dispatch {(local.dispatch_s or 0) * 1e6:.2f} "
+              f"us/op, element-wise {(local.memory_Bps or 0) / 1e9:.0f} GB/s"
+              + (f", NS GEMM efficiency {ns.efficiency:.2f}, {ns.call_overhead_s * 1e6:.0f} us/call" if ns else ""))
+        for preset in args.presets.split(","):
             before = load_average()
             run = run_reference({"world_size": 2, "shapes": preset, "steps": 5, "check": False})
             after = load_average()
-            check = check_reference_run(run.to_measured_run(), local, model)
-            print(f"\n{preset} run {rep + 1}: load {before} -> {after}; collectives "
-                  f"{'exact' if check.collectives_match else 'MISMATCH'}")
+            check = check_reference_run(run.to_measured_run(), local, load_shapes(preset))
+            print(f"{preset}: load {before} -> {after}; collectives {'exact' if check.collectives_match else 'MISMATCH'}")
             for p in check.phases:
                 if p.phase not in ("newton_schulz", "optimizer"):
                     continue

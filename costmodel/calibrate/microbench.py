@@ -14,8 +14,8 @@ measures the real machine that the reference backend runs on, it is never on the
   timed the same way and fitted as ``time = dispatch_s + bytes / memory_Bps``: ``dispatch_s`` is the
   eager-PyTorch cost of one operator call (Python and the ATen dispatcher: the path that also issues
   GPU kernels), ``memory_Bps`` the element-wise memory bandwidth with every rank busy.
-* **Newton–Schulz**: a 5-step quintic NS (Muon's operations) on a few shapes, timed the same
-  way, fitted as ``time = GEMM time / efficiency + other kernels + call_overhead_s``: the GEMM
+* **Newton–Schulz**: a 5-step quintic NS (Emerging-Optimizers' ``newton_schulz`` expressions) on a
+  few shapes, each call on the next of 8 input matrices, timed the same way, fitted as ``time = GEMM time / efficiency + other kernels + call_overhead_s``: the GEMM
   time from the matmul fit, the normalisation and cast kernels from the element-wise fit
   (:func:`costmodel.optimizer.kernel_sequence.newton_schulz_call_kernels`); the machine's NS GEMM
   efficiency (as ``EfficiencyFactors.newton_schulz_gemm`` is for GPUs) and the host cost of one
@@ -50,7 +50,8 @@ from costmodel.optimizer.kernel_sequence import newton_schulz_call_kernels
 from costmodel.optimizer.newton_schulz import NsSettings
 
 GEMM_SIZES = (32, 64, 128, 256, 512, 768)
-NS_SHAPES = ((32, 64), (64, 192), (128, 512), (256, 1024))
+NS_SHAPES = ((32, 64), (64, 128), (128, 128), (64, 192), (128, 512), (256, 1024))
+NS_POOL = 8  # distinct input matrices per shape, used in turn (an optimizer never repeats one)
 NS_COEFFICIENTS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
                    (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012))  # quintic, as the project's default
 ELEMENTWISE_SIZES = (16, 4096, 65536, 524288, 2097152)
@@ -118,19 +119,23 @@ def measure_newton_schulz(dtype: str = "bf16", shapes: Sequence[tuple[int, int]]
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     gen = torch.Generator().manual_seed(1)
 
-    def ns(g: torch.Tensor) -> torch.Tensor:
+    def ns(g: torch.Tensor) -> torch.Tensor:  # Emerging-Optimizers 0.3.0 muon_utils.newton_schulz
         x = g.mT if g.shape[0] > g.shape[1] else g
-        x = (x / x.norm().clamp_min(1e-7)).to(torch_dtype)
+        x = torch.nn.functional.normalize(x, p=2, dim=(-2, -1), eps=1e-7).to(torch_dtype)  # type: ignore[arg-type]
         for a, b, c in NS_COEFFICIENTS:
             gram = x @ x.mT
-            x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+            x = torch.addmm(x, torch.addmm(gram, gram, gram, alpha=c, beta=b), x, alpha=1.0, beta=a)
         x = x.to(torch.float32)
         return x.mT if g.shape[0] > g.shape[1] else x
 
     out = []
     for rows, cols in shapes:
-        g = torch.randn(rows, cols, generator=gen)
-        out.append(((rows, cols), _time_call(partial(ns, g), min_time_s)))
+        pool = itertools.cycle([torch.randn(rows, cols, generator=gen) for _ in range(NS_POOL)])
+
+        def call(pool: Iterator[torch.Tensor] = pool) -> object:
+            return ns(next(pool))
+
+        out.append(((rows, cols), _time_call(call, min_time_s)))
     return out
 
 
