@@ -104,6 +104,7 @@ def test_rank_kernel_counts_of_a_whole_step() -> None:
     assert dict(rank.kernel_counts) == {"newton_schulz_gemm": 180, "muon_elementwise": 124, "adam_multi_tensor": 1,
                                         "adam_param_copy": 7, "grad_norm": 4, "gather_copy": 0}
     assert rank.kernels == 316 and rank.muon_tensors == 8
+    assert rank.total_s == rank.step_s(rank.gpu_s, rank.issue_s) == 0.0  # no system: no times
     adamw = plan_from_inventory(inv, OptimizerSpec(kind="adamw"), Grid(dp=1, expert_dp=1)).stages[0].ranks[0]
     assert dict(adamw.kernel_counts)["adam_param_copy"] == 15 and adamw.kernels == 1 + 15 + 4
 
@@ -137,3 +138,19 @@ def test_gradient_prescaling_runs_once_per_bucket_before_its_reduction() -> None
     alone = Bucket(0, 0, "dp", 1, 64, 256, 128, "all_reduce", None)
     assert _prescale_s(alone, system) == 0.0  # dp 1: no reduction, scaling factor 1
     assert ks.grad_prescale_kernels(3, 300.0, 4)[0].count == 3
+
+
+def test_a_gpus_step_is_the_larger_of_its_gpu_and_host_issue_time() -> None:
+    """Every GPU class of a real plan: total = max(NS + element-wise + TP seconds, launches × kernel_issue_s)."""
+    from workloads.scenario import DEFAULT_SCENARIO
+
+    sc = DEFAULT_SCENARIO.resolve().with_updates(model="qwen3-30b-a3b", gpus=8, tp=1, pp=1, vpp=1, ep=8,
+                                                 micro_batch_size=8, global_batch_size=512, seq_length=4096)
+    from costmodel.optimizer.plan import build_optimizer_plan
+
+    issue = sc.system.efficiency.kernel_issue_s
+    for st in build_optimizer_plan(sc).stages:
+        for r in st.ranks:
+            assert r.issue_s == pytest.approx(r.kernels * issue)
+            assert r.total_s == pytest.approx(max(r.newton_schulz_s + r.elementwise_s + r.tp_comm_s, r.issue_s))
+            assert r.host_idle_s >= 0.0

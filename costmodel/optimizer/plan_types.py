@@ -51,7 +51,7 @@ class RankWork:
     after the gradient-norm synchronisation: ``newton_schulz_s`` and ``elementwise_s`` are GPU
     seconds (each kernel at least ``kernel_min_s``), ``issue_s`` the host seconds to issue the
     ``kernels`` launches; the step takes the larger of GPU time (with the TP collectives) and issue
-    time (:attr:`total_s`).
+    time (``total_s`` = :meth:`step_s`, computed by the plan builder for all GPUs at once).
     """
 
     rank: int  # index of the GPU within the stage's representative set (see StageOptimizerPlan)
@@ -63,16 +63,10 @@ class RankWork:
     multiplicity: int = 1  # GPUs of the stage doing exactly this work
     dense_rank: int = 0  # index in the dense dp (dp×cp) group
     expert_rank: int = 0  # index in the expert-dp group
-    kernels: float = 0.0  # kernel launches of the step on this GPU
-    issue_s: float = 0.0  # host seconds to issue them (kernels × kernel_issue_s)
+    issue_s: float = 0.0  # host seconds to issue the step's kernel launches (launches × kernel_issue_s)
     kernel_parts: tuple[float, ...] = ()  # launches by part, in the order of KERNEL_PARTS
     muon_tensors: int = 0  # Muon tensors (expert copies counted) this GPU steps
-    total_s: float = field(init=False)  # max(GPU time, host issue time): the optimizer step on this GPU
-
-    def __post_init__(self) -> None:
-        # a derived value of a frozen instance, set once (through __dict__: the fast path)
-        gpu = self.newton_schulz_s + self.elementwise_s + self.tp_comm_s
-        self.__dict__["total_s"] = gpu if gpu >= self.issue_s else self.issue_s
+    total_s: float = 0.0  # step_s(gpu_s, issue_s): the optimizer step on this GPU (set by the plan builder)
 
     @property
     def gpu_s(self) -> float:
@@ -83,6 +77,16 @@ class RankWork:
     def host_idle_s(self) -> float:
         """Seconds the GPU waits for the host to issue kernels (launch-bound step; 0 when GPU-bound)."""
         return self.total_s - self.gpu_s
+
+    @property
+    def kernels(self) -> float:
+        """Kernel launches of the step on this GPU."""
+        return sum(self.kernel_parts)
+
+    @staticmethod
+    def step_s(gpu_s: float, issue_s: float) -> float:
+        """``total_s`` of a GPU busy ``gpu_s`` whose host issues for ``issue_s``: the larger of the two."""
+        return max(gpu_s, issue_s)
 
     @property
     def kernel_counts(self) -> dict[str, float]:

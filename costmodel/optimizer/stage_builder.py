@@ -489,10 +489,13 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
     kernels = sum(parts.values())
     ew_s = both("ew_s") + adam_d_s + adam_e_s + norm_s + gather_d_s + gather_e_s
     assert tuple(parts) == KERNEL_PARTS
+    ns_s, tp_s, issue_s = both("ns_s"), both("tp_s"), kernels * timer.issue_s
+    total_s = np.maximum(ns_s + ew_s + tp_s, issue_s)  # RankWork.step_s for every GPU class at once
     ints = [np.asarray(a).astype(np.int64).tolist() for a in (first, owned, counts, dd, ee, both("muon_items"))]
-    floats = [a.tolist() for a in (both("flops"), both("ns_s"), ew_s, both("tp_s"), kernels, kernels * timer.issue_s)]
+    floats = [a.tolist() for a in (both("flops"), ns_s, ew_s, tp_s, issue_s, total_s)]
     by_part = zip(*[np.asarray(v, dtype=np.float64).tolist() for v in parts.values()], strict=True)
     return tuple(
         RankWork(rank=r, owned_numel=o, newton_schulz_flops=fl, newton_schulz_s=ns, elementwise_s=ew, tp_comm_s=tp,
-                 multiplicity=m, dense_rank=d, expert_rank=e, kernels=k, issue_s=iss, kernel_parts=part, muon_tensors=mt)
-        for r, o, m, d, e, mt, fl, ns, ew, tp, k, iss, part in zip(*ints, *floats, by_part, strict=True))
+                 multiplicity=m, dense_rank=d, expert_rank=e, issue_s=iss, kernel_parts=part, muon_tensors=mt,
+                 total_s=tot)
+        for r, o, m, d, e, mt, fl, ns, ew, tp, iss, tot, part in zip(*ints, *floats, by_part, strict=True))
