@@ -11,11 +11,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from costmodel.report import StepReport, breakdown_rows
+from costmodel.report import OptimizerKernelsOut, StepReport, breakdown_rows
 
-__all__ = ["breakdown_rows", "render_table", "to_chrome_trace", "to_html", "trace_json"]
+__all__ = ["breakdown_rows", "optimizer_kernels_text", "render_table", "to_chrome_trace", "to_html", "trace_json"]
 
 STREAM_ORDER = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer")
+
+
+def optimizer_kernels_text(k: OptimizerKernelsOut) -> str:
+    """One line on the optimizer step's kernels on the critical GPU: launches, GPU and host time."""
+    per = f", {k.launches_per_muon_tensor:.0f} per Muon tensor x {k.muon_tensors}" if k.launches_per_muon_tensor else ""
+    bound = "launch-bound" if k.host_idle_s > 0 else "GPU-bound"
+    return (f"{k.launches:,.0f} launches{per}; GPU {k.gpu_s * 1e3:.1f} ms, host issue {k.issue_s * 1e3:.1f} ms "
+            f"({bound})")
 
 
 def render_table(report: StepReport, layout: str | None = None) -> Any:
@@ -42,6 +50,8 @@ def render_table(report: StepReport, layout: str | None = None) -> Any:
     if mem is not None:
         head.add_row("memory/GPU", f"{mem.total_bytes / 1e9:,.1f} GB of {mem.capacity_bytes / 1e9:,.0f} GB"
                      + ("" if mem.fits else "  (does NOT fit)"))
+    if report.optimizer is not None and report.optimizer.kernels is not None:
+        head.add_row("optimizer kernels", optimizer_kernels_text(report.optimizer.kernels))
     head.add_row("calibration", report.calibration)
     if layout:
         head.add_row("layout from", layout.removeprefix("layout: "))

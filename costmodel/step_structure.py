@@ -14,7 +14,7 @@ Which collectives are on the critical path (explicit, per Megatron-Core's defaul
 - **PP** point-to-point: asynchronous sends of ``sp_tokens·h`` BF16 per micro-batch; they cost time
   through the schedule's dependencies (see :mod:`costmodel.pipeline`).
 - **DP**: gradient reduce-scatter per bucket (from the optimizer plan) overlapped with backward
-  when ``overlap_grad_reduce``; parameter all-gather synchronous after the optimizer step or, with
+  when ``overlap_grad_reduce``, each after its pre-scaling kernel (``grad_data *= 1/dp``); parameter all-gather synchronous after the optimizer step or, with
   ``hide_param_gather``, per bucket in forward order ahead of the next step's first forward.
 - **Embedding group**: with a word embedding on both the first and the last stage (MTP with
   pp > 1), its gradient is all-reduced over ``embd`` once both stages have reduced their DP
@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from costmodel.compute import kernel_gpu_s
+from costmodel.cuda_graphs import GraphCapture
 from costmodel.layer_costs import (
     CACHE_LIMIT,
     NO_COMM,
@@ -48,6 +50,7 @@ from costmodel.layer_costs import (
     ops_time,
     rank_shape,
 )
+from costmodel.optimizer.kernel_sequence import grad_prescale_kernels
 from costmodel.optimizer.plan_types import OptimizerPlan
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
@@ -222,9 +225,18 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
         key = (b.chunk, b.dp_group)
         seen[key] = seen.get(key, 0) + b.numel
         frac = seen[key] / groups[key] if groups[key] else 1.0
-        out.append(BucketCost(b.chunk, b.dp_group, red[0], gat[0], red[2], frac if overlap else 1.0,
-                              red[1], gat[1], float(b.grad_bytes), float(b.param_bytes) if b.gather_op else 0.0))
+        out.append(BucketCost(b.chunk, b.dp_group, red[0] + _prescale_s(b, system), gat[0], red[2],
+                              frac if overlap else 1.0, red[1], gat[1], float(b.grad_bytes),
+                              float(b.param_bytes) if b.gather_op else 0.0))
     return tuple(out)
+
+
+def _prescale_s(b, system: SystemSpec) -> float:  # noqa: ANN001 - plan_types.Bucket
+    """GPU seconds of ``grad_data *= 1/dp`` before a bucket's reduction (MCore's
+    ``start_grad_sync`` without ``average_in_collective``); the reduction starts after it."""
+    if b.group_size <= 1 or b.numel <= 0:
+        return 0.0
+    return sum(k.count * kernel_gpu_s(k, system) for k in grad_prescale_kernels(1, b.numel, b.grad_bytes // b.numel))
 
 
 _STAGE_CACHE_LIMIT = 2048  # entries keep their plans alive: bounded like the planner's plan cache
@@ -245,7 +257,7 @@ def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placem
     sp = next((x for x in plan.stages if x.stage == stage), None)
     crit = max(sp.ranks, key=lambda r: r.total_s) if sp and sp.ranks else None
     out = (_stage_buckets(plan, stage, scenario, placement, overlap),
-           (crit.newton_schulz_s + crit.elementwise_s) if crit else 0.0, crit.tp_comm_s if crit else 0.0)
+           (crit.total_s - crit.tp_comm_s) if crit else 0.0, crit.tp_comm_s if crit else 0.0)
     if len(_STAGE_CACHE) > _STAGE_CACHE_LIMIT:
         _STAGE_CACHE.clear()
     _STAGE_CACHE[key] = (plan, system, out)  # identity-checked: the entry keeps plan and system alive
@@ -293,7 +305,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
             per_kind[kind] = hit[2]
             continue
         ops = layer_ops(model, shape, kind, recompute, modules)
-        f, b, fa, ba = ops_time(ops, system)
+        f, b, fa, ba = ops_time(ops, system, GraphCapture.of(scenario.runtime), kind)
         cf, cb = layer_comm(scenario, shape, kind, shapes, (fa, ba), overlap, (f, b))
         per_kind[kind] = (f, b, cf, cb)
         if len(_KIND_CACHE) > CACHE_LIMIT:

@@ -45,21 +45,58 @@ class Bucket:
 
 @dataclass(frozen=True)
 class RankWork:
-    """Optimizer-step work of one GPU (seconds are modelled times on that GPU)."""
+    """Optimizer-step work of one GPU (seconds are modelled times on that GPU).
+
+    The step is a stream of kernels (:mod:`costmodel.optimizer.kernel_sequence`) issued eagerly
+    after the gradient-norm synchronisation: ``newton_schulz_s`` and ``elementwise_s`` are GPU
+    seconds (each kernel at least ``kernel_min_s``), ``issue_s`` the host seconds to issue the
+    ``kernels`` launches; the step takes the larger of GPU time (with the TP collectives) and issue
+    time (``total_s`` = :meth:`step_s`, computed by the plan builder for all GPUs at once).
+    """
 
     rank: int  # index of the GPU within the stage's representative set (see StageOptimizerPlan)
     owned_numel: int
     newton_schulz_flops: float
-    newton_schulz_s: float
-    elementwise_s: float  # AdamW / Muon momentum / weight update, memory-bound
+    newton_schulz_s: float  # GPU seconds of the Newton-Schulz GEMMs
+    elementwise_s: float  # GPU seconds of the other kernels: momentum, normalisation, casts, scale, update, Adam, norm
     tp_comm_s: float  # Newton-Schulz TP collectives on the critical path (duplicated / distributed)
     multiplicity: int = 1  # GPUs of the stage doing exactly this work
     dense_rank: int = 0  # index in the dense dp (dp×cp) group
     expert_rank: int = 0  # index in the expert-dp group
+    issue_s: float = 0.0  # host seconds to issue the step's kernel launches (launches × kernel_issue_s)
+    kernel_parts: tuple[float, ...] = ()  # launches by part, in the order of KERNEL_PARTS
+    muon_tensors: int = 0  # Muon tensors (expert copies counted) this GPU steps
+    total_s: float = 0.0  # step_s(gpu_s, issue_s): the optimizer step on this GPU (set by the plan builder)
 
     @property
-    def total_s(self) -> float:
+    def gpu_s(self) -> float:
+        """Seconds the GPU is busy (kernels and blocking TP collectives)."""
         return self.newton_schulz_s + self.elementwise_s + self.tp_comm_s
+
+    @property
+    def host_idle_s(self) -> float:
+        """Seconds the GPU waits for the host to issue kernels (launch-bound step; 0 when GPU-bound)."""
+        return self.total_s - self.gpu_s
+
+    @property
+    def kernels(self) -> float:
+        """Kernel launches of the step on this GPU."""
+        return sum(self.kernel_parts)
+
+    @staticmethod
+    def step_s(gpu_s: float, issue_s: float) -> float:
+        """``total_s`` of a GPU busy ``gpu_s`` whose host issues for ``issue_s``: the larger of the two."""
+        return max(gpu_s, issue_s)
+
+    @property
+    def kernel_counts(self) -> dict[str, float]:
+        """Launches by part (:data:`KERNEL_PARTS`)."""
+        return dict(zip(KERNEL_PARTS, self.kernel_parts, strict=True)) if self.kernel_parts else {}
+
+
+KERNEL_PARTS = ("newton_schulz_gemm", "muon_elementwise", "adam_multi_tensor", "adam_param_copy", "grad_norm",
+                "gather_copy")
+"""The parts of an optimizer step's kernel launches (:mod:`costmodel.optimizer.kernel_sequence`)."""
 
 
 @dataclass(frozen=True, eq=False)
