@@ -23,7 +23,7 @@ SCENARIO_FLAGS: dict[str, tuple[str, str, str]] = {
     "model": ("model", "NAME|FILE", "model: catalogue name or YAML file"),
     "system": ("system", "NAME|FILE", "system: catalogue name or YAML file"),
     "gpus": ("gpus", "INT", "GPUs in the job"),
-    "precision": ("precision", "PREC", "bf16, fp8-cs, mxfp8 or nvfp4"),
+    "precision": ("precision", "PREC", "bf16, fp16, fp8-cs, fp8-delayed, fp8-blockwise, mxfp8 or nvfp4"),
     "tp": ("tp", "INT", "tensor parallel size"),
     "pp": ("pp", "INT", "pipeline parallel size"),
     "vpp": ("vpp", "INT", "virtual pipeline chunks per stage"),

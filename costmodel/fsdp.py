@@ -94,7 +94,7 @@ class FsdpUnit:
 def _unit_of(t: TensorSpec, model_layers: int, first_moe: int) -> str | None:
     """The unit kind a tensor belongs to (of the first unit of that kind), None for other units."""
     if t.layer is None:
-        return "embedding" if t.role == "embedding" else "output"
+        return "embedding" if t.role in ("embedding", "position_embedding") else "output"
     if t.layer >= model_layers:
         return "mtp" if t.layer == model_layers else None
     if t.layer == 0 and first_moe > 0:

@@ -16,6 +16,8 @@ Which collectives are on the critical path (explicit, per Megatron-Core's defaul
 - **DP**: gradient reduce-scatter per bucket (from the optimizer plan) overlapped with backward
   when ``overlap_grad_reduce``; parameter all-gather synchronous after the optimizer step or, with
   ``hide_param_gather``, per bucket in forward order ahead of the next step's first forward.
+- **Tied embeddings** (pp > 1): the word-embedding gradient all-reduce between the first and the
+  last stage after their DP reduction, before the gradient-norm barrier (:mod:`costmodel.grad_finalize`).
 - **Megatron-FSDP** (``fsdp = dp·cp``): per layer and micro-batch, parameter all-gathers (forward
   and backward) and gradient reduce-scatters (backward) over the dp groups, kind ``dp_fsdp``,
   exposed beyond the layer's compute; no DP buckets (:mod:`costmodel.fsdp`).
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from costmodel.grad_finalize import embedding_grad_call, embedding_group_shape
 from costmodel.layer_costs import (
     CACHE_LIMIT,
     NO_COMM,
@@ -161,6 +164,7 @@ class StepStructure:
     compute_slowdown: float
     plan: OptimizerPlan
     warnings: tuple[str, ...] = field(default=())
+    embedding_sync_s: float = 0.0  # tied word-embedding grad all-reduce, first and last stage (costmodel.grad_finalize)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -304,11 +308,13 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     pair = GroupShape(2, 2, 1) if pps.intra_domain else GroupShape(2, 1, 2)
     p2p, p2p_lat, _ = collective_s("send_recv", p2p_bytes, pair, system) if p.pp > 1 else NO_COMM
     opt = scenario.optimizer
+    emb = embedding_grad_call(scenario)
+    emb_s = collective_s(emb.op, emb.bytes, embedding_group_shape(pps), system)[0] if emb else 0.0
     return StepStructure(
         pp=p.pp, vpp=p.vpp, microbatches=scenario.num_microbatches, stages=tuple(stages),
         p2p_s=p2p, p2p_latency_s=p2p_lat, p2p_bytes=p2p_bytes, p2p_link=domain_link(pair), overlap=overlap,
         overlap_grad_reduce=overlap and opt.overlap_grad_reduce,
         hide_param_gather=overlap and opt.hide_param_gather,
         compute_slowdown=system.efficiency.overlap_compute_slowdown if overlap else 0.0,
-        plan=plan,
+        plan=plan, embedding_sync_s=emb_s,
     )

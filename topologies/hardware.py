@@ -31,11 +31,19 @@ class Precision(StrEnum):
     FP8_CS = "fp8-cs"  # FP8 with current (per-tensor) scaling
     MXFP8 = "mxfp8"  # FP8 with E8M0 scale per 32 elements
     NVFP4 = "nvfp4"  # FP4 with E4M3 scale per 16 elements + fp32 tensor scale
+    FP16 = "fp16"  # FP16 GEMMs (Megatron --fp16, dynamic loss scaling): the BF16 tensor-core rate
+    FP8_DELAYED = "fp8-delayed"  # FP8 with delayed (amax-history) per-tensor scaling, TE's default recipe
+    FP8_BLOCKWISE = "fp8-blockwise"  # FP8 with an fp32 scale per 1x128 (activations) / 128x128 (weights) block
 
     @property
     def tensor_core_class(self) -> str:
         """The peak-FLOP class this precision runs at: 'bf16', 'fp8' or 'fp4'."""
-        return {"bf16": "bf16", "fp8-cs": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}[self.value]
+        return TENSOR_CORE_CLASS[self.value]
+
+
+# the peak-FLOP class of each precision (FP16 runs at the BF16 rate on every GPU here)
+TENSOR_CORE_CLASS = {"bf16": "bf16", "fp16": "bf16", "fp8-cs": "fp8", "fp8-delayed": "fp8", "fp8-blockwise": "fp8",
+                     "mxfp8": "fp8", "nvfp4": "fp4"}
 
 
 class _Strict(BaseModel):
@@ -46,10 +54,24 @@ class PeakFlops(_Strict):
     """Dense tensor-core peaks per GPU in FLOP/s (training uses dense, never the sparse figure)."""
 
     bf16: float = Field(gt=0)
-    fp8: float = Field(gt=0)
+    fp8: float | None = Field(default=None, gt=0, description="None when the GPU has no FP8 tensor cores (A100)")
     fp4: float | None = Field(default=None, gt=0, description="None when the GPU has no FP4")
     tf32: float = Field(gt=0)
     fp32: float = Field(gt=0, description="non-tensor FP32 peak")
+
+    def has_class(self, tensor_class: str) -> bool:
+        """Whether a peak exists for ``tensor_class`` (fp4 falls back to fp8)."""
+        if tensor_class == "fp4":
+            return self.fp4 is not None or self.fp8 is not None
+        return getattr(self, tensor_class) is not None
+
+    def of_class(self, tensor_class: str) -> float:
+        """Dense peak in FLOP/s of ``tensor_class`` (bf16, fp8, fp4, tf32, fp32; fp4 falls back to
+        fp8). Raises ValueError for a class the GPU lacks (scenario validation refuses it first)."""
+        value = (self.fp4 if self.fp4 is not None else self.fp8) if tensor_class == "fp4" else getattr(self, tensor_class)
+        if value is None:
+            raise ValueError(f"no {tensor_class} tensor cores")
+        return float(value)
 
 
 class GpuSpec(_Strict):
@@ -165,11 +187,12 @@ class SystemSpec(_Strict):
 
     def peak_flops_per_s(self, precision: Precision | str) -> float:
         """Dense tensor-core peak for ``precision`` in FLOP/s (FP4 falls back to FP8 when absent)."""
-        cls = Precision(precision).tensor_core_class
-        peaks = self.gpu.peak_flops_per_s
-        if cls == "fp4":
-            return peaks.fp4 if peaks.fp4 is not None else peaks.fp8
-        return float(getattr(peaks, cls))
+        return self.gpu.peak_flops_per_s.of_class(Precision(precision).tensor_core_class)
+
+    def supports(self, precision: Precision | str) -> bool:
+        """Whether the GPU's tensor cores run ``precision`` (an FP4 precision on an FP8 GPU runs at
+        the FP8 rate, a warned fallback; a precision without even that is unsupported)."""
+        return self.gpu.peak_flops_per_s.has_class(Precision(precision).tensor_core_class)
 
     def with_efficiency(self, **overrides: float) -> SystemSpec:
         """A copy with some efficiency factors replaced (how calibration is applied)."""

@@ -11,6 +11,16 @@ router are replicated over tp. Expert fc1/fc2 shard over the expert-tensor-paral
 experts are split over ep. Optimizer routing follows ``_is_muon_excluded``: Muon owns every 2-D
 weight that is not the embedding or the output layer; AdamW owns the rest; the expert score bias is
 a buffer updated outside the optimizer.
+
+Building blocks follow the model: LayerNorm adds a bias to every norm; ``add_bias_linear`` adds a
+bias to every linear layer of attention and MLP (column-parallel biases shard with their rows,
+row-parallel ones are replicated); a learned absolute position table sits on the first stage
+(replicated over tp, AdamW); a non-gated activation halves fc1. **Tied embeddings**: one tensor
+is the input embedding and the output layer. With one pipeline stage there is no output-layer
+tensor; with more, the last stage holds its own replica (``copy_of`` names the original, as
+Megatron-Core allocates ``output_layer.weight`` on the last stage and keeps it equal to the
+embedding by all-reducing the two gradients): it is held, stored and stepped on its stage but
+not counted again in the model's unique parameters.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ class TensorSpec:
     num_experts: int = 1  # identical copies (routed experts of one layer); 1 otherwise
     experts_per_rank: int = 1  # copies held by one expert-parallel rank
     muon_components: tuple[tuple[int, int], ...] = ()  # global shapes Newton-Schulz sees (QKV split)
+    copy_of: str | None = None  # a replica of another tensor (tied output layer on the last stage)
 
     @property
     def is_expert(self) -> bool:
@@ -113,8 +124,15 @@ class Inventory:
 
     @cached_property
     def params_total(self) -> int:
-        """Parameters of the model as laid out (embedding/output use the tp-padded vocabulary)."""
-        return sum(t.total_numel for t in self.tensors)
+        """Parameters of the model as laid out (embedding/output use the tp-padded vocabulary);
+        a replica of a tied tensor is not counted again."""
+        return sum(t.total_numel for t in self.tensors if t.copy_of is None)
+
+    @property
+    def replicas(self) -> list[TensorSpec]:
+        """Replicas of tied tensors (the last stage's word-embedding copy), whose gradients
+        Megatron all-reduces with the original's every step."""
+        return [t for t in self.tensors if t.copy_of is not None]
 
     def stage_tensors(self, stage: int) -> list[TensorSpec]:
         """Tensors held by pipeline stage ``stage`` (all chunks)."""
@@ -129,6 +147,8 @@ class Inventory:
         tensor once (on tp rank 0). Equals :attr:`params_total` exactly; used by the property test."""
         total = 0
         for t in self.tensors:
+            if t.copy_of is not None:
+                continue
             ranks_holding_distinct = t.shards  # tp/etp ranks with distinct shards
             ep_ranks = self.ep if t.num_experts > 1 else 1
             total += t.local_numel * t.experts_per_rank * ranks_holding_distinct * ep_ranks
@@ -152,7 +172,8 @@ def build_inventory(
 
     def add(name: str, role: str, layer: int | None, loc: tuple[int, int], shape: tuple[int, ...],
             shard_dim: int | None, group: ShardGroup | None, optimizer: OptimizerOwner | None = None,
-            experts: int = 1, components: tuple[tuple[int, int], ...] | None = None) -> None:
+            experts: int = 1, components: tuple[tuple[int, int], ...] | None = None,
+            copy_of: str | None = None) -> None:
         shards = (tp if group == "tp" else etp) if shard_dim is not None else 1
         if optimizer is None:
             optimizer = "muon" if len(shape) == 2 else "adamw"
@@ -163,43 +184,74 @@ def build_inventory(
             shard_dim=shard_dim, shard_group=group if shard_dim is not None else None, shards=shards,
             dp_group="expert_dp" if experts > 1 or role.startswith("expert_") else "dp",
             optimizer=optimizer, num_experts=experts, experts_per_rank=experts // ep if experts > 1 else 1,
-            muon_components=components or (),
+            muon_components=components or (), copy_of=copy_of,
         ))
 
-    add("embedding.word_embeddings.weight", "embedding", None, (0, 0), (vpad, h), 0, "tp", "adamw")
+    def add_norm(prefix: str, layer: int | None, loc: tuple[int, int], width: int) -> None:
+        add(f"{prefix}.weight", "norm", layer, loc, (width,), None, None)
+        if model.norm_has_bias:
+            add(f"{prefix}.bias", "norm_bias", layer, loc, (width,), None, None)
+
+    def add_bias(weight: str, role: str, layer: int, loc: tuple[int, int], rows: int, sharded: bool,
+                 group: ShardGroup = "tp", experts: int = 1) -> None:
+        """The bias of linear layer ``weight`` (``rows`` outputs): sharded with column-parallel rows."""
+        if model.add_bias_linear:
+            add(weight.removesuffix(".weight") + ".bias", role, layer, loc, (rows,), 0 if sharded else None,
+                group if sharded else None, experts=experts)
+
+    word = "embedding.word_embeddings.weight"
+    add(word, "embedding", None, (0, 0), (vpad, h), 0, "tp", "adamw")
+    if model.position_embedding == "learned_absolute":
+        assert model.max_position_embeddings is not None
+        add("embedding.position_embeddings.weight", "position_embedding", None, (0, 0),
+            (model.max_position_embeddings, h), None, None, "adamw")
 
     def add_layer(i: int, loc: tuple[int, int], prefix: str, moe: bool) -> None:
         att = model.attention
-        add(f"{prefix}.input_layernorm.weight", "norm", i, loc, (h,), None, None)
+        sa = f"{prefix}.self_attention"
+        add_norm(f"{prefix}.input_layernorm", i, loc, h)
         if isinstance(att, GqaAttention):
             d, nh, nkv = att.head_dim, att.num_heads, att.num_kv_heads
             qkv = ((nh + 2 * nkv) * d, h)
             comps = ((nh * d, h), (nkv * d, h), (nkv * d, h)) if split_qkv else (qkv,)
-            add(f"{prefix}.self_attention.linear_qkv.weight", "qkv", i, loc, qkv, 0, "tp", components=comps)
+            add(f"{sa}.linear_qkv.weight", "qkv", i, loc, qkv, 0, "tp", components=comps)
+            add_bias(f"{sa}.linear_qkv.weight", "qkv_bias", i, loc, qkv[0], True)
             if att.qk_norm:
-                add(f"{prefix}.self_attention.q_layernorm.weight", "norm", i, loc, (d,), None, None)
-                add(f"{prefix}.self_attention.k_layernorm.weight", "norm", i, loc, (d,), None, None)
-            add(f"{prefix}.self_attention.linear_proj.weight", "attn_out", i, loc, (h, nh * d), 1, "tp")
+                add_norm(f"{sa}.q_layernorm", i, loc, d)
+                add_norm(f"{sa}.k_layernorm", i, loc, d)
+            add(f"{sa}.linear_proj.weight", "attn_out", i, loc, (h, nh * d), 1, "tp")
+            add_bias(f"{sa}.linear_proj.weight", "attn_out_bias", i, loc, h, False)
         else:
             assert isinstance(att, MlaAttention)
             nh, dq = att.num_heads, att.qk_head_dim + att.qk_pos_emb_head_dim
             if att.q_lora_rank:
-                add(f"{prefix}.self_attention.linear_q_down_proj.weight", "q_down", i, loc, (att.q_lora_rank, h), None, None)
-                add(f"{prefix}.self_attention.q_layernorm.weight", "norm", i, loc, (att.q_lora_rank,), None, None)
-                add(f"{prefix}.self_attention.linear_q_up_proj.weight", "q_up", i, loc, (nh * dq, att.q_lora_rank), 0, "tp")
+                add(f"{sa}.linear_q_down_proj.weight", "q_down", i, loc, (att.q_lora_rank, h), None, None)
+                add_bias(f"{sa}.linear_q_down_proj.weight", "q_down_bias", i, loc, att.q_lora_rank, False)
+                if att.latent_norm:
+                    add_norm(f"{sa}.q_layernorm", i, loc, att.q_lora_rank)
+                add(f"{sa}.linear_q_up_proj.weight", "q_up", i, loc, (nh * dq, att.q_lora_rank), 0, "tp")
+                add_bias(f"{sa}.linear_q_up_proj.weight", "q_up_bias", i, loc, nh * dq, True)
             else:
-                add(f"{prefix}.self_attention.linear_q_proj.weight", "q_proj", i, loc, (nh * dq, h), 0, "tp")
-            add(f"{prefix}.self_attention.linear_kv_down_proj.weight", "kv_down", i, loc,
-                (att.kv_lora_rank + att.qk_pos_emb_head_dim, h), None, None)
-            add(f"{prefix}.self_attention.kv_layernorm.weight", "norm", i, loc, (att.kv_lora_rank,), None, None)
-            add(f"{prefix}.self_attention.linear_kv_up_proj.weight", "kv_up", i, loc,
-                (nh * (att.qk_head_dim + att.v_head_dim), att.kv_lora_rank), 0, "tp")
-            add(f"{prefix}.self_attention.linear_proj.weight", "attn_out", i, loc, (h, nh * att.v_head_dim), 1, "tp")
-        add(f"{prefix}.pre_mlp_layernorm.weight", "norm", i, loc, (h,), None, None)
+                add(f"{sa}.linear_q_proj.weight", "q_proj", i, loc, (nh * dq, h), 0, "tp")
+                add_bias(f"{sa}.linear_q_proj.weight", "q_proj_bias", i, loc, nh * dq, True)
+            kv_down = att.kv_lora_rank + att.qk_pos_emb_head_dim
+            add(f"{sa}.linear_kv_down_proj.weight", "kv_down", i, loc, (kv_down, h), None, None)
+            add_bias(f"{sa}.linear_kv_down_proj.weight", "kv_down_bias", i, loc, kv_down, False)
+            if att.latent_norm:
+                add_norm(f"{sa}.kv_layernorm", i, loc, att.kv_lora_rank)
+            kv_up = nh * (att.qk_head_dim + att.v_head_dim)
+            add(f"{sa}.linear_kv_up_proj.weight", "kv_up", i, loc, (kv_up, att.kv_lora_rank), 0, "tp")
+            add_bias(f"{sa}.linear_kv_up_proj.weight", "kv_up_bias", i, loc, kv_up, True)
+            add(f"{sa}.linear_proj.weight", "attn_out", i, loc, (h, nh * att.v_head_dim), 1, "tp")
+            add_bias(f"{sa}.linear_proj.weight", "attn_out_bias", i, loc, h, False)
+        add_norm(f"{prefix}.pre_mlp_layernorm", i, loc, h)
+        g = model.fc1_factor
         if not moe:
             f = model.ffn_hidden_size
-            add(f"{prefix}.mlp.linear_fc1.weight", "fc1", i, loc, (2 * f, h), 0, "tp")
+            add(f"{prefix}.mlp.linear_fc1.weight", "fc1", i, loc, (g * f, h), 0, "tp")
+            add_bias(f"{prefix}.mlp.linear_fc1.weight", "fc1_bias", i, loc, g * f, True)
             add(f"{prefix}.mlp.linear_fc2.weight", "fc2", i, loc, (h, f), 1, "tp")
+            add_bias(f"{prefix}.mlp.linear_fc2.weight", "fc2_bias", i, loc, h, False)
             return
         spec = model.moe
         assert spec is not None
@@ -207,26 +259,43 @@ def build_inventory(
         add(f"{prefix}.mlp.router.weight", "router", i, loc, (e, h), None, None)
         if spec.router_bias:
             add(f"{prefix}.mlp.router.expert_bias", "expert_bias", i, loc, (e,), None, None, "none")
-        add(f"{prefix}.mlp.experts.linear_fc1.weight", "expert_fc1", i, loc, (2 * fe, h), 0, "etp", experts=e)
-        add(f"{prefix}.mlp.experts.linear_fc2.weight", "expert_fc2", i, loc, (h, fe), 1, "etp", experts=e)
+        ex = f"{prefix}.mlp.experts"
+        add(f"{ex}.linear_fc1.weight", "expert_fc1", i, loc, (g * fe, h), 0, "etp", experts=e)
+        add_bias(f"{ex}.linear_fc1.weight", "expert_fc1_bias", i, loc, g * fe, True, "etp", experts=e)
+        add(f"{ex}.linear_fc2.weight", "expert_fc2", i, loc, (h, fe), 1, "etp", experts=e)
+        add_bias(f"{ex}.linear_fc2.weight", "expert_fc2_bias", i, loc, h, False, "etp", experts=e)
         if spec.shared_expert_ffn_hidden_size:
             fs = spec.shared_expert_ffn_hidden_size
-            add(f"{prefix}.mlp.shared_experts.linear_fc1.weight", "shared_fc1", i, loc, (2 * fs, h), 0, "tp")
-            add(f"{prefix}.mlp.shared_experts.linear_fc2.weight", "shared_fc2", i, loc, (h, fs), 1, "tp")
+            sh = f"{prefix}.mlp.shared_experts"
+            add(f"{sh}.linear_fc1.weight", "shared_fc1", i, loc, (g * fs, h), 0, "tp")
+            add_bias(f"{sh}.linear_fc1.weight", "shared_fc1_bias", i, loc, g * fs, True)
+            add(f"{sh}.linear_fc2.weight", "shared_fc2", i, loc, (h, fs), 1, "tp")
+            add_bias(f"{sh}.linear_fc2.weight", "shared_fc2_bias", i, loc, h, False)
 
     for i in range(model.num_layers):
         add_layer(i, where[i], f"decoder.layers.{i}", model.is_moe_layer(i))
     for j in range(model.mtp_layers):
         prefix = f"mtp.layers.{j}"
         layer = model.num_layers + j
-        add(f"{prefix}.enorm.weight", "norm", layer, last, (h,), None, None)
-        add(f"{prefix}.hnorm.weight", "norm", layer, last, (h,), None, None)
+        add_norm(f"{prefix}.enorm", layer, last, h)
+        add_norm(f"{prefix}.hnorm", layer, last, h)
         add(f"{prefix}.eh_proj.weight", "mtp_proj", layer, last, (h, 2 * h), 0, "tp")
         add_layer(layer, last, f"{prefix}.transformer_layer", model.is_moe_layer(model.num_layers - 1))
-        add(f"{prefix}.final_layernorm.weight", "norm", layer, last, (h,), None, None)
-    add("decoder.final_layernorm.weight", "norm", None, last, (h,), None, None)
-    add("output_layer.weight", "output", None, last, (vpad, h), 0, "tp", "adamw")
+        add_norm(f"{prefix}.final_layernorm", layer, last, h)
+    add_norm("decoder.final_layernorm", None, last, h)
+    if not model.tie_embeddings:
+        add("output_layer.weight", "output", None, last, (vpad, h), 0, "tp", "adamw")
+    elif pp > 1:  # the last stage's replica of the tied word embedding
+        add("output_layer.weight", "output", None, last, (vpad, h), 0, "tp", "adamw", copy_of=word)
     return Inventory(model=model, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp, split_qkv=split_qkv, tensors=tuple(out))
+
+
+def embedding_replica_numel(model: ModelSpec, tp: int, pp: int) -> int:
+    """Elements per rank of the last stage's replica of the tied word embedding (``V_pad/tp · h``),
+    0 when there is none (untied embeddings or one pipeline stage)."""
+    if not model.tie_embeddings or pp <= 1:
+        return 0
+    return model.padded_vocab_size(tp) // tp * model.hidden_size
 
 
 def inventory_for(scenario) -> Inventory:  # noqa: ANN001 - Scenario import would be circular

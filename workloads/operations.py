@@ -15,7 +15,15 @@ seconds. Shapes follow Megatron-Core under tp / sp / cp / ep / etp:
 - Recompute adds forward operations to the backward pass: ``full`` replays the whole layer,
   ``selective`` replays the operations whose module is listed (``core_attn``, ``layernorm``,
   ``mlp``, ``moe``, ``moe_act``, ``mla_up_proj``, ``shared_experts``).
-- Low-precision GEMMs (FP8 current scaling, MXFP8, NVFP4) pay quantisation casts as memory traffic:
+- Building blocks follow the model (:mod:`workloads.models`): a gated activation (SwiGLU) reads gate
+  and up (``2F``) and writes ``F``, a non-gated one (GELU, squared ReLU) reads and writes ``F``;
+  LayerNorm writes one more fp32 statistic per token (the mean) than RMSNorm and reads it back in
+  backward; RoPE is applied only with ``position_embedding: rope`` (MLA always ropes its positional
+  part, as Megatron-Core's MLA builds its own rotary embedding); a learned absolute position
+  table is read and added in the embedding. Linear biases are added in the GEMM epilogue
+  (Transformer Engine fuses them), so they add no kernel and no traffic here.
+- Low-precision GEMMs (FP8 current, delayed or blockwise scaling, MXFP8, NVFP4) pay quantisation
+  casts as memory traffic (FP16 GEMMs run like BF16 ones, without casts):
   the GEMM input activations (forward), the output gradients (backward) and the weights (once per
   step: TE caches the cast weights across micro-batches, so 1 / micro-batches per micro-batch).
   Attention, the router, the output layer (logits) and the Newton-Schulz matmuls stay BF16.
@@ -26,19 +34,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from topologies.hardware import TENSOR_CORE_CLASS
 from workloads.models import GqaAttention, MlaAttention, ModelSpec
 
 OpKind = Literal["gemm", "grouped_gemm", "attention", "elementwise", "quantize"]
 Phase = Literal["fwd", "bwd"]
 
 ACT_BYTES = 2  # BF16 activations
+FP32_BYTES = 4
 ATTENTION_BWD_FLOPS_RATIO = 2.5  # FlashAttention backward: 5 matmuls (QKᵀ recomputed) vs 2 forward
 # bytes moved per element cast (read BF16 + write the quantised copies incl. scales):
 # fp8-cs: amax pass (read 2) + cast (read 2) + rowwise and transposed FP8 copies (1 + 1);
 # mxfp8: read 2 + rowwise and columnwise copies with an E8M0 scale per 32 (2 x (1 + 1/32));
 # nvfp4: read 2 + two FP4 copies with an E4M3 scale per 16 (2 x (0.5 + 1/16)).
-CAST_BYTES_PER_ELEMENT = {"bf16": 0.0, "fp8-cs": 6.0, "mxfp8": 2 + 2 * (1 + 1 / 32), "nvfp4": 2 + 2 * (0.5 + 1 / 16)}
-TENSOR_CLASS = {"bf16": "bf16", "fp8-cs": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
+# fp8-delayed: the scale comes from the amax history, so one fused cast-transpose pass reads 2 and
+# writes both FP8 copies (1 + 1), recording the amax on the way (TE's delayed-scaling recipe);
+# fp8-blockwise: the block amax is taken in registers, read 2 + two FP8 copies with an fp32 scale
+# per 128 elements (2 x (1 + 4/128)); fp16 GEMMs need no cast (assumption: sized as the others).
+CAST_BYTES_PER_ELEMENT = {"bf16": 0.0, "fp16": 0.0, "fp8-cs": 6.0, "fp8-delayed": 4.0,
+                          "fp8-blockwise": 2 + 2 * (1 + 4 / 128), "mxfp8": 2 + 2 * (1 + 1 / 32),
+                          "nvfp4": 2 + 2 * (0.5 + 1 / 16)}
+TENSOR_CLASS = TENSOR_CORE_CLASS
 
 
 @dataclass(frozen=True)
@@ -69,7 +85,7 @@ class RankShape:
     ep: int = 1
     etp: int = 1
     sequence_parallel: bool = False
-    precision: str = "bf16"  # Precision value: bf16, fp8-cs, mxfp8, nvfp4
+    precision: str = "bf16"  # Precision value: bf16, fp16, fp8-cs, fp8-delayed, fp8-blockwise, mxfp8, nvfp4
     microbatches: int = 1  # micro-batches per step (weight casts are amortised over them)
 
     @property
@@ -104,12 +120,13 @@ class LayerOps:
 class _Builder:
     """Collects forward operations and derives their backward counterparts."""
 
-    def __init__(self, shape: RankShape, hidden: int) -> None:
+    def __init__(self, shape: RankShape, hidden: int, layernorm: bool = False) -> None:
         self.shape = shape
         self.hidden = hidden
+        self.layernorm = layernorm
         self.fwd: list[Operation] = []
         self.bwd: list[Operation] = []
-        self.low = shape.precision != "bf16"
+        self.low = TENSOR_CLASS[shape.precision] != "bf16"  # fp16 GEMMs run like bf16 ones
         self.cast = CAST_BYTES_PER_ELEMENT[shape.precision]
 
     def gemm(self, name: str, module: str, m: int, n: int, k: int, low_precision: bool = True,
@@ -141,8 +158,10 @@ class _Builder:
                                   fwd_flops * ATTENTION_BWD_FLOPS_RATIO, 2 * io_bytes))
 
     def norm(self, name: str, tokens: int, width: int) -> None:
-        """An RMSNorm over ``tokens`` x ``width`` BF16 values (read + write)."""
-        self.elementwise(name, "layernorm", 2.0 * tokens * width * ACT_BYTES)
+        """The model's norm over ``tokens`` x ``width`` BF16 values: read + write, plus LayerNorm's
+        fp32 mean per token (RMSNorm keeps only the reciprocal RMS, counted in neither)."""
+        stats = tokens * FP32_BYTES if self.layernorm else 0.0
+        self.elementwise(name, "layernorm", 2.0 * tokens * width * ACT_BYTES + stats)
 
     def build(self, recompute: str, modules: tuple[str, ...]) -> LayerOps:
         """The layer's operations, with recomputed forward work prepended to the backward."""
@@ -165,7 +184,8 @@ def _attention_block(b: _Builder, model: ModelSpec) -> None:
     if isinstance(att, GqaAttention):
         nh, nkv, d = att.num_heads // tp, att.num_kv_heads // tp, att.head_dim
         b.gemm("linear_qkv", "attn_proj", t, (nh + 2 * nkv) * d, h)
-        b.elementwise("rope", "attn_proj", 2.0 * t * (nh + nkv) * d * ACT_BYTES)
+        if model.position_embedding == "rope":
+            b.elementwise("rope", "attn_proj", 2.0 * t * (nh + nkv) * d * ACT_BYTES)
         core = 2.0 * 2.0 * t * avg_kv * nh * d
         io = t * (2 * nh + 2 * nkv) * d * ACT_BYTES
         b.attention("core_attention", core, io)
@@ -176,12 +196,14 @@ def _attention_block(b: _Builder, model: ModelSpec) -> None:
         dqk = att.qk_head_dim + att.qk_pos_emb_head_dim
         if att.q_lora_rank:
             b.gemm("linear_q_down_proj", "attn_proj", t, att.q_lora_rank, h)
-            b.norm("q_layernorm", t, att.q_lora_rank)
+            if att.latent_norm:
+                b.norm("q_layernorm", t, att.q_lora_rank)
             b.gemm("linear_q_up_proj", "mla_up_proj", t, nh * dqk, att.q_lora_rank)
         else:
             b.gemm("linear_q_proj", "attn_proj", t, nh * dqk, h)
         b.gemm("linear_kv_down_proj", "attn_proj", t, att.kv_lora_rank + att.qk_pos_emb_head_dim, h)
-        b.norm("kv_layernorm", t, att.kv_lora_rank)
+        if att.latent_norm:
+            b.norm("kv_layernorm", t, att.kv_lora_rank)
         b.gemm("linear_kv_up_proj", "mla_up_proj", t, nh * (att.qk_head_dim + att.v_head_dim), att.kv_lora_rank)
         b.elementwise("rope", "mla_up_proj", 2.0 * t * nh * att.qk_pos_emb_head_dim * 2 * ACT_BYTES)
         core = 2.0 * t * avg_kv * nh * (dqk + att.v_head_dim)
@@ -191,16 +213,24 @@ def _attention_block(b: _Builder, model: ModelSpec) -> None:
     b.elementwise("residual_add", "attn_proj", 3.0 * tsp * h * ACT_BYTES)
 
 
-def _swiglu(b: _Builder, name: str, module: str, tokens: int, width: int) -> None:
-    """SwiGLU on ``width`` output features: read gate and up (2·width), write width."""
-    b.elementwise(name, module, 3.0 * tokens * width * ACT_BYTES, bwd_factor=5.0 / 3.0)
+def _activation(b: _Builder, model: ModelSpec, name: str, module: str, tokens: int, width: int) -> None:
+    """The MLP activation on ``width`` output features.
+
+    Gated (SwiGLU): read gate and up (2·width), write width; backward reads dy, gate and up and
+    writes both gradients (5·width). Not gated (GELU, squared ReLU): read and write width; backward
+    reads dy and x, writes dx (3·width).
+    """
+    if model.gated_mlp:
+        b.elementwise(f"{name}.swiglu", module, 3.0 * tokens * width * ACT_BYTES, bwd_factor=5.0 / 3.0)
+    else:
+        b.elementwise(f"{name}.{model.activation}", module, 2.0 * tokens * width * ACT_BYTES, bwd_factor=1.5)
 
 
-def _dense_mlp(b: _Builder, ffn: int, module: str, name: str) -> None:
+def _dense_mlp(b: _Builder, model: ModelSpec, ffn: int, module: str, name: str) -> None:
     s = b.shape
     f = ffn // s.tp
-    b.gemm(f"{name}.linear_fc1", module, s.tokens, 2 * f, b.hidden)
-    _swiglu(b, f"{name}.swiglu", module, s.tokens, f)
+    b.gemm(f"{name}.linear_fc1", module, s.tokens, model.fc1_factor * f, b.hidden)
+    _activation(b, model, name, module, s.tokens, f)
     b.gemm(f"{name}.linear_fc2", module, s.tokens, b.hidden, f)
 
 
@@ -214,16 +244,16 @@ def _moe_mlp(b: _Builder, model: ModelSpec) -> None:
     b.elementwise("permute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES)
     local_experts = max(moe.num_experts // s.ep, 1)
     fe = moe.expert_ffn_hidden_size // s.etp
-    b.gemm("experts.linear_fc1", "moe", pairs, 2 * fe, h, groups=local_experts)
-    _swiglu(b, "experts.swiglu", "moe_act", pairs, fe)
+    b.gemm("experts.linear_fc1", "moe", pairs, model.fc1_factor * fe, h, groups=local_experts)
+    _activation(b, model, "experts", "moe_act", pairs, fe)
     b.gemm("experts.linear_fc2", "moe", pairs, h, fe, groups=local_experts)
     b.elementwise("unpermute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES)
     if moe.shared_expert_ffn_hidden_size:
-        _dense_mlp(b, moe.shared_expert_ffn_hidden_size, "shared_experts", "shared_experts")
+        _dense_mlp(b, model, moe.shared_expert_ffn_hidden_size, "shared_experts", "shared_experts")
 
 
 def _builder(model: ModelSpec, shape: RankShape) -> _Builder:
-    return _Builder(shape, model.hidden_size)
+    return _Builder(shape, model.hidden_size, layernorm=model.normalization == "layernorm")
 
 
 def layer_operations(model: ModelSpec, shape: RankShape, moe: bool, recompute: str = "none",
@@ -235,15 +265,17 @@ def layer_operations(model: ModelSpec, shape: RankShape, moe: bool, recompute: s
     if moe:
         _moe_mlp(b, model)
     else:
-        _dense_mlp(b, model.ffn_hidden_size, "mlp", "mlp")
+        _dense_mlp(b, model, model.ffn_hidden_size, "mlp", "mlp")
     b.elementwise("residual_add2", "mlp", 3.0 * shape.sp_tokens * model.hidden_size * ACT_BYTES)
     return b.build(recompute, recompute_modules)
 
 
 def embedding_operations(model: ModelSpec, shape: RankShape) -> LayerOps:
-    """The vocabulary-parallel input embedding (first virtual stage): lookup and its scatter-add."""
+    """The vocabulary-parallel input embedding (first virtual stage): lookup and its scatter-add
+    (a learned absolute position table is read and added too)."""
     b = _builder(model, shape)
-    b.elementwise("embedding", "embedding", 2.0 * shape.tokens * model.hidden_size * ACT_BYTES)
+    reads = 2.0 if model.position_embedding == "learned_absolute" else 1.0
+    b.elementwise("embedding", "embedding", (reads + 1.0) * shape.tokens * model.hidden_size * ACT_BYTES)
     return b.build("none", ())
 
 

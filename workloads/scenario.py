@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from topologies.hardware import Precision, SystemSpec, load_system
 from topologies.inputs import UserInputError, describe_validation_error, load_yaml_file
-from workloads.models import ModelSpec, load_model
+from workloads.models import ModelSpec, resolve_model
 from workloads.pipeline_layout import PipelineSplit, virtual_stage_layer_counts
 from workloads.runtime import RuntimeSettings
 
@@ -120,7 +120,7 @@ class ScenarioConfig(_Strict):
     """What a user writes: names or paths for system and model, plus the settings."""
 
     system: str = "gb300-nvl72"
-    model: str = "kimi-k2"
+    model: str | ModelSpec = Field("kimi-k2", description="catalogue name, YAML path, or an inline architecture")
     gpus: int = Field(256, gt=0)
     precision: Precision = Precision.MXFP8
     parallelism: Parallelism = Parallelism(
@@ -133,7 +133,7 @@ class ScenarioConfig(_Strict):
 
     def resolve(self) -> Scenario:
         """Load catalogue entries and validate every cross-field rule."""
-        model = load_model(self.model)
+        model = resolve_model(self.model)
         if self.mtp_layers is not None and self.mtp_layers != model.mtp_layers:
             model = model.model_copy(update={"mtp_layers": self.mtp_layers})
         system = load_system(self.system)
@@ -268,6 +268,10 @@ class Scenario:
         """Raise UserInputError (one line) on the first rule this scenario breaks."""
         p, m, o = self.par, self.model, self.optimizer
         mp = p.tp * p.pp * p.cp
+        if not self.system.supports(self.precision):
+            cls = self.precision.tensor_core_class
+            raise UserInputError(f"precision {self.precision.value} needs {cls.upper()} tensor cores, which the "
+                                 f"{self.system.gpu.name} of {self.system.name} lacks; use bf16 or fp16")
         if self.gpus > self.system.max_gpus:
             raise UserInputError(f"gpus {self.gpus} exceeds the {self.system.name} limit of {self.system.max_gpus}")
         if self.gpus % mp:
