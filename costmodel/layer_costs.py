@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from costmodel.comm_exposure import ep_paired_share, exposed_fraction
 from costmodel.compute import operation_time_s
-from costmodel.moe_dispatch import dispatch_cost
+from costmodel.moe_dispatch import allgather_dispatch_calls, dispatch_cost
 from topologies.collectives import collective_cost
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from workloads.scenario import Scenario
 
 COMM_KINDS = ("tp", "cp", "ep")
+LAYER_GROUP_KINDS = ("tp", "cp", "ep", "etp", "etp_ep", "pp")  # placement shapes layer_comm reads
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ def rank_shape(scenario: Scenario) -> RankShape:
     p = scenario.par
     return RankShape(micro_batch_size=p.micro_batch_size, seq_length=p.seq_length, tp=p.tp, cp=p.cp, ep=p.ep,
                      etp=p.expert_tp, sequence_parallel=p.uses_sequence_parallel and p.tp > 1,
-                     precision=scenario.precision.value, microbatches=scenario.num_microbatches)
+                     precision=scenario.precision.value, microbatches=scenario.num_microbatches,
+                     moe_dispatcher=scenario.runtime.moe_token_dispatcher_type if scenario.model.moe else "flex")
 
 
 @lru_cache(maxsize=4096)
@@ -187,7 +189,13 @@ def layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str
         bwd["cp"].add(kv, 2.0)
     eps = shapes["ep"]
     is_moe = kind == "moe" or (kind == "mtp" and model.is_moe_layer(model.num_layers - 1))
-    if is_moe and model.moe is not None:
+    if is_moe and model.moe is not None and shape.moe_dispatcher == "allgather":
+        group = shapes["etp_ep"]
+        calls = allgather_dispatch_calls(shape.sp_tokens, h, model.moe.num_experts, group.size)
+        for acc, pass_calls in zip((fwd["ep"], bwd["ep"]), calls, strict=True):
+            for c in pass_calls:
+                acc.add(collective_s(c.op, c.bytes, group, system))
+    elif is_moe and model.moe is not None:
         send = shape.sp_tokens * model.moe.topk * h * ACT_BYTES
         if eps.size > 1:
             a2a = dispatch_cost(shape.sp_tokens, h, model.moe.num_experts, model.moe.topk, eps, system)

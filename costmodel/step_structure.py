@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 from costmodel.grad_finalize import embedding_grad_call, embedding_group_shape
 from costmodel.layer_costs import (
     CACHE_LIMIT,
+    LAYER_GROUP_KINDS,
     NO_COMM,
     CommBlock,
     collective_s,
@@ -265,7 +266,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     system, model = scenario.system, scenario.model
     shape = rank_shape(scenario)
     placement = placement_for(scenario)
-    shapes = {k: placement.shape(k) for k in ("tp", "cp", "ep", "etp", "pp")}
+    shapes = {k: placement.shape(k) for k in LAYER_GROUP_KINDS}
     recompute, modules = p.recompute, tuple(p.recompute_modules)
     items = _chunk_items(scenario)
     per_kind: dict[str, tuple[float, float, tuple[CommBlock, ...], tuple[CommBlock, ...]]] = {}

@@ -12,6 +12,7 @@ cp          cp                           tp
 dp          dp × cp (gradient group)     tp
 etp         etp                          1
 ep          ep                           etp
+etp_ep      etp · ep                     1
 expert_dp   gpus / (etp · ep · pp)       etp · ep
 pp          pp                           gpus / pp
 world       gpus                         1
@@ -41,7 +42,7 @@ from topologies.hardware import SystemSpec
 from topologies.inputs import UserInputError
 from topologies.layout import FabricLayout, fabric_layout
 
-GROUP_KINDS = ("tp", "cp", "dp", "etp", "ep", "expert_dp", "pp", "world")
+GROUP_KINDS = ("tp", "cp", "dp", "etp", "ep", "etp_ep", "expert_dp", "pp", "world")
 
 
 def default_gpus_per_domain(system: SystemSpec, gpus: int, block: int = 1) -> int:
@@ -105,6 +106,7 @@ class JobPlacement:
             "dp": (self.dp * self.cp, self.tp),  # gradients reduce over the combined dp×cp group
             "etp": (self.etp, 1),
             "ep": (self.ep, self.etp),
+            "etp_ep": (self.etp * self.ep, 1),  # the allgather MoE dispatcher's group (Megatron tp_ep)
             "expert_dp": (self.expert_dp, self.etp * self.ep),
             "pp": (self.pp, self.gpus // self.pp),
             "world": (self.gpus, 1),

@@ -9,7 +9,10 @@ seconds. Shapes follow Megatron-Core under tp / sp / cp / ep / etp:
 - Column-parallel GEMMs shard N by tp, row-parallel GEMMs shard K by tp; MLA down-projections are
   replicated over tp (every tp rank computes them on all tokens).
 - Routed experts: with balanced (forced) routing one rank receives ``tokens/tp · topk · etp``
-  token-expert pairs, spread over ``num_experts / ep`` local experts (a grouped GEMM).
+  token-expert pairs, spread over ``num_experts / ep`` local experts (a grouped GEMM). The
+  all-to-all dispatchers permute the rank's own ``tokens/tp · topk`` copies before sending them;
+  the allgather dispatcher selects its pairs from the tokens gathered over etp·ep and scatter-adds
+  the outputs into a zeroed buffer of all those tokens.
 - Backward = data-gradient GEMM + weight-gradient GEMM (each as many FLOPs as the forward GEMM);
   the flash-attention backward does 2.5x the forward FLOPs (it recomputes QKᵀ: five matmuls vs two).
 - Recompute adds forward operations to the backward pass: ``full`` replays the whole layer,
@@ -87,6 +90,7 @@ class RankShape:
     sequence_parallel: bool = False
     precision: str = "bf16"  # Precision value: bf16, fp16, fp8-cs, fp8-delayed, fp8-blockwise, mxfp8, nvfp4
     microbatches: int = 1  # micro-batches per step (weight casts are amortised over them)
+    moe_dispatcher: str = "flex"  # allgather permutes the tokens gathered over etp·ep (costmodel.moe_dispatch)
 
     @property
     def tokens(self) -> int:
@@ -241,13 +245,19 @@ def _moe_mlp(b: _Builder, model: ModelSpec) -> None:
     b.gemm("router", "moe_router", tsp, moe.num_experts, h, low_precision=False)
     b.elementwise("router_topk", "moe_router", 3.0 * tsp * moe.num_experts * 4)
     pairs = tsp * moe.topk * s.etp
-    b.elementwise("permute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES)
+    if s.moe_dispatcher == "allgather":  # select the local pairs among the tokens gathered over etp·ep
+        b.elementwise("permute", "moe", 2.0 * pairs * h * ACT_BYTES)
+    else:
+        b.elementwise("permute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES)
     local_experts = max(moe.num_experts // s.ep, 1)
     fe = moe.expert_ffn_hidden_size // s.etp
     b.gemm("experts.linear_fc1", "moe", pairs, model.fc1_factor * fe, h, groups=local_experts)
     _activation(b, model, "experts", "moe_act", pairs, fe)
     b.gemm("experts.linear_fc2", "moe", pairs, h, fe, groups=local_experts)
-    b.elementwise("unpermute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES)
+    if s.moe_dispatcher == "allgather":  # zero the gathered output buffer, scatter-add the pairs into it
+        b.elementwise("unpermute", "moe", (tsp * s.ep * s.etp + 2.0 * pairs) * h * ACT_BYTES)
+    else:
+        b.elementwise("unpermute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES)
     if moe.shared_expert_ffn_hidden_size:
         _dense_mlp(b, model, moe.shared_expert_ffn_hidden_size, "shared_experts", "shared_experts")
 

@@ -83,7 +83,7 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
         return float(analytic_timing(ss.build_step_structure(scenario, plan=EMPTY_PLAN)).pipeline_s)
     shape = lc.rank_shape(scenario)
     placement = placement_for(scenario)
-    shapes = {k: placement.shape(k) for k in ("tp", "cp", "ep", "etp", "pp")}
+    shapes = {k: placement.shape(k) for k in lc.LAYER_GROUP_KINDS}
     items = _chunk_kinds(scenario)
     times = {k: _kind_times(scenario, shape, shapes, k) for k in {k for chunk in items for k, _ in chunk}}
     pp, vpp = p.pp, p.vpp
