@@ -3,6 +3,10 @@
 The project ships its own copies (it must work without ``../shared``). ``megatron-bridge`` is the
 published Megatron-Bridge performance summary (releases 25.09-26.08; GB300/GB200 NVL72, DGX
 B300/B200/H100; AdamW on the element-wise distributed optimizer; forced-balanced MoE routing).
+``megatron-ci`` is the Megatron-LM functional-test timings (small models on 8 × H100, 8 × GB200,
+8 × A100; :mod:`workloads.megatron_ci`), the rows used for fitting and validation;
+``megatron-ci-all`` every row the model can express. Rows a dataset does not predict are listed
+as :class:`SkippedRun` s with their reason (:func:`load_dataset_rows`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 
 from topologies.inputs import UserInputError, load_yaml_file
 from workloads.loaders import load_runs
-from workloads.measured import MeasuredRun
+from workloads.measured import MeasuredRun, SkippedRun
 
 MEASURED_DIR = Path(__file__).parent / "data" / "measured"
 
@@ -26,6 +30,8 @@ class Dataset:
     path: Path
     description: str
     recipe_settings: Path | None = None  # YAML rules: recipe settings the table does not list
+    loader: str = "runs"  # "runs": a CSV of the MeasuredRun schema; "megatron-ci": workloads.megatron_ci
+    select: bool = True  # megatron-ci: keep only the rows used for fitting and validation
 
 
 DATASETS: dict[str, Dataset] = {
@@ -33,6 +39,14 @@ DATASETS: dict[str, Dataset] = {
         "megatron-bridge", MEASURED_DIR / "megatron_bridge_perf_summary.csv",
         "Megatron-Bridge published pre-training throughput, releases 25.09-26.08, five systems",
         MEASURED_DIR / "megatron_bridge_recipe_settings.yaml"),
+    "megatron-ci": Dataset(
+        "megatron-ci", MEASURED_DIR / "megatron_ci_runs.csv",
+        "Megatron-LM CI timings (8 x H100 / GB200 / A100), the rows used for fitting and validation",
+        loader="megatron-ci"),
+    "megatron-ci-all": Dataset(
+        "megatron-ci-all", MEASURED_DIR / "megatron_ci_runs.csv",
+        "Megatron-LM CI timings, every row the model can express (copies, 4-GPU GB200, noisy runs included)",
+        loader="megatron-ci", select=False),
 }
 
 
@@ -65,8 +79,17 @@ def apply_recipe_rules(run: MeasuredRun, rules: list[dict[str, Any]]) -> Measure
     return run.model_copy(update=update) if update else run
 
 
+def load_dataset_rows(name: str) -> tuple[list[MeasuredRun], list[SkippedRun]]:
+    """The runs of the shipped dataset ``name`` (recipe settings applied) and the rows it skips, with why."""
+    dataset = get_dataset(name)
+    if dataset.loader == "megatron-ci":
+        from workloads.megatron_ci import load_megatron_ci
+
+        return load_megatron_ci(dataset.path, select=dataset.select)
+    rules = recipe_rules(dataset)
+    return [apply_recipe_rules(r, rules) for r in load_runs(dataset.path)], []
+
+
 def load_dataset(name: str) -> list[MeasuredRun]:
     """All runs of the shipped dataset ``name``, with its documented recipe settings applied."""
-    dataset = get_dataset(name)
-    rules = recipe_rules(dataset)
-    return [apply_recipe_rules(r, rules) for r in load_runs(dataset.path)]
+    return load_dataset_rows(name)[0]

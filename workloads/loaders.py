@@ -38,7 +38,7 @@ from workloads.models import load_model
 
 RUN_FIELDS = tuple(MeasuredRun.model_fields)
 REQUIRED_COLUMNS = tuple(name for name, f in MeasuredRun.model_fields.items() if f.is_required())
-_STRUCTURED = {"phase_times_s", "collectives", "extra"}
+_STRUCTURED = {"phase_times_s", "collectives", "extra", "model_spec", "scenario_settings"}
 LOG_SUFFIXES = (".log", ".txt", ".out")
 DEFAULT_WARMUP_ITERATIONS = 10
 REFERENCE_SYSTEM = "local-cpu"  # system name of reference-backend runs (muonsim reference run)
@@ -84,7 +84,8 @@ def _validate_run(data: dict[str, Any], path: Path, row: int | None, row_word: s
         raise UserInputError(f"{_where(path, row, column, row_word)}: {msg}{shown}") from None
     if run.system == REFERENCE_SYSTEM:
         return run  # a reference-backend run: its shapes are resolved from extra.config by the checker
-    for column, loader in (("model", load_model), ("system", load_system)):
+    checks = (("system", load_system),) if run.model_spec is not None else (("model", load_model), ("system", load_system))
+    for column, loader in checks:
         try:
             loader(getattr(run, column))
         except UserInputError as err:

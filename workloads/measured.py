@@ -7,11 +7,13 @@ training logs live in :mod:`workloads.loaders`.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from topologies.hardware import Precision
+from workloads.models import ModelSpec
 
 
 class MeasuredRun(BaseModel):
@@ -53,11 +55,15 @@ class MeasuredRun(BaseModel):
     phase_times_s: dict[str, float] | None = None
     collectives: list[dict[str, Any]] | None = None
     extra: dict[str, Any] | None = None
+    # a run of a model outside the catalogue carries its architecture (``model`` is then its name)
+    model_spec: ModelSpec | None = None
+    # further scenario settings (flat CLI-style keys, e.g. overlap_grad_reduce, moe_token_dispatcher_type)
+    scenario_settings: dict[str, Any] | None = None
 
     def scenario_overrides(self) -> dict[str, Any]:
         """Flat overrides (CLI-style keys) that describe this run's scenario."""
         out: dict[str, Any] = {
-            "model": self.model, "system": self.system, "gpus": self.num_gpus, "precision": self.precision.value,
+            "model": self.model_spec if self.model_spec is not None else self.model, "system": self.system, "gpus": self.num_gpus, "precision": self.precision.value,
             "global_batch_size": self.global_batch_size, "micro_batch_size": self.micro_batch_size,
             "seq_length": self.seq_length, "tp": self.tp, "pp": self.pp, "vpp": self.vpp, "cp": self.cp,
             "ep": self.ep, "etp": self.etp, "fsdp": self.fsdp, "mtp_layers": self.mtp, "optimizer": self.optimizer,
@@ -72,4 +78,21 @@ class MeasuredRun(BaseModel):
             out["hide_param_gather"] = self.overlap_param_gather
         if self.tp_comm_overlap is not None:
             out["tp_comm_overlap"] = self.tp_comm_overlap
+        out.update(self.scenario_settings or {})
         return out
+
+
+@dataclass(frozen=True)
+class SkippedRun:
+    """A row of a measured dataset that is not a run the model predicts: why, in one line
+    (``unsupported: ...`` when the model cannot express it, ``not used: ...`` when a dataset's
+    selection leaves it out). Listed by validate and calibrate, never dropped silently."""
+
+    run_id: str
+    model: str
+    system: str
+    reason: str
+
+    def to_json_dict(self) -> dict[str, str]:
+        """Plain dict of the fields for JSON."""
+        return asdict(self)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from topologies.inputs import UserInputError
-from workloads.measured import MeasuredRun
+from workloads.measured import MeasuredRun, SkippedRun
 from workloads.scenario import Scenario, build_config
 
 if TYPE_CHECKING:
@@ -287,13 +287,20 @@ def predict_prepared(prepared: PreparedRun, calibration: CalibrationProfile | No
     return step_time_s(with_factors(prepared.scenario, factors))
 
 
+def skipped_as_unsupported(skipped: Iterable[SkippedRun]) -> list[UnsupportedRun]:
+    """Rows a dataset skipped (with their reasons) as unsupported runs of a report."""
+    return [UnsupportedRun(s.run_id, s.model, s.system, s.reason) for s in skipped]
+
+
 def validate_runs(runs: Iterable[MeasuredRun], calibration: CalibrationProfile | None = None,
-                  engine: str = "analytic") -> ValidationReport:
-    """Predict every supported run and compare with what was measured."""
+                  engine: str = "analytic", skipped: Iterable[SkippedRun] = ()) -> ValidationReport:
+    """Predict every supported run and compare with what was measured (``skipped``: rows a
+    dataset did not turn into runs, listed as unsupported with their reason)."""
     from costmodel.errors import UnsupportedScenario
 
     step_time_s = step_time_function(engine)
     prepared, unsupported = prepare_runs(runs, engine, check=False)
+    unsupported = skipped_as_unsupported(skipped) + unsupported
     training = set(calibration.training_run_ids) if calibration else set()
     rows: list[RunResult] = []
     for p in prepared:
