@@ -1,7 +1,8 @@
 """One layer's costs for one micro-batch on one rank: compute time and its collectives.
 
 :func:`layer_ops` lists the operations (:mod:`workloads.operations`), :func:`ops_time` prices them
-(:mod:`costmodel.compute`), :func:`layer_comm` builds the TP / CP / EP collectives of the forward
+(:mod:`costmodel.compute` per kernel, :mod:`costmodel.kernels` per pass, with the CUDA-graph capture
+of :mod:`costmodel.cuda_graphs`), :func:`layer_comm` builds the TP / CP / EP collectives of the forward
 and backward pass as :class:`CommBlock` s, with the exposed share decided by
 :mod:`costmodel.comm_exposure`. :func:`layer_cache_key` names everything these depend on (the step
 structure and the planner's bound cache them by it). Times in seconds, sizes in bytes.
@@ -15,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from costmodel.comm_exposure import ep_paired_share, exposed_fraction
 from costmodel.compute import operation_time_s
+from costmodel.cuda_graphs import NO_GRAPHS, GraphCapture
+from costmodel.kernels import StreamCost
 from costmodel.moe_dispatch import dispatch_cost
 from topologies.collectives import collective_cost
 from topologies.groups import GroupShape
@@ -22,6 +25,7 @@ from topologies.hardware import SystemSpec
 from workloads.operations import (
     ACT_BYTES,
     LayerOps,
+    Operation,
     RankShape,
     embedding_operations,
     layer_operations,
@@ -64,11 +68,32 @@ def rank_shape(scenario: Scenario) -> RankShape:
                      precision=scenario.precision.value, microbatches=scenario.num_microbatches)
 
 
+def pass_stream(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
+                kind: str = "dense") -> StreamCost:
+    """GPU and host-issue seconds of one pass (forward or backward) of one layer of ``kind``.
+
+    Uncaptured kernels cost ``kernel_issue_s`` each on the host, captured ones none; each graph
+    replay costs one issue. The pass takes ``max(Σ GPU, Σ issue)`` (:mod:`costmodel.kernels`).
+    """
+    gpu = launches = captured = 0.0
+    for o in ops:
+        gpu += operation_time_s(o, system)
+        launches += o.kernels
+        if capture.captures(o, kind):
+            captured += o.kernels
+    issued = launches - captured + capture.graphs_per_pass(kind)
+    return StreamCost(gpu, issued * system.efficiency.kernel_issue_s, launches, captured)
+
+
 @lru_cache(maxsize=4096)
-def ops_time(ops: LayerOps, system: SystemSpec) -> tuple[float, float, float, float]:
-    """(forward s, backward s, forward attention-core s, backward attention-core s)."""
-    f = sum(operation_time_s(o, system) for o in ops.forward)
-    b = sum(operation_time_s(o, system) for o in ops.backward)
+def ops_time(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
+             kind: str = "dense") -> tuple[float, float, float, float]:
+    """(forward s, backward s, forward attention-core s, backward attention-core s) of one layer.
+
+    Pass times are kernel-level (:func:`pass_stream`); attention-core seconds are GPU time.
+    """
+    f = pass_stream(ops.forward, system, capture, kind).time_s
+    b = pass_stream(ops.backward, system, capture, kind).time_s
     fa = sum(operation_time_s(o, system) for o in ops.forward if o.kind == "attention")
     ba = sum(operation_time_s(o, system) for o in ops.backward if o.kind == "attention")
     return f, b, fa, ba
@@ -222,4 +247,4 @@ def layer_cache_key(scenario: Scenario, shape: RankShape, kind: str, shapes: dic
     p = scenario.par
     return (id(scenario.model), id(scenario.system), shape, kind, p.recompute, tuple(p.recompute_modules),
             tuple(shapes.values()), p.uses_sequence_parallel, p.tp_comm_overlap, p.ep_comm_overlap,
-            ep_paired_share(scenario))
+            ep_paired_share(scenario), GraphCapture.of(scenario.runtime))

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from costmodel.cuda_graphs import GraphCapture
 from costmodel.layer_costs import (
     CACHE_LIMIT,
     NO_COMM,
@@ -272,7 +273,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
             per_kind[kind] = hit[2]
             continue
         ops = layer_ops(model, shape, kind, recompute, modules)
-        f, b, fa, ba = ops_time(ops, system)
+        f, b, fa, ba = ops_time(ops, system, GraphCapture.of(scenario.runtime), kind)
         cf, cb = layer_comm(scenario, shape, kind, shapes, (fa, ba), overlap, (f, b))
         per_kind[kind] = (f, b, cf, cb)
         if len(_KIND_CACHE) > CACHE_LIMIT:

@@ -19,6 +19,30 @@ seconds. Shapes follow Megatron-Core under tp / sp / cp / ep / etp:
   the GEMM input activations (forward), the output gradients (backward) and the weights (once per
   step: TE caches the cast weights across micro-batches, so 1 / micro-batches per micro-batch).
   Attention, the router, the output layer (logits) and the Newton-Schulz matmuls stay BF16.
+
+Kernels: each operation also says how many kernels it launches (``Operation.kernels``, per
+micro-batch; ``costmodel.kernels`` prices the launches). The counts follow what Megatron-Core 0.16
+and Transformer Engine run; where the count is our reading of code we could not profile it is
+marked an assumption:
+
+- GEMM: one cuBLAS call each for forward, dgrad and wgrad (the wgrad accumulates into
+  ``main_grad`` in the same call); a grouped expert GEMM (TE ``GroupedLinear``) runs one GEMM per
+  local expert (``general_grouped_gemm``).
+- Casts (low precision): one quantize kernel per GEMM input (per expert split for grouped GEMMs),
+  per output gradient, and per weight once per step (amortised over the micro-batches); FP8
+  current scaling adds an amax pass: 2 kernels per cast (``CAST_KERNELS``).
+- Norm: 1 forward kernel, 2 backward (TE's dgrad kernel and the weight-gradient finalize).
+- RoPE: fused, applied to Q and K separately: 2 forward, 2 backward.
+- Attention core: flash attention, 1 forward kernel; 3 backward (FlashAttention-2's dO·O
+  preprocessing, the dQ/dK/dV kernel, the dQ conversion).
+- Fused element-wise (bias-dropout-add, bias-SwiGLU): 1 forward, 1 backward.
+- MoE (unfused paths, Megatron-Core's defaults; assumption from a reading of ``router.py`` and
+  ``moe_utils.py``): router top-k with score function, scatter, normalisation and aux-loss
+  statistics 8 forward / 4 backward; dispatch preprocessing (tokens per expert, permutation
+  indices) 4 forward; permute (int8 transpose, argsort, index_select of tokens and probs) 5 / 2;
+  unpermute (scale by probs, scatter-add) 3 / 3.
+- Embedding lookup 1 / 3 (dense embedding backward: sort and segment reduction); vocabulary-parallel
+  cross-entropy, unfused, 6 / 3 (assumption).
 """
 
 from __future__ import annotations
@@ -38,12 +62,14 @@ ATTENTION_BWD_FLOPS_RATIO = 2.5  # FlashAttention backward: 5 matmuls (QKᵀ rec
 # mxfp8: read 2 + rowwise and columnwise copies with an E8M0 scale per 32 (2 x (1 + 1/32));
 # nvfp4: read 2 + two FP4 copies with an E4M3 scale per 16 (2 x (0.5 + 1/16)).
 CAST_BYTES_PER_ELEMENT = {"bf16": 0.0, "fp8-cs": 6.0, "mxfp8": 2 + 2 * (1 + 1 / 32), "nvfp4": 2 + 2 * (0.5 + 1 / 16)}
+CAST_KERNELS = {"bf16": 0, "fp8-cs": 2, "mxfp8": 1, "nvfp4": 1}  # launches per cast (fp8-cs: amax pass + cast)
 TENSOR_CLASS = {"bf16": "bf16", "fp8-cs": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
 
 
 @dataclass(frozen=True)
 class Operation:
-    """One kernel of one rank for one micro-batch (FLOPs, HBM bytes; GEMM shape M x N x K)."""
+    """One operation of one rank for one micro-batch (FLOPs, HBM bytes; GEMM shape M x N x K) and the
+    number of kernels it launches (``kernels``; they share the FLOPs and bytes)."""
 
     name: str
     kind: OpKind
@@ -56,6 +82,7 @@ class Operation:
     n: int = 0
     k: int = 0
     groups: int = 1  # grouped GEMM: number of experts sharing the total M
+    kernels: float = 1.0  # kernel launches per micro-batch (fractional when amortised over micro-batches)
 
 
 @dataclass(frozen=True)
@@ -121,28 +148,35 @@ class _Builder:
         flops = 2.0 * m * n * k
         in_b = 1 if low else ACT_BYTES
         io = (m * k + k * n * groups) * in_b + m * n * ACT_BYTES
-        self.fwd.append(Operation(name, kind, "fwd", module, flops, io, tclass, m, n, k, groups))
-        self.bwd.append(Operation(name + ".dgrad", kind, "bwd", module, flops, io, tclass, m, k, n, groups))
-        self.bwd.append(Operation(name + ".wgrad", kind, "bwd", module, flops, io, tclass, k * groups, n, m, groups))
+        self.fwd.append(Operation(name, kind, "fwd", module, flops, io, tclass, m, n, k, groups, groups))
+        self.bwd.append(Operation(name + ".dgrad", kind, "bwd", module, flops, io, tclass, m, k, n, groups, groups))
+        self.bwd.append(Operation(name + ".wgrad", kind, "bwd", module, flops, io, tclass, k * groups, n, m, groups,
+                                  groups))
         if low:
-            weight = k * n * groups / max(self.shape.microbatches, 1)
-            self.fwd.append(Operation(name + ".cast", "quantize", "fwd", module, 0.0, (m * k + weight) * self.cast))
-            self.bwd.append(Operation(name + ".cast_grad", "quantize", "bwd", module, 0.0, m * n * self.cast))
+            per_step = 1 / max(self.shape.microbatches, 1)
+            casts = CAST_KERNELS[self.shape.precision] * groups
+            self.fwd.append(Operation(name + ".cast", "quantize", "fwd", module, 0.0,
+                                      (m * k + k * n * groups * per_step) * self.cast, kernels=casts * (1 + per_step)))
+            self.bwd.append(Operation(name + ".cast_grad", "quantize", "bwd", module, 0.0, m * n * self.cast,
+                                      kernels=casts))
 
-    def elementwise(self, name: str, module: str, fwd_bytes: float, bwd_factor: float = 2.0) -> None:
-        """A memory-bound kernel moving ``fwd_bytes`` forward and ``bwd_factor`` times that backward."""
-        self.fwd.append(Operation(name, "elementwise", "fwd", module, 0.0, fwd_bytes))
-        self.bwd.append(Operation(name + ".grad", "elementwise", "bwd", module, 0.0, fwd_bytes * bwd_factor))
+    def elementwise(self, name: str, module: str, fwd_bytes: float, bwd_factor: float = 2.0,
+                    kernels: tuple[float, float] = (1.0, 1.0)) -> None:
+        """Memory-bound work moving ``fwd_bytes`` forward and ``bwd_factor`` times that backward, in
+        ``kernels`` (forward, backward) launches."""
+        self.fwd.append(Operation(name, "elementwise", "fwd", module, 0.0, fwd_bytes, kernels=kernels[0]))
+        self.bwd.append(Operation(name + ".grad", "elementwise", "bwd", module, 0.0, fwd_bytes * bwd_factor,
+                                  kernels=kernels[1]))
 
     def attention(self, name: str, fwd_flops: float, io_bytes: float) -> None:
         """The attention core (QKᵀ, softmax, PV) in BF16."""
         self.fwd.append(Operation(name, "attention", "fwd", "core_attn", fwd_flops, io_bytes))
         self.bwd.append(Operation(name + ".grad", "attention", "bwd", "core_attn",
-                                  fwd_flops * ATTENTION_BWD_FLOPS_RATIO, 2 * io_bytes))
+                                  fwd_flops * ATTENTION_BWD_FLOPS_RATIO, 2 * io_bytes, kernels=3))
 
     def norm(self, name: str, tokens: int, width: int) -> None:
         """An RMSNorm over ``tokens`` x ``width`` BF16 values (read + write)."""
-        self.elementwise(name, "layernorm", 2.0 * tokens * width * ACT_BYTES)
+        self.elementwise(name, "layernorm", 2.0 * tokens * width * ACT_BYTES, kernels=(1, 2))
 
     def build(self, recompute: str, modules: tuple[str, ...]) -> LayerOps:
         """The layer's operations, with recomputed forward work prepended to the backward."""
@@ -152,7 +186,7 @@ class _Builder:
         elif recompute == "selective":
             replay = [o for o in self.fwd if o.module in modules]
         extra = tuple(Operation("recompute." + o.name, o.kind, "bwd", o.module, o.flops, o.bytes, o.tensor_class,
-                                o.m, o.n, o.k, o.groups) for o in replay)
+                                o.m, o.n, o.k, o.groups, o.kernels) for o in replay)
         return LayerOps(forward=tuple(self.fwd), backward=extra + tuple(self.bwd))
 
 
@@ -165,7 +199,7 @@ def _attention_block(b: _Builder, model: ModelSpec) -> None:
     if isinstance(att, GqaAttention):
         nh, nkv, d = att.num_heads // tp, att.num_kv_heads // tp, att.head_dim
         b.gemm("linear_qkv", "attn_proj", t, (nh + 2 * nkv) * d, h)
-        b.elementwise("rope", "attn_proj", 2.0 * t * (nh + nkv) * d * ACT_BYTES)
+        b.elementwise("rope", "attn_proj", 2.0 * t * (nh + nkv) * d * ACT_BYTES, kernels=(2, 2))
         core = 2.0 * 2.0 * t * avg_kv * nh * d
         io = t * (2 * nh + 2 * nkv) * d * ACT_BYTES
         b.attention("core_attention", core, io)
@@ -183,7 +217,7 @@ def _attention_block(b: _Builder, model: ModelSpec) -> None:
         b.gemm("linear_kv_down_proj", "attn_proj", t, att.kv_lora_rank + att.qk_pos_emb_head_dim, h)
         b.norm("kv_layernorm", t, att.kv_lora_rank)
         b.gemm("linear_kv_up_proj", "mla_up_proj", t, nh * (att.qk_head_dim + att.v_head_dim), att.kv_lora_rank)
-        b.elementwise("rope", "mla_up_proj", 2.0 * t * nh * att.qk_pos_emb_head_dim * 2 * ACT_BYTES)
+        b.elementwise("rope", "mla_up_proj", 2.0 * t * nh * att.qk_pos_emb_head_dim * 2 * ACT_BYTES, kernels=(2, 2))
         core = 2.0 * t * avg_kv * nh * (dqk + att.v_head_dim)
         io = t * nh * (2 * dqk + 2 * att.v_head_dim) * ACT_BYTES
         b.attention("core_attention", core, io)
@@ -209,15 +243,16 @@ def _moe_mlp(b: _Builder, model: ModelSpec) -> None:
     assert moe is not None
     tsp = s.sp_tokens
     b.gemm("router", "moe_router", tsp, moe.num_experts, h, low_precision=False)
-    b.elementwise("router_topk", "moe_router", 3.0 * tsp * moe.num_experts * 4)
+    b.elementwise("router_topk", "moe_router", 3.0 * tsp * moe.num_experts * 4, kernels=(8, 4))
+    b.elementwise("dispatch_preprocess", "moe_preprocess", 2.0 * tsp * moe.num_experts, 0.0, kernels=(4, 0))
     pairs = tsp * moe.topk * s.etp
-    b.elementwise("permute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES)
+    b.elementwise("permute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES, kernels=(5, 2))
     local_experts = max(moe.num_experts // s.ep, 1)
     fe = moe.expert_ffn_hidden_size // s.etp
     b.gemm("experts.linear_fc1", "moe", pairs, 2 * fe, h, groups=local_experts)
     _swiglu(b, "experts.swiglu", "moe_act", pairs, fe)
     b.gemm("experts.linear_fc2", "moe", pairs, h, fe, groups=local_experts)
-    b.elementwise("unpermute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES)
+    b.elementwise("unpermute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES, kernels=(3, 3))
     if moe.shared_expert_ffn_hidden_size:
         _dense_mlp(b, moe.shared_expert_ffn_hidden_size, "shared_experts", "shared_experts")
 
@@ -243,7 +278,7 @@ def layer_operations(model: ModelSpec, shape: RankShape, moe: bool, recompute: s
 def embedding_operations(model: ModelSpec, shape: RankShape) -> LayerOps:
     """The vocabulary-parallel input embedding (first virtual stage): lookup and its scatter-add."""
     b = _builder(model, shape)
-    b.elementwise("embedding", "embedding", 2.0 * shape.tokens * model.hidden_size * ACT_BYTES)
+    b.elementwise("embedding", "embedding", 2.0 * shape.tokens * model.hidden_size * ACT_BYTES, kernels=(1, 3))
     return b.build("none", ())
 
 
@@ -253,7 +288,7 @@ def output_operations(model: ModelSpec, shape: RankShape) -> LayerOps:
     h, v = model.hidden_size, model.padded_vocab_size(shape.tp) // shape.tp
     b.norm("final_layernorm", shape.sp_tokens, h)
     b.gemm("output_layer", "output", shape.tokens, v, h, low_precision=False)
-    b.elementwise("cross_entropy", "output", 4.0 * shape.tokens * v * ACT_BYTES, bwd_factor=0.5)
+    b.elementwise("cross_entropy", "output", 4.0 * shape.tokens * v * ACT_BYTES, bwd_factor=0.5, kernels=(6, 3))
     return b.build("none", ())
 
 

@@ -66,7 +66,8 @@ FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_half_efficiency_flops": (1e7, 1e12),
     "grouped_gemm": (0.2, 1.5), "attention": (0.1, 1.0), "memory_bandwidth": (0.3, 1.0),
     "quantize_bandwidth": (0.2, 1.0),
-    "newton_schulz": (0.2, 1.5), "nvlink_bandwidth": (0.2, 1.0), "nvls_bandwidth": (0.2, 1.0),
+    "newton_schulz_gemm": (0.2, 1.0), "newton_schulz_half_efficiency_flops": (1e7, 1e12),
+    "kernel_issue_s": (5e-7, 1e-4), "kernel_min_s": (3e-7, 2e-5), "nvlink_bandwidth": (0.2, 1.0), "nvls_bandwidth": (0.2, 1.0),
     "network_bandwidth": (0.2, 1.0), "alltoall_bandwidth": (0.05, 1.0),
     "nvlink_step_latency_s": (1e-7, 1e-4), "network_step_latency_s": (1e-7, 1e-3),
     "collective_base_latency_s": (1e-7, 1e-3), "nvls_latency_s": (1e-7, 1e-3),
@@ -74,9 +75,11 @@ FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
     "ep_comm_overlap": (0.2, 1.0),
 }
 MULTIPLIER_BOUNDS = (0.5, 2.0)  # a release changes a factor by at most 2x either way
-# prior widths (1 sigma of log f) that differ from FitSettings.prior_sigma_log: the GEMM size at
-# half efficiency is known only to an order of magnitude
-PRIOR_SIGMA_LOG = {"gemm_half_efficiency_flops": 1.5}
+# prior widths (1 sigma of log f) that differ from FitSettings.prior_sigma_log: the GEMM sizes at
+# half efficiency are known only to an order of magnitude, the host issue cost per kernel to a factor ~3
+# (it depends on the host CPU and on how much Python runs per kernel)
+PRIOR_SIGMA_LOG = {"gemm_half_efficiency_flops": 1.5, "newton_schulz_half_efficiency_flops": 1.5,
+                   "kernel_issue_s": 1.0}
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ _CACHE_LIMIT = 50_000
 def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kind: str) -> tuple[float, float]:
     """(forward, backward) compute-stream seconds of one layer of ``kind`` for one micro-batch."""
     from costmodel import layer_costs as lc
+    from costmodel.cuda_graphs import GraphCapture
 
     p, model, system = scenario.par, scenario.model, scenario.system
     modules = tuple(p.recompute_modules)
@@ -38,7 +39,7 @@ def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kind: st
     if hit is not None and hit[0] is model and hit[1] is system:
         return hit[2], hit[3]
     ops = lc.layer_ops(model, shape, kind, p.recompute, modules)
-    f, b, fa, ba = lc.ops_time(ops, system)
+    f, b, fa, ba = lc.ops_time(ops, system, GraphCapture.of(scenario.runtime), kind)
     cf, cb = lc.layer_comm(scenario, shape, kind, shapes, (fa, ba), True, (f, b))
     out = (f + sum(c.exposed_s for c in cf), b + sum(c.exposed_s for c in cb))
     if len(_KIND_COSTS) > _CACHE_LIMIT:
