@@ -8,8 +8,6 @@ from costmodel.analytic import run_analytic
 from costmodel.calibrate.fit import FitSettings
 from costmodel.des import run_des
 from topologies.inputs import UserInputError
-from workloads.datasets import get_dataset, load_dataset
-from workloads.loaders import load_runs
 from workloads.scenario import build_config
 
 LLAMA_TP4 = {"model": "llama3.1-405b", "system": "gb300-nvl72", "gpus": 256, "precision": "fp8-cs",
@@ -37,18 +35,6 @@ def test_overlap_needs_sequence_parallelism() -> None:
         _scenario(tp_comm_overlap=True, sequence_parallel=False)
     assert "\n" not in str(info.value)
     assert _scenario(tp_comm_overlap=True, tp=1, pp=16, vpp=2, gpus=256).par.tp_comm_overlap  # tp 1: nothing to hide
-
-
-def test_recipe_settings_mark_llama_runs_with_tp_and_leave_the_table_untouched() -> None:
-    raw = {r.run_id: r for r in load_runs(get_dataset("megatron-bridge").path)}
-    runs = load_dataset("megatron-bridge")
-    assert all(r.tp_comm_overlap is None for r in raw.values())  # the published table has no such column
-    marked = [r for r in runs if r.tp_comm_overlap]
-    assert marked and all(r.model.startswith("llama") and r.tp > 1 for r in marked)
-    assert {r.run_id for r in marked} == {r.run_id for r in runs if r.model.startswith("llama") and r.tp > 1}
-    assert all(r.model_dump(exclude={"tp_comm_overlap"}) == raw[r.run_id].model_dump(exclude={"tp_comm_overlap"})
-               for r in runs)
-    assert marked[0].scenario_overrides()["tp_comm_overlap"] is True
 
 
 def test_fit_settings_folds() -> None:

@@ -27,15 +27,13 @@ from workloads.scenario import Scenario, build_config
 if TYPE_CHECKING:
     from costmodel.calibrate.profile import CalibrationProfile
 
-RECOMPUTE_MODES = ("none", "selective", "full")
-
-
 # ------------------------------------------------------------------------------- scenarios
 def scenario_for_run(run: MeasuredRun) -> Scenario:
     """The validated scenario a measured run describes (raises UserInputError if it is invalid)."""
-    overrides = run.scenario_overrides()
-    if run.recompute and run.recompute.strip().lower() in RECOMPUTE_MODES:
-        overrides["recompute"] = run.recompute.strip().lower()
+    try:
+        overrides = run.scenario_overrides()
+    except ValueError as err:
+        raise UserInputError(f"run '{run.run_id}': recipe settings: {err}") from None
     return build_config({}, overrides, source=f"run '{run.run_id}'").resolve()
 
 
