@@ -142,6 +142,11 @@ def render(data: dict[str, Any], reports: list[Any]) -> Any:
     row("optimizer/GPU max", [f"{o.per_rank_compute_s.max * 1e3:.1f} ms" if o else "-" for o in opt])
     row("imbalance (lost)", [f"{o.imbalance:.3f} ({o.imbalance_lost_s * 1e3:.1f} ms)" if o else "-" for o in opt])
     row("opt. exposed / hidden", [f"{o.exposed_s * 1e3:.1f} / {o.hidden_s * 1e3:.1f} ms" if o else "-" for o in opt])
+    row("opt. kernels (crit. GPU)", [f"{o.kernels.launches:,.0f}" if o and o.kernels else "-" for o in opt])
+    row("  per Muon tensor", [f"{o.kernels.launches_per_muon_tensor:.0f} x {o.kernels.muon_tensors}"
+                              if o and o.kernels and o.kernels.launches_per_muon_tensor else "-" for o in opt])
+    row("  GPU / host issue", [f"{o.kernels.gpu_s * 1e3:.1f} / {o.kernels.issue_s * 1e3:.1f} ms" if o and o.kernels
+                               else "-" for o in opt])
     row("padding overhead", [f"{o.padding_overhead_pct:.1f} %" if o and o.padding_overhead_pct is not None else "-"
                              for o in opt])
     t.add_section()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from costmodel.report import StepReport
+from costmodel.report import OptimizerKernelsOut, StepReport
 
 STREAM_ORDER = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer")
 
@@ -23,6 +23,14 @@ def breakdown_rows(report: StepReport) -> list[tuple[str, float]]:
     rows += [(f"exposed comm: {k}", v) for k, v in b.exposed_comm.items()]
     rows += [("optimizer step", b.optimizer), ("other", b.other)]
     return rows
+
+
+def optimizer_kernels_text(k: OptimizerKernelsOut) -> str:
+    """One line on the optimizer step's kernels on the critical GPU: launches, GPU and host time."""
+    per = f", {k.launches_per_muon_tensor:.0f} per Muon tensor x {k.muon_tensors}" if k.launches_per_muon_tensor else ""
+    bound = "launch-bound" if k.host_idle_s > 0 else "GPU-bound"
+    return (f"{k.launches:,.0f} launches{per}; GPU {k.gpu_s * 1e3:.1f} ms, host issue {k.issue_s * 1e3:.1f} ms "
+            f"({bound})")
 
 
 def render_table(report: StepReport) -> Any:
@@ -44,6 +52,8 @@ def render_table(report: StepReport) -> Any:
     if mem is not None:
         head.add_row("memory/GPU", f"{mem.total_bytes / 1e9:,.1f} GB of {mem.capacity_bytes / 1e9:,.0f} GB"
                      + ("" if mem.fits else "  (does NOT fit)"))
+    if report.optimizer is not None and report.optimizer.kernels is not None:
+        head.add_row("optimizer kernels", optimizer_kernels_text(report.optimizer.kernels))
     head.add_row("calibration", report.calibration)
     t = Table(title="where the step time goes")
     t.add_column("part")

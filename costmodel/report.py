@@ -56,6 +56,19 @@ class CollectiveOut(_Out):
     time_s: float | None = None
 
 
+class OptimizerKernelsOut(_Out):
+    """The kernels of the optimizer step on the critical GPU (launches, seconds)."""
+
+    launches: float = Field(description="kernel launches of the step on the critical GPU")
+    by_part: dict[str, float] = Field(default_factory=dict, description="launches by part: newton_schulz_gemm, "
+                                      "muon_elementwise, adam_multi_tensor, adam_param_copy, grad_norm, gather_copy")
+    muon_tensors: int = Field(0, description="Muon tensors (expert copies counted) the critical GPU steps")
+    launches_per_muon_tensor: float | None = Field(None, description="mean Newton-Schulz and element-wise launches per Muon tensor")
+    gpu_s: float = Field(description="GPU-busy seconds (kernels and blocking TP collectives)")
+    issue_s: float = Field(description="host seconds to issue the launches (kernel_issue_s each)")
+    host_idle_s: float = Field(description="seconds the GPU waits for the host (launch-bound share of the step)")
+
+
 class OptimizerReport(_Out):
     """The optimizer section of a StepReport (seconds, FLOPs, bytes)."""
 
@@ -71,6 +84,7 @@ class OptimizerReport(_Out):
     hidden_s: float = Field(description="optimizer-related communication hidden behind compute")
     newton_schulz_flops: dict[str, float] = Field(default_factory=dict, description="total, per_rank_max, per_rank_mean")
     padding_overhead_pct: float | None = None
+    kernels: OptimizerKernelsOut | None = None
     collectives: list[CollectiveOut] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 

@@ -242,7 +242,7 @@ def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placem
     sp = next((x for x in plan.stages if x.stage == stage), None)
     crit = max(sp.ranks, key=lambda r: r.total_s) if sp and sp.ranks else None
     out = (_stage_buckets(plan, stage, scenario, placement, overlap),
-           (crit.newton_schulz_s + crit.elementwise_s) if crit else 0.0, crit.tp_comm_s if crit else 0.0)
+           (crit.total_s - crit.tp_comm_s) if crit else 0.0, crit.tp_comm_s if crit else 0.0)
     if len(_STAGE_CACHE) > _STAGE_CACHE_LIMIT:
         _STAGE_CACHE.clear()
     _STAGE_CACHE[key] = (plan, system, out)  # identity-checked: the entry keeps plan and system alive

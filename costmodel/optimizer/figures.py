@@ -8,7 +8,8 @@ from costmodel.optimizer.plan_types import OptimizerPlan, StageOptimizerPlan
 
 
 def per_gpu_loads_s(stage: StageOptimizerPlan) -> dict[str, np.ndarray]:
-    """Per-GPU seconds (stage-local Megatron order) of NS GEMMs, element-wise kernels and TP comm."""
+    """Per-GPU seconds (stage-local Megatron order) of NS GEMMs, element-wise kernels, TP comm and the
+    GPU's idle time waiting for the host to issue kernels (launch-bound steps)."""
     gpus = stage.gpus
     index = {(r.dense_rank, r.expert_rank): r for r in stage.ranks}
     g = np.arange(gpus)
@@ -18,6 +19,7 @@ def per_gpu_loads_s(stage: StageOptimizerPlan) -> dict[str, np.ndarray]:
         "Newton-Schulz": np.array([r.newton_schulz_s for r in rows]),
         "element-wise": np.array([r.elementwise_s for r in rows]),
         "TP comm": np.array([r.tp_comm_s for r in rows]),
+        "host issue wait": np.array([r.host_idle_s for r in rows]),
     }
 
 
@@ -33,7 +35,7 @@ def optimizer_load_html(plans: list[tuple[str, OptimizerPlan]]) -> str:
         imb = st.max_rank_s / mean if mean > 0 else 1.0
         titles.append(f"{label}: stage {st.stage}, max {st.max_rank_s * 1e3:.2f} ms, imbalance {imb:.3f}")
     fig = make_subplots(rows=len(plans), cols=1, subplot_titles=titles, vertical_spacing=0.35 / max(len(plans), 1))
-    colors = {"Newton-Schulz": "#1f77b4", "element-wise": "#ff7f0e", "TP comm": "#d62728"}
+    colors = {"Newton-Schulz": "#1f77b4", "element-wise": "#ff7f0e", "TP comm": "#d62728", "host issue wait": "#7f7f7f"}
     for i, (_, plan) in enumerate(plans, start=1):
         loads = per_gpu_loads_s(plan.critical_stage)
         x = np.arange(len(next(iter(loads.values()))))

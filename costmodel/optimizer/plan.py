@@ -16,7 +16,6 @@ from collections.abc import Callable
 import numpy as np
 
 from costmodel.optimizer import layouts as lay
-from costmodel.optimizer.elementwise import adam_bytes_per_element
 from costmodel.optimizer.newton_schulz import NsSettings
 from costmodel.optimizer.plan_types import OptimizerPlan, StageOptimizerPlan
 from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer, chunk_buffers, rank_work
@@ -130,11 +129,9 @@ FSDP_NOTE = ("Megatron-FSDP: parameters gathered and gradients reduce-scattered 
 
 def _fsdp_shards(b: StageBuilder, buf) -> None:  # noqa: ANN001 - stage_builder._Buffer
     """Megatron-FSDP: each rank steps its equal shard of the (padded) buffer; no buckets."""
-    gs, role = b.grid.size(buf.group), b.roles[buf.group]
+    gs = b.grid.size(buf.group)
     for span in lay.ddp_buckets(buf.numel, gs, None, distributed_optimizer=True):
-        per_rank = lay.shard_param_numel(span, buf.numel, gs).astype(np.float64)
-        role.owned += per_rank
-        role.mem_bytes += per_rank * adam_bytes_per_element(b.gb)
+        b.adam_shards(buf.group, span, buf.numel)
 
 
 def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings,  # noqa: ANN001
@@ -173,7 +170,7 @@ def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSetting
             for buf in bufs:
                 n = len(buf.numel)
                 b.ddp(buf, gather_op="all_gather_v")
-                b.step_whole(buf, np.arange(n), owner[at:at + n])
+                b.step_whole(buf, np.arange(n), owner[at:at + n], gathered_by_copies=True)
                 at += n
     return b.finish(rank_work)
 

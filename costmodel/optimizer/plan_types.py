@@ -44,21 +44,43 @@ class Bucket:
 
 @dataclass(frozen=True)
 class RankWork:
-    """Optimizer-step work of one GPU (seconds are modelled times on that GPU)."""
+    """Optimizer-step work of one GPU (seconds are modelled times on that GPU).
+
+    The step is a stream of kernels (:mod:`costmodel.optimizer.kernel_sequence`) issued eagerly
+    after the gradient-norm synchronisation: ``newton_schulz_s`` and ``elementwise_s`` are GPU
+    seconds (each kernel at least ``kernel_min_s``), ``issue_s`` the host seconds to issue the
+    ``kernels`` launches; the step takes the larger of GPU time (with the TP collectives) and issue
+    time (:attr:`total_s`).
+    """
 
     rank: int  # index of the GPU within the stage's representative set (see StageOptimizerPlan)
     owned_numel: int
     newton_schulz_flops: float
-    newton_schulz_s: float
-    elementwise_s: float  # AdamW / Muon momentum / weight update, memory-bound
+    newton_schulz_s: float  # GPU seconds of the Newton-Schulz GEMMs
+    elementwise_s: float  # GPU seconds of the other kernels: momentum, normalisation, casts, scale, update, Adam, norm
     tp_comm_s: float  # Newton-Schulz TP collectives on the critical path (duplicated / distributed)
     multiplicity: int = 1  # GPUs of the stage doing exactly this work
     dense_rank: int = 0  # index in the dense dp (dp×cp) group
     expert_rank: int = 0  # index in the expert-dp group
+    kernels: float = 0.0  # kernel launches of the step on this GPU
+    issue_s: float = 0.0  # host seconds to issue them (kernels × kernel_issue_s)
+    kernel_counts: tuple[tuple[str, float], ...] = ()  # launches by part (newton_schulz_gemm, muon_elementwise, ...)
+    muon_tensors: int = 0  # Muon tensors (expert copies counted) this GPU steps
+
+    @property
+    def gpu_s(self) -> float:
+        """Seconds the GPU is busy (kernels and blocking TP collectives)."""
+        return self.newton_schulz_s + self.elementwise_s + self.tp_comm_s
+
+    @property
+    def host_idle_s(self) -> float:
+        """Seconds the GPU waits for the host to issue kernels (launch-bound step; 0 when GPU-bound)."""
+        return max(0.0, self.issue_s - self.gpu_s)
 
     @property
     def total_s(self) -> float:
-        return self.newton_schulz_s + self.elementwise_s + self.tp_comm_s
+        """Seconds of the optimizer step on this GPU: max(GPU time, host issue time)."""
+        return self.gpu_s + self.host_idle_s
 
 
 @dataclass(frozen=True, eq=False)

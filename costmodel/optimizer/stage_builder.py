@@ -25,13 +25,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from costmodel.kernels import KernelSpec
+from costmodel.optimizer import kernel_sequence as ks
 from costmodel.optimizer import layouts as lay
-from costmodel.optimizer.elementwise import (
-    NS_CAST_BYTES_PER_ELEMENT,
-    PARAM_BYTES,
-    adam_bytes_per_element,
-    muon_bytes_per_element,
-)
+from costmodel.optimizer.elementwise import PARAM_BYTES
 from costmodel.optimizer.newton_schulz import (
     NsSettings,
     NsWork,
@@ -80,11 +77,26 @@ class Timer:
         self.system, self.precision, self.shape_of = system, precision, shape_of
         self._ns: dict[NsWork, tuple[float, float]] = {}
         self._calls: dict[CollectiveCall, float] = {}
-        self.s_per_byte = 0.0
+        self.s_per_byte = self.min_s = self.issue_s = 0.0
         if system is not None:
             from costmodel.compute import memory_time_s
 
             self.s_per_byte = memory_time_s(1e9, system) / 1e9
+            self.min_s, self.issue_s = system.efficiency.kernel_min_s, system.efficiency.kernel_issue_s
+
+    def kernels_s(self, kernels: tuple[KernelSpec, ...]) -> tuple[float, float]:
+        """(GPU seconds of the Newton-Schulz GEMMs, GPU seconds of the other kernels) of ``kernels``."""
+        if self.system is None:
+            return 0.0, 0.0
+        from costmodel.compute import kernel_gpu_s
+
+        ns = sum(k.count * kernel_gpu_s(k, self.system) for k in kernels if k.kind == "ns_gemm")
+        other = sum(k.count * kernel_gpu_s(k, self.system) for k in kernels if k.kind != "ns_gemm")
+        return ns, other
+
+    def floored_s(self, launches: np.ndarray | float, num_bytes: np.ndarray | float) -> np.ndarray:
+        """GPU seconds of ``launches`` kernels sharing ``num_bytes`` bytes: max(memory, launches·kernel_min_s)."""
+        return np.maximum(np.asarray(num_bytes) * self.s_per_byte, np.asarray(launches) * self.min_s)
 
     def call_s(self, call: CollectiveCall) -> float:
         """Seconds of one ``call`` (nccl-tests size) over its group's placement shape."""
@@ -108,35 +120,41 @@ class Timer:
         return self._ns[work]
 
 
+COLUMNS = ("owned", "flops", "ns_s", "tp_s", "ew_s", "kernels", "ns_kernels", "muon_items", "adam_pieces",
+           "adam_chunks", "adam_numel", "norm_pieces", "norm_chunks", "items")
+"""Per-rank accumulators of a role: owned elements, NS FLOPs and GPU seconds, TP comm seconds, GPU
+seconds and launches of the per-tensor kernels (NS GEMM launches apart), Muon tensors stepped,
+fused-Adam shard pieces / chunks / elements, gradient-norm pieces / chunks, whole items owned."""
+
+
 @dataclass
 class _Role:
-    """Accumulated per-rank work of one dp role of one stage."""
+    """Accumulated per-rank work of one dp role of one stage (columns :data:`COLUMNS`)."""
 
     group: str
     size: int
-    owned: np.ndarray = field(init=False)
-    flops: np.ndarray = field(init=False)
-    ns_s: np.ndarray = field(init=False)
-    tp_s: np.ndarray = field(init=False)
-    mem_bytes: np.ndarray = field(init=False)
+    acc: np.ndarray = field(init=False)
     names: list[str] = field(default_factory=list)
     owners: list[np.ndarray] = field(default_factory=list)
     calls: list[tuple[CollectiveCall, ...]] = field(default_factory=list)
+    gather_items: int = 0  # legacy layout: whole items gathered into the model by copies
+    gather_numel: int = 0
 
     def __post_init__(self) -> None:
-        z = np.zeros(self.size)
-        self.owned, self.flops, self.ns_s, self.tp_s, self.mem_bytes = z.copy(), z.copy(), z.copy(), z.copy(), z.copy()
+        self.acc = np.zeros((len(COLUMNS), self.size))
 
-    def add_owned(self, owner: np.ndarray, numel, flops, ns_s, tp_s, mem_bytes) -> None:  # noqa: ANN001
-        """Add per-item values to their owners (owner -1 = every rank)."""
+    def col(self, name: str) -> np.ndarray:
+        """Per-rank values of one column (a view: adding to it accumulates)."""
+        return self.acc[COLUMNS.index(name)]
+
+    def add_owned(self, owner: np.ndarray, values: np.ndarray) -> None:
+        """Add per-item rows ``values`` (items × columns) to their owners (owner -1 = every rank)."""
         everyone = owner < 0
-        for arr, vals in ((self.owned, numel), (self.flops, flops), (self.ns_s, ns_s), (self.tp_s, tp_s),
-                          (self.mem_bytes, mem_bytes)):
-            vals = np.asarray(vals, dtype=np.float64)
-            if (~everyone).any():
-                arr += np.bincount(owner[~everyone], weights=vals[~everyone], minlength=self.size)
-            if everyone.any():
-                arr += vals[everyone].sum()
+        if (~everyone).any():
+            for c in range(len(COLUMNS)):
+                self.acc[c] += np.bincount(owner[~everyone], weights=values[~everyone, c], minlength=self.size)
+        if everyone.any():
+            self.acc += values[everyone].sum(axis=0)[:, None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,7 +223,7 @@ class StageBuilder:
         self.buckets: list[tuple[tuple[int, int], dict]] = []  # (sort key, Bucket kwargs)
         self.gb = spec.grad_bytes
         self.grad_dtype = "fp32" if self.gb == 4 else "bf16"
-        self._muon_memo: dict[int, tuple[float, float, float, float, tuple[CollectiveCall, ...]]] = {}
+        self._muon_memo: dict[int, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}
         self._buffer_memo: dict[int, tuple[_Buffer, np.ndarray, list[tuple[CollectiveCall, ...]]]] = {}
 
     def bucket_size(self, chunk: int) -> int | None:
@@ -224,19 +242,34 @@ class StageBuilder:
             grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * PARAM_BYTES,
             reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind)))
 
-    def muon_item(self, t: TensorSpec) -> tuple[float, float, float, float, tuple[CollectiveCall, ...]]:
-        """(NS FLOPs, NS s, TP comm s, HBM bytes, TP calls) of stepping one copy of ``t``."""
+    def muon_item(self, t: TensorSpec) -> tuple[np.ndarray, tuple[CollectiveCall, ...]]:
+        """(row of :data:`COLUMNS`, TP calls) of stepping one copy of Muon tensor ``t``: its kernel
+        sequence (:func:`kernel_sequence.muon_tensor_kernels`, MCore defaults: no Nesterov, weight
+        decay on) timed on the GPU, its NS FLOPs and TP collectives."""
         key = id(t)
         if key not in self._muon_memo:
             w = tensor_ns_work(t, self.st)
-            ns_s, tp_s = self.timer.ns(w)
-            mem = t.local_numel * muon_bytes_per_element(self.gb) + w.matrix_numel * NS_CAST_BYTES_PER_ELEMENT
-            self._muon_memo[key] = (w.flops, ns_s, tp_s, float(mem), w.calls)
+            _, tp_s = self.timer.ns(w)
+            kernels = ks.muon_tensor_kernels(t, w, self.st, self.gb)
+            ns_s, ew_s = self.timer.kernels_s(kernels)
+            n = t.local_numel
+            row = np.array([n, w.flops, ns_s, tp_s, ew_s, ks.kernel_count(kernels), ks.kernel_count(kernels, "ns_gemm"),
+                            1, 0, 0, 0, 1, float(ks.chunks_of(n)), 1], dtype=np.float64)
+            self._muon_memo[key] = (row, w.calls)
         return self._muon_memo[key]
 
+    def adam_item(self, t: TensorSpec) -> np.ndarray:
+        """Row of :data:`COLUMNS` of a whole non-Muon parameter stepped by one rank's fused Adam:
+        one shard piece of the multi-tensor launches, its main -> model copy (and gradient cast)."""
+        n = t.local_numel
+        per_kernel = 1 + (self.gb != 4)
+        ew_s = per_kernel * float(self.timer.floored_s(1, ks.COPY_BYTES_PER_ELEMENT * n))
+        chunks = float(ks.chunks_of(n))
+        return np.array([n, 0, 0, 0, ew_s, per_kernel, 0, 0, 1, chunks, n, 1, chunks, 1], dtype=np.float64)
+
     def _per_tensor(self, buf: _Buffer) -> tuple[np.ndarray, list[tuple[CollectiveCall, ...]]]:
-        """(numel, NS FLOPs, NS s, TP comm s, HBM bytes) per distinct tensor of ``buf`` as an
-        (items, 4) array without numel, and each one's TP calls (empty for non-Muon tensors)."""
+        """Rows of :data:`COLUMNS` per distinct tensor of ``buf`` (items × columns), and each one's
+        TP calls (empty for non-Muon tensors)."""
         hit = self._buffer_memo.get(id(buf))
         if hit is not None and hit[0] is buf:
             return hit[1], hit[2]
@@ -245,24 +278,30 @@ class StageBuilder:
         rows, calls = [], []
         for t, m in zip(buf.unique, muon.tolist(), strict=True):
             if m:
-                flops, ns_s, tp_s, mem, c = self.muon_item(t)
-                rows.append((flops, ns_s, tp_s, mem))
+                row, c = self.muon_item(t)
+                rows.append(row)
                 calls.append(c)
             else:
-                rows.append((0.0, 0.0, 0.0, float(t.local_numel * adam_bytes_per_element(self.gb))))
+                rows.append(self.adam_item(t))
                 calls.append(())
-        per = np.array(rows, dtype=np.float64).reshape(len(rows), 4)
+        per = np.array(rows, dtype=np.float64).reshape(len(rows), len(COLUMNS))
         self._buffer_memo[id(buf)] = (buf, per, calls)
         return per, calls
 
-    def step_whole(self, buf: _Buffer, sel: np.ndarray, owner: np.ndarray) -> None:
-        """Owners step whole parameters ``buf[sel]``: Muon (NS + update) or AdamW on the full tensor."""
+    def step_whole(self, buf: _Buffer, sel: np.ndarray, owner: np.ndarray, gathered_by_copies: bool = False) -> None:
+        """Owners step whole parameters ``buf[sel]``: Muon (NS + update) or AdamW on the full tensor.
+
+        ``gathered_by_copies`` (legacy layout): every rank copies the parameters it does not own
+        back into the model after the gather (:func:`kernel_sequence.gather_copy_kernels`).
+        """
         if len(sel) == 0:
             return
         role = self.roles[buf.group]
         per, calls = self._per_tensor(buf)
-        vals = per[buf.tid[sel]]
-        role.add_owned(owner, buf.numel[sel].astype(np.float64), vals[:, 0], vals[:, 1], vals[:, 2], vals[:, 3])
+        role.add_owned(owner, per[buf.tid[sel]])
+        if gathered_by_copies:
+            role.gather_items += len(sel)
+            role.gather_numel += int(buf.numel[sel].sum())
         is_muon = buf.muon[sel]
         if is_muon.any():
             picked = sel[is_muon]
@@ -270,16 +309,26 @@ class StageBuilder:
             role.calls.extend([calls[j] for j in buf.tid[picked].tolist()])
         role.owners.append(owner[is_muon])
 
+    def adam_shards(self, group: str, span: lay.BucketSpan, numel: np.ndarray) -> None:
+        """Fused Adam on each rank's equal shard of one padded bucket ``span`` (parameters ``numel``)."""
+        gs, role = self.grid.size(group), self.roles[group]
+        per_rank = lay.shard_param_numel(span, numel, gs).astype(np.float64)
+        pieces, chunks = ks.element_wise_shard_pieces(span.starts, numel[span.first:span.stop], span.numel, gs)
+        per_kernel = 1 + (self.gb != 4)
+        for name, values in (("owned", per_rank), ("adam_numel", per_rank), ("adam_pieces", pieces),
+                             ("adam_chunks", chunks), ("norm_pieces", pieces), ("norm_chunks", chunks),
+                             ("kernels", per_kernel * pieces),
+                             ("ew_s", per_kernel * self.timer.floored_s(pieces, ks.COPY_BYTES_PER_ELEMENT * per_rank))):
+            role.col(name)[:] += values
+
     def element_wise(self, buf: _Buffer, sel: np.ndarray) -> None:
         """AdamW on equal shards of padded DDP buckets (reduce-scatter + all-gather)."""
         if len(sel) == 0:
             return
-        gs, role = self.grid.size(buf.group), self.roles[buf.group]
+        gs = self.grid.size(buf.group)
         numel = buf.numel[sel]
         for span in lay.ddp_buckets(numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=True):
-            per_rank = lay.shard_param_numel(span, numel, gs).astype(np.float64)
-            role.owned += per_rank
-            role.mem_bytes += per_rank * adam_bytes_per_element(self.gb)
+            self.adam_shards(buf.group, span, numel)
             self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used, "reduce_scatter", "all_gather",
                             "element_wise")
 
@@ -333,21 +382,58 @@ class StageBuilder:
             tp=g.tp, etp=g.etp, ep=g.ep, roles=roles, bucket_calls=proto.bucket_calls)
 
 
+def _role_extras(role: _Role, idx: np.ndarray, timer: Timer) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(fused-Adam launches, their GPU s, legacy gather-copy launches, their GPU s) of ranks ``idx`` of a role."""
+    col = {name: role.col(name)[idx] for name in ("adam_pieces", "adam_chunks", "adam_numel", "items", "owned")}
+    adam = ks.multi_tensor_launches(col["adam_pieces"], col["adam_chunks"], 4)
+    adam_s = np.where(adam > 0, timer.floored_s(adam, ks.ADAM_BYTES_PER_ELEMENT * col["adam_numel"]), 0.0)
+    copies = np.zeros(len(idx))
+    copy_s = np.zeros(len(idx))
+    if role.gather_items:  # legacy: flatten the owned parameters, copy back every other one
+        copies = role.gather_items - col["items"]
+        copy_s = (timer.floored_s(copies, 4.0 * (role.gather_numel - col["owned"]))
+                  + timer.floored_s(1, 4.0 * col["owned"]))
+        copies = copies + 1
+    return adam, adam_s, copies, copy_s
+
+
 def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
-    """One RankWork per distinct (dense index, expert index) pair of the stage's GPUs."""
-    g = b.grid
+    """One RankWork per distinct (dense index, expert index) pair of the stage's GPUs.
+
+    A GPU's optimizer step is one eager kernel stream after the gradient-norm synchronisation:
+    per-tensor kernels of both roles, the fused-Adam launches of each role's optimizer, one
+    gradient-norm pass over all its main gradients, and (legacy layout) the gather copies;
+    ``RankWork.total_s`` takes the larger of its GPU time and its host issue time.
+    """
+    g, timer = b.grid, b.timer
     gpu = np.arange(g.gpus_per_stage)
     d, e = gpu // g.tp, gpu // (g.etp * g.ep)
     keys, first, counts = np.unique(d * g.expert_dp + e, return_index=True, return_counts=True)
     dd, ee = d[first], e[first]
     D, E = b.roles["dp"], b.roles["expert_dp"]  # noqa: N806
-    owned = D.owned[dd] + E.owned[ee]
-    flops = D.flops[dd] + E.flops[ee]
-    ns_s = D.ns_s[dd] + E.ns_s[ee]
-    tp_s = D.tp_s[dd] + E.tp_s[ee]
-    mem_s = (D.mem_bytes[dd] + E.mem_bytes[ee]) * b.timer.s_per_byte
+
+    def both(name: str) -> np.ndarray:
+        return D.col(name)[dd] + E.col(name)[ee]
+
+    owned, ns_kernels, copies_per_piece = both("owned"), both("ns_kernels"), 1 + (b.gb != 4)
+    adam_d, adam_d_s, gather_d, gather_d_s = _role_extras(D, dd, timer)
+    adam_e, adam_e_s, gather_e, gather_e_s = _role_extras(E, ee, timer)
+    norm_pieces = both("norm_pieces")
+    norm = ks.multi_tensor_launches(norm_pieces, both("norm_chunks"), 1)
+    norm_s = np.where(norm > 0, timer.floored_s(norm, ks.NORM_BYTES_PER_ELEMENT * owned)
+                      + ks.GRAD_NORM_EXTRA * timer.min_s, 0.0)
+    norm = np.where(norm > 0, norm + ks.GRAD_NORM_EXTRA, 0.0)
+    adam_copies = copies_per_piece * both("adam_pieces")
+    parts = {"newton_schulz_gemm": ns_kernels, "muon_elementwise": both("kernels") - ns_kernels - adam_copies,
+             "adam_multi_tensor": adam_d + adam_e, "adam_param_copy": adam_copies, "grad_norm": norm,
+             "gather_copy": gather_d + gather_e}
+    kernels = sum(parts.values())
+    ew_s = both("ew_s") + adam_d_s + adam_e_s + norm_s + gather_d_s + gather_e_s
+    flops, ns_s, tp_s, muon_items = both("flops"), both("ns_s"), both("tp_s"), both("muon_items")
     return tuple(
         RankWork(rank=int(first[i]), owned_numel=int(owned[i]), newton_schulz_flops=float(flops[i]),
-                 newton_schulz_s=float(ns_s[i]), elementwise_s=float(mem_s[i]), tp_comm_s=float(tp_s[i]),
-                 multiplicity=int(counts[i]), dense_rank=int(dd[i]), expert_rank=int(ee[i]))
+                 newton_schulz_s=float(ns_s[i]), elementwise_s=float(ew_s[i]), tp_comm_s=float(tp_s[i]),
+                 multiplicity=int(counts[i]), dense_rank=int(dd[i]), expert_rank=int(ee[i]),
+                 kernels=float(kernels[i]), issue_s=float(kernels[i] * timer.issue_s),
+                 kernel_counts=tuple((k, float(v[i])) for k, v in parts.items()), muon_tensors=int(muon_items[i]))
         for i in range(len(keys)))
