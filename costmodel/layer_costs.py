@@ -67,15 +67,19 @@ def rank_shape(scenario: Scenario) -> RankShape:
     return RankShape(micro_batch_size=p.micro_batch_size, seq_length=p.seq_length, tp=p.tp, cp=p.cp, ep=p.ep,
                      etp=p.expert_tp, sequence_parallel=p.uses_sequence_parallel and p.tp > 1,
                      precision=scenario.precision.value, microbatches=scenario.num_microbatches,
-                     moe_dispatcher=scenario.runtime.moe_token_dispatcher_type if scenario.model.moe else "flex")
+                     moe_dispatcher=scenario.runtime.moe_token_dispatcher_type if scenario.model.moe else "flex",
+                     grad_accum_fusion=scenario.runtime.gradient_accumulation_fusion,
+                     unfused_attention=scenario.runtime.unfused_attention,
+                     grouped_gemm=scenario.runtime.moe_grouped_gemm or scenario.model.moe is None)
 
 
 def pass_stream(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
-                kind: str = "dense") -> StreamCost:
+                kind: str = "dense", framework_s: float = 0.0) -> StreamCost:
     """GPU and host-issue seconds of one pass (forward or backward) of one layer of ``kind``.
 
     Uncaptured kernels cost ``kernel_issue_s`` each on the host, captured ones none; each graph
-    replay costs one issue. The pass takes ``max(Σ GPU, Σ issue)`` (:mod:`costmodel.kernels`).
+    replay costs one issue; ``framework_s`` is the pass's framework host time beyond the launches
+    (:func:`framework_host_s`). The pass takes ``max(Σ GPU, Σ issue)`` (:mod:`costmodel.kernels`).
     """
     gpu = launches = captured = 0.0
     for o in ops:
@@ -84,7 +88,41 @@ def pass_stream(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphCa
         if capture.captures(o, kind):
             captured += o.kernels
     issued = launches - captured + capture.graphs_per_pass(kind)
-    return StreamCost(gpu, issued * system.efficiency.kernel_issue_s, launches, captured)
+    return StreamCost(gpu, issued * system.efficiency.kernel_issue_s + framework_s, launches, captured)
+
+
+TRANSFORMER_KINDS = ("dense", "moe", "mtp")
+
+
+def framework_host_s(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
+                     kind: str = "dense") -> tuple[float, float]:
+    """(forward, backward) host seconds of the framework's Python for one transformer layer of one
+    micro-batch, beyond its kernel launches: Megatron-Core's module hierarchy, Transformer Engine's
+    module logic and the autograd bookkeeping (``EfficiencyFactors.layer_host_s`` per pass), plus
+    the MoE block's router, token dispatcher and expert modules in an MoE layer (``moe_host_s``).
+
+    Forward and backward each cost ``layer_host_s``; a backward that recomputes forward work adds
+    that work's share of the forward kernels (full recompute: one more forward); kernels replayed
+    from a CUDA graph skip their Python, so each pass keeps only its uncaptured kernels' share.
+    Embedding and output blocks count none (their host time is their kernels' issue time).
+    """
+    if kind not in TRANSFORMER_KINDS:
+        return 0.0, 0.0
+    eff = system.efficiency
+    per_pass = eff.layer_host_s + (eff.moe_host_s if kind == "moe" else 0.0)
+
+    def eager(part: tuple[Operation, ...]) -> float:
+        return sum(o.kernels for o in part if not capture.captures(o, kind))
+
+    fwd_kernels = sum(o.kernels for o in ops.forward)
+    if fwd_kernels <= 0:
+        return 0.0, 0.0
+    recomputed = tuple(o for o in ops.backward if o.name.startswith("recompute."))
+    own = tuple(o for o in ops.backward if not o.name.startswith("recompute."))
+    own_kernels = sum(o.kernels for o in own)
+    fwd = per_pass * eager(ops.forward) / fwd_kernels
+    bwd = per_pass * (eager(own) / own_kernels if own_kernels else 0.0) + per_pass * eager(recomputed) / fwd_kernels
+    return fwd, bwd
 
 
 @lru_cache(maxsize=4096)
@@ -94,8 +132,9 @@ def ops_time(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_GRAPH
 
     Pass times are kernel-level (:func:`pass_stream`); attention-core seconds are GPU time.
     """
-    f = pass_stream(ops.forward, system, capture, kind).time_s
-    b = pass_stream(ops.backward, system, capture, kind).time_s
+    host_f, host_b = framework_host_s(ops, system, capture, kind)
+    f = pass_stream(ops.forward, system, capture, kind, host_f).time_s
+    b = pass_stream(ops.backward, system, capture, kind, host_b).time_s
     fa = sum(operation_time_s(o, system) for o in ops.forward if o.kind == "attention")
     ba = sum(operation_time_s(o, system) for o in ops.backward if o.kind == "attention")
     return f, b, fa, ba
@@ -160,12 +199,15 @@ class CommAcc:
 
 
 def layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str, GroupShape],
-                attn_s: tuple[float, float], overlap: bool, compute_s: tuple[float, float] = (0.0, 0.0)
-                ) -> tuple[tuple[CommBlock, ...], tuple[CommBlock, ...]]:
+                attn_s: tuple[float, float], overlap: bool, compute_s: tuple[float, float] = (0.0, 0.0),
+                host_slack_s: tuple[float, float] = (0.0, 0.0)) -> tuple[tuple[CommBlock, ...], tuple[CommBlock, ...]]:
     """Forward and backward collective blocks of one layer (kind: dense, moe, embedding, output, mtp).
 
     ``attn_s`` and ``compute_s``: (forward, backward) attention-core and whole-layer compute seconds
     of one micro-batch, which decide what overlaps (:mod:`costmodel.comm_exposure`).
+    ``host_slack_s``: (forward, backward) seconds the GPU waits for the host in a launch-bound pass
+    (:func:`host_slack_s`); with ``overlap`` the collectives run in that wait, so only what exceeds
+    it stays exposed (:func:`hide_under_host`).
     """
     system, model, p = scenario.system, scenario.model, scenario.par
     h = model.hidden_size
@@ -238,12 +280,37 @@ def layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str
         bwd[k].add((fwd[k].time_s, fwd[k].latency_s, fwd[k].link))
     paired = ep_paired_share(scenario)
 
-    def blocks(acc: dict[str, CommAcc], attn: float, other: float) -> tuple[CommBlock, ...]:
-        return tuple(CommBlock(k, a.time_s, a.latency_s, a.link,
-                               exposed_fraction(k, a.time_s, p, system.efficiency, overlap, attn, other, paired))
-                     for k, a in ((k, acc[k]) for k in COMM_KINDS) if a.time_s > 0)
+    def blocks(acc: dict[str, CommAcc], attn: float, other: float, slack: float) -> tuple[CommBlock, ...]:
+        out = tuple(CommBlock(k, a.time_s, a.latency_s, a.link,
+                              exposed_fraction(k, a.time_s, p, system.efficiency, overlap, attn, other, paired))
+                    for k, a in ((k, acc[k]) for k in COMM_KINDS) if a.time_s > 0)
+        return hide_under_host(out, slack) if overlap else out
 
-    return blocks(fwd, attn_s[0], compute_s[1]), blocks(bwd, attn_s[1], compute_s[0])
+    return (blocks(fwd, attn_s[0], compute_s[1], host_slack_s[0]),
+            blocks(bwd, attn_s[1], compute_s[0], host_slack_s[1]))
+
+
+def hide_under_host(blocks: tuple[CommBlock, ...], slack_s: float) -> tuple[CommBlock, ...]:
+    """``blocks`` with ``slack_s`` seconds of their exposed time hidden, every block's exposed share
+    scaled alike: in a launch-bound pass the GPU waits ``slack_s`` for the host to issue kernels, and
+    the collectives (kernels on the GPU too) run in that wait; the pass takes
+    ``max(host issue, GPU compute + collectives)`` instead of adding the collectives to the host time."""
+    exposed = sum(b.exposed_s for b in blocks)
+    if slack_s <= 0 or exposed <= 0:
+        return blocks
+    keep = max(0.0, exposed - slack_s) / exposed
+    return tuple(CommBlock(b.kind, b.time_s, b.latency_s, b.link, b.exposed_fraction * keep) for b in blocks)
+
+
+@lru_cache(maxsize=4096)
+def host_slack_s(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
+                 kind: str = "dense") -> tuple[float, float]:
+    """(forward, backward) seconds the GPU idles waiting for the host in one layer's passes:
+    ``max(0, host issue − GPU)`` (0 when the pass is GPU-bound)."""
+    host_f, host_b = framework_host_s(ops, system, capture, kind)
+    f = pass_stream(ops.forward, system, capture, kind, host_f)
+    b = pass_stream(ops.backward, system, capture, kind, host_b)
+    return max(0.0, f.issue_s - f.gpu_s), max(0.0, b.issue_s - b.gpu_s)
 
 
 def layer_cache_key(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str, GroupShape]) -> tuple:

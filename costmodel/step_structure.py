@@ -16,6 +16,9 @@ Which collectives are on the critical path (explicit, per Megatron-Core's defaul
 - **DP**: gradient reduce-scatter per bucket (from the optimizer plan) overlapped with backward
   when ``overlap_grad_reduce``; parameter all-gather synchronous after the optimizer step or, with
   ``hide_param_gather``, per bucket in forward order ahead of the next step's first forward.
+- **Per-iteration logging** (``log_num_zeros_in_grad``, ``log_params_norm``): kernels and a one-float
+  all-reduce each, after the gradient-norm synchronisation, counted with the optimizer step
+  (:mod:`costmodel.iteration_work`).
 - **Tied embeddings** (pp > 1): the word-embedding gradient all-reduce between the first and the
   last stage after their DP reduction, before the gradient-norm barrier (:mod:`costmodel.grad_finalize`).
 - **Megatron-FSDP** (``fsdp = dp·cp``): per layer and micro-batch, parameter all-gathers (forward
@@ -44,6 +47,7 @@ from costmodel.layer_costs import (
     CommBlock,
     collective_s,
     domain_link,
+    host_slack_s,
     layer_cache_key,
     layer_comm,
     layer_ops,
@@ -279,7 +283,8 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
             continue
         ops = layer_ops(model, shape, kind, recompute, modules)
         f, b, fa, ba = ops_time(ops, system, GraphCapture.of(scenario.runtime), kind)
-        cf, cb = layer_comm(scenario, shape, kind, shapes, (fa, ba), overlap, (f, b))
+        slack = host_slack_s(ops, system, GraphCapture.of(scenario.runtime), kind)
+        cf, cb = layer_comm(scenario, shape, kind, shapes, (fa, ba), overlap, (f, b), slack)
         per_kind[kind] = (f, b, cf, cb)
         if len(_KIND_CACHE) > CACHE_LIMIT:
             _KIND_CACHE.clear()
@@ -287,6 +292,12 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     if p.fsdp > 0:
         add_fsdp_blocks(scenario, placement, per_kind, overlap)
     plan = build_optimizer_plan(scenario) if plan is None else plan
+    logging = scenario.runtime.log_num_zeros_in_grad or scenario.runtime.log_params_norm
+    if logging:  # per-iteration logging work in the optimizer tail (costmodel.iteration_work)
+        from costmodel.iteration_work import logging_s
+        from workloads.inventory import inventory_for
+
+        inventory = inventory_for(scenario)
     stages = []
     passes: dict[tuple[str, ...], tuple[int, PassCost, PassCost]] = {}  # chunks with the same layers share them
     for s in range(p.pp):
@@ -303,6 +314,8 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
                 shared = passes[kinds] = (layers, PassCost(f, cf), PassCost(b, cb))
             chunks.append(ChunkCost(s, c, *shared))
         buckets, opt_compute_s, opt_tp_s = _stage_optimizer(plan, s, scenario, placement, overlap)
+        if logging:
+            opt_compute_s += logging_s(scenario, inventory.stage_tensors(s), placement.shape("world"))
         stages.append(StageCost(stage=s, chunks=tuple(chunks), buckets=buckets,
                                 optimizer_compute_s=opt_compute_s, optimizer_tp_s=opt_tp_s))
     pps = shapes["pp"]

@@ -44,8 +44,12 @@ def test_a_moe_row_by_hand():
     assert m.tie_embeddings and not m.add_bias_linear
     assert (run.tp, run.pp, run.ep, run.etp, run.num_gpus, run.precision.value) == (2, 1, 2, 2, 8, "bf16")
     assert run.optimizer_distribution == "element_wise" and run.overlap_param_gather is True
-    assert run.scenario_settings == {"overlap_grad_reduce": True, "sequence_parallel": True, "grad_reduce_dtype": "fp32",
-                                     "moe_token_dispatcher_type": "allgather"}
+    assert run.scenario_settings == {
+        "overlap_grad_reduce": True, "sequence_parallel": True, "grad_reduce_dtype": "fp32",
+        "moe_token_dispatcher_type": "allgather", "gradient_accumulation_fusion": False, "attention_backend": "unfused",
+        "transformer_impl": "transformer_engine", "log_params_norm": True, "log_num_zeros_in_grad": True,
+        "moe_grouped_gemm": True}
+    assert run.release == "mcore-ci.20260725.cd4afffa64"  # the recording environment
     assert run.extra is not None and run.extra["deterministic_mode"] == "true" and run.extra["ckpt_saves_in_window"] == 0
     scenario = run.scenario_overrides()
     assert scenario["model"] is m and scenario["moe_token_dispatcher_type"] == "allgather"

@@ -21,6 +21,9 @@ Mamba hybrids, multimodal, RL steps, unknown system / GPU count / vocabulary, fp
 explicit pipeline layouts). **Rows not used** by the ``megatron-ci`` selection are skipped too,
 with the reason (see :func:`selection_reason`); ``megatron-ci-all`` keeps every expressible row.
 
+**Release** = the recording environment (:func:`recording_release`): values were recorded by
+different commits, containers and machine pools over 2024-11 .. 2026-08 (PROVENANCE caveat 2).
+
 **Per-row flags** stay available as ``extra`` columns: ``case``, ``family``, ``phase``,
 ``deterministic_mode``, ``timing_log_level``, ``ckpt_saves_in_window`` (count),
 ``eval_in_window``, ``noise_iqr_rel`` (IQR / median), ``attention_backend``,
@@ -219,6 +222,15 @@ def _settings(row: dict[str, str], model: ModelSpec) -> dict[str, Any]:
         out["moe_token_dispatcher_type"] = row["moe_token_dispatcher_type"]
         if row["moe_flex_dispatcher_backend"] in ("deepep", "hybridep"):
             out["moe_flex_dispatcher_backend"] = row["moe_flex_dispatcher_backend"]
+    out["gradient_accumulation_fusion"] = not _bool(row["no_gradient_accumulation_fusion"])
+    if row["attention_backend"] in ("auto", "flash", "fused", "unfused", "local"):
+        out["attention_backend"] = row["attention_backend"]
+    if row["transformer_impl"] in ("transformer_engine", "local"):
+        out["transformer_impl"] = row["transformer_impl"]
+    out["log_params_norm"] = _bool(row["log_params_norm"])
+    out["log_num_zeros_in_grad"] = _bool(row["log_num_zeros_in_grad"])
+    if model.moe is not None:
+        out["moe_grouped_gemm"] = _bool(row["moe_grouped_gemm"])
     graphs = row["cuda_graph_impl"].split("(")[0]
     if graphs in ("local", "transformer_engine"):
         out["cuda_graph_impl"] = graphs
@@ -236,6 +248,14 @@ def _flags(row: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+def recording_release(row: dict[str, str]) -> str:
+    """The run's software environment: ``mcore-ci.<recording date>.<commit>``. Each golden file is
+    one CI job of the commit that recorded it (its container, Transformer Engine and machine pool);
+    the release family (``mcore-ci.<date>``) groups the files recorded that day, newest last."""
+    commit = row["release"].removeprefix("mcore-ci-")
+    return f"mcore-ci.{row['values_recorded_date'].replace('-', '')}.{commit}"
+
+
 def row_to_run(row: dict[str, str]) -> MeasuredRun | SkippedRun:
     """The MeasuredRun of one CI row, or a SkippedRun with the one-line reason it is not expressible."""
     model_name = f"ci:{row['case']}"
@@ -247,7 +267,7 @@ def row_to_run(row: dict[str, str]) -> MeasuredRun | SkippedRun:
     fsdp = int(row["num_gpus"]) // (tp * int(row["pp"])) if row["fsdp_impl"] == "megatron_fsdp" else 0
     distribution = row["optimizer_distribution"]
     data: dict[str, Any] = dict(
-        run_id=row["run_id"], source=row["source"], release=row["release"], model=spec.name, system=row["system"],
+        run_id=row["run_id"], source=row["source"], release=recording_release(row), model=spec.name, system=row["system"],
         num_gpus=int(row["num_gpus"]), precision=PRECISIONS[row["precision"]],
         global_batch_size=int(row["global_batch_size"]), micro_batch_size=int(row["micro_batch_size"]),
         seq_length=int(row["seq_length"]), tp=tp, pp=int(row["pp"]), vpp=int(row["vpp"]), cp=cp,

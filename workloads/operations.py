@@ -54,6 +54,15 @@ marked an assumption:
   unpermute (scale by probs, scatter-add) 3 / 3.
 - Embedding lookup 1 / 3 (dense embedding backward: sort and segment reduction); vocabulary-parallel
   cross-entropy, unfused, 6 / 3 (assumption).
+- Gradient accumulation (Megatron DDP, ``_make_backward_post_hook``): a parameter whose gradient
+  lands in ``param.grad`` is added into its fp32 ``main_grad`` by the hook, one kernel per
+  parameter per micro-batch: the weights of the linear layers without gradient-accumulation fusion
+  (with it, TE and Megatron's linear layers accumulate inside the wgrad GEMM) and the linear
+  biases. Not counted: the same add for norm weights, the router and the embedding tables (a few
+  small kernels per layer, kept out so the catalogue's kernel counts stay as pinned).
+- Unfused attention (``attention_backend`` unfused, or Megatron's local layers): 8 / 10 kernels on
+  the materialised score matrix (``UNFUSED_ATTENTION_*``). SequentialMLP (``moe_grouped_gemm`` off):
+  one activation per local expert and a concatenation of their outputs.
 """
 
 from __future__ import annotations
@@ -70,6 +79,16 @@ Phase = Literal["fwd", "bwd"]
 ACT_BYTES = 2  # BF16 activations
 FP32_BYTES = 4
 ATTENTION_BWD_FLOPS_RATIO = 2.5  # FlashAttention backward: 5 matmuls (QKᵀ recomputed) vs 2 forward
+MAIN_GRAD_ADD_BYTES = 10  # main_grad.add_(grad): read bf16 grad 2 + read fp32 main grad 4 + write 4
+# Unfused attention (TE UnfusedDotProductAttention / Megatron local DotProductAttention), forward:
+# q, k, v layout copies (3), baddbmm QKᵀ, fused scale-mask-softmax, dropout, bmm PV, output permute
+# copy = 8 kernels; backward: the output copy, 2 bmm (dP, dV), dropout and softmax backward, 2 bmm
+# (dQ, dK), 3 layout copies = 10 (our reading of the code: an assumption). Bytes per score element
+# (bf16): forward baddbmm write 2, softmax read + write 4, dropout read + write + mask 5, bmm read 2
+# = 13; backward dP write 2, dropout read + mask + write 5, softmax read probs + grad + write 6,
+# dQ/dK bmm reads 4 = 17.
+UNFUSED_ATTENTION_KERNELS = (8, 10)
+UNFUSED_ATTENTION_BYTES = (13.0, 17.0)
 # bytes moved per element cast (read BF16 + write the quantised copies incl. scales):
 # fp8-cs: amax pass (read 2) + cast (read 2) + rowwise and transposed FP8 copies (1 + 1);
 # mxfp8: read 2 + rowwise and columnwise copies with an E8M0 scale per 32 (2 x (1 + 1/32));
@@ -119,6 +138,9 @@ class RankShape:
     precision: str = "bf16"  # Precision value: bf16, fp16, fp8-cs, fp8-delayed, fp8-blockwise, mxfp8, nvfp4
     microbatches: int = 1  # micro-batches per step (weight casts are amortised over them)
     moe_dispatcher: str = "flex"  # allgather permutes the tokens gathered over etp·ep (costmodel.moe_dispatch)
+    grad_accum_fusion: bool = True  # wgrad GEMMs accumulate into main_grad (Megatron --gradient-accumulation-fusion)
+    unfused_attention: bool = False  # attention core as separate batched GEMMs, softmax and dropout (unfused / local)
+    grouped_gemm: bool = True  # local experts as one grouped GEMM; False: Megatron's SequentialMLP, one MLP per expert
 
     @property
     def tokens(self) -> int:
@@ -152,18 +174,21 @@ class LayerOps:
 class _Builder:
     """Collects forward operations and derives their backward counterparts."""
 
-    def __init__(self, shape: RankShape, hidden: int, layernorm: bool = False) -> None:
+    def __init__(self, shape: RankShape, hidden: int, layernorm: bool = False, bias: bool = False) -> None:
         self.shape = shape
         self.hidden = hidden
         self.layernorm = layernorm
+        self.bias = bias  # linear layers carry biases (their gradients go through the DDP hook)
         self.fwd: list[Operation] = []
         self.bwd: list[Operation] = []
         self.low = TENSOR_CLASS[shape.precision] != "bf16"  # fp16 GEMMs run like bf16 ones
         self.cast = CAST_BYTES_PER_ELEMENT[shape.precision]
 
     def gemm(self, name: str, module: str, m: int, n: int, k: int, low_precision: bool = True,
-             groups: int = 1) -> None:
-        """A (grouped) GEMM [m x k] @ [k x n]: forward, dgrad and wgrad, plus quantisation casts."""
+             groups: int = 1, fusable: bool = True, bias: bool = True) -> None:
+        """A (grouped) GEMM [m x k] @ [k x n]: forward, dgrad and wgrad, plus quantisation casts, and
+        the DDP hook's gradient accumulation of its weight (unless fused into the wgrad GEMM, which
+        ``fusable`` layers do under gradient-accumulation fusion) and of its bias."""
         low = low_precision and self.low
         tclass = TENSOR_CLASS[self.shape.precision] if low else "bf16"
         kind: OpKind = "grouped_gemm" if groups > 1 else "gemm"
@@ -181,6 +206,16 @@ class _Builder:
                                       (m * k + k * n * groups * per_step) * self.cast, kernels=casts * (1 + per_step)))
             self.bwd.append(Operation(name + ".cast_grad", "quantize", "bwd", module, 0.0, m * n * self.cast,
                                       kernels=casts))
+        if not (fusable and self.shape.grad_accum_fusion):
+            self.grad_add(name + ".main_grad_add", module, k * n * groups, groups)
+        if bias and self.bias:
+            self.grad_add(name + ".bias_grad_add", module, n * groups, groups)
+
+    def grad_add(self, name: str, module: str, numel: float, kernels: float = 1.0) -> None:
+        """Megatron DDP's backward hook for a parameter whose gradient arrives in ``param.grad``:
+        ``main_grad.add_(grad)``, one kernel per parameter per micro-batch reading the bf16 gradient
+        and the fp32 main gradient and writing it back (``MAIN_GRAD_ADD_BYTES`` per element)."""
+        self.bwd.append(Operation(name, "elementwise", "bwd", module, 0.0, numel * MAIN_GRAD_ADD_BYTES, kernels=kernels))
 
     def elementwise(self, name: str, module: str, fwd_bytes: float, bwd_factor: float = 2.0,
                     kernels: tuple[float, float] = (1.0, 1.0)) -> None:
@@ -190,11 +225,20 @@ class _Builder:
         self.bwd.append(Operation(name + ".grad", "elementwise", "bwd", module, 0.0, fwd_bytes * bwd_factor,
                                   kernels=kernels[1]))
 
-    def attention(self, name: str, fwd_flops: float, io_bytes: float) -> None:
-        """The attention core (QKᵀ, softmax, PV) in BF16."""
-        self.fwd.append(Operation(name, "attention", "fwd", "core_attn", fwd_flops, io_bytes))
-        self.bwd.append(Operation(name + ".grad", "attention", "bwd", "core_attn",
-                                  fwd_flops * ATTENTION_BWD_FLOPS_RATIO, 2 * io_bytes, kernels=3))
+    def attention(self, name: str, fwd_flops: float, io_bytes: float, scores: float = 0.0) -> None:
+        """The attention core (QKᵀ, softmax, PV) in BF16: one fused kernel (flash / cuDNN), or, with
+        ``shape.unfused_attention``, the unfused path on the ``scores`` (b·heads·s_q·s_k) matrix
+        (``UNFUSED_ATTENTION_*``: the full square, twice the causal FLOPs)."""
+        if not self.shape.unfused_attention:
+            self.fwd.append(Operation(name, "attention", "fwd", "core_attn", fwd_flops, io_bytes))
+            self.bwd.append(Operation(name + ".grad", "attention", "bwd", "core_attn",
+                                      fwd_flops * ATTENTION_BWD_FLOPS_RATIO, 2 * io_bytes, kernels=3))
+            return
+        f_kernels, b_kernels = UNFUSED_ATTENTION_KERNELS
+        self.fwd.append(Operation(name, "attention", "fwd", "core_attn", 2 * fwd_flops,
+                                  io_bytes + UNFUSED_ATTENTION_BYTES[0] * scores, kernels=f_kernels))
+        self.bwd.append(Operation(name + ".grad", "attention", "bwd", "core_attn", 4 * fwd_flops,
+                                  2 * io_bytes + UNFUSED_ATTENTION_BYTES[1] * scores, kernels=b_kernels))
 
     def norm(self, name: str, tokens: int, width: int) -> None:
         """The model's norm over ``tokens`` x ``width`` BF16 values: read + write, plus LayerNorm's
@@ -227,7 +271,7 @@ def _attention_block(b: _Builder, model: ModelSpec) -> None:
             b.elementwise("rope", "attn_proj", 2.0 * t * (nh + nkv) * d * ACT_BYTES, kernels=(2, 2))
         core = 2.0 * 2.0 * t * avg_kv * nh * d
         io = t * (2 * nh + 2 * nkv) * d * ACT_BYTES
-        b.attention("core_attention", core, io)
+        b.attention("core_attention", core, io, scores=float(t) * nh * s.seq_length)
         b.gemm("linear_proj", "attn_proj", t, h, nh * d)
     else:
         assert isinstance(att, MlaAttention)
@@ -247,22 +291,25 @@ def _attention_block(b: _Builder, model: ModelSpec) -> None:
         b.elementwise("rope", "mla_up_proj", 2.0 * t * nh * att.qk_pos_emb_head_dim * 2 * ACT_BYTES, kernels=(2, 2))
         core = 2.0 * t * avg_kv * nh * (dqk + att.v_head_dim)
         io = t * nh * (2 * dqk + 2 * att.v_head_dim) * ACT_BYTES
-        b.attention("core_attention", core, io)
+        b.attention("core_attention", core, io, scores=float(t) * nh * s.seq_length)
         b.gemm("linear_proj", "attn_proj", t, h, nh * att.v_head_dim)
     b.elementwise("residual_add", "attn_proj", 3.0 * tsp * h * ACT_BYTES)
 
 
-def _activation(b: _Builder, model: ModelSpec, name: str, module: str, tokens: int, width: int) -> None:
+def _activation(b: _Builder, model: ModelSpec, name: str, module: str, tokens: int, width: int,
+                calls: int = 1) -> None:
     """The MLP activation on ``width`` output features.
 
     Gated (SwiGLU): read gate and up (2·width), write width; backward reads dy, gate and up and
     writes both gradients (5·width). Not gated (GELU, squared ReLU): read and write width; backward
     reads dy and x, writes dx (3·width).
     """
+    kernels = (float(calls), float(calls))  # one fused kernel per call (SequentialMLP: one per expert)
     if model.gated_mlp:
-        b.elementwise(f"{name}.swiglu", module, 3.0 * tokens * width * ACT_BYTES, bwd_factor=5.0 / 3.0)
+        b.elementwise(f"{name}.swiglu", module, 3.0 * tokens * width * ACT_BYTES, bwd_factor=5.0 / 3.0, kernels=kernels)
     else:
-        b.elementwise(f"{name}.{model.activation}", module, 2.0 * tokens * width * ACT_BYTES, bwd_factor=1.5)
+        b.elementwise(f"{name}.{model.activation}", module, 2.0 * tokens * width * ACT_BYTES, bwd_factor=1.5,
+                      kernels=kernels)
 
 
 def _dense_mlp(b: _Builder, model: ModelSpec, ffn: int, module: str, name: str) -> None:
@@ -277,7 +324,7 @@ def _moe_mlp(b: _Builder, model: ModelSpec) -> None:
     s, moe, h = b.shape, model.moe, model.hidden_size
     assert moe is not None
     tsp = s.sp_tokens
-    b.gemm("router", "moe_router", tsp, moe.num_experts, h, low_precision=False)
+    b.gemm("router", "moe_router", tsp, moe.num_experts, h, low_precision=False, bias=False)
     b.elementwise("router_topk", "moe_router", 3.0 * tsp * moe.num_experts * 4, kernels=(8, 4))
     b.elementwise("dispatch_preprocess", "moe_preprocess", 2.0 * tsp * moe.num_experts, 0.0, kernels=(4, 0))
     pairs = tsp * moe.topk * s.etp
@@ -288,8 +335,10 @@ def _moe_mlp(b: _Builder, model: ModelSpec) -> None:
     local_experts = max(moe.num_experts // s.ep, 1)
     fe = moe.expert_ffn_hidden_size // s.etp
     b.gemm("experts.linear_fc1", "moe", pairs, model.fc1_factor * fe, h, groups=local_experts)
-    _activation(b, model, "experts", "moe_act", pairs, fe)
+    _activation(b, model, "experts", "moe_act", pairs, fe, 1 if s.grouped_gemm else local_experts)
     b.gemm("experts.linear_fc2", "moe", pairs, h, fe, groups=local_experts)
+    if not s.grouped_gemm:  # SequentialMLP: split the permuted tokens per expert, concatenate the outputs
+        b.elementwise("experts.cat", "moe", 2.0 * pairs * h * ACT_BYTES, bwd_factor=1.0)
     if s.moe_dispatcher == "allgather":  # zero the gathered output buffer, scatter-add the pairs into it
         b.elementwise("unpermute", "moe", (tsp * s.ep * s.etp + 2.0 * pairs) * h * ACT_BYTES, kernels=(3, 3))
     else:
@@ -299,7 +348,7 @@ def _moe_mlp(b: _Builder, model: ModelSpec) -> None:
 
 
 def _builder(model: ModelSpec, shape: RankShape) -> _Builder:
-    return _Builder(shape, model.hidden_size, layernorm=model.normalization == "layernorm")
+    return _Builder(shape, model.hidden_size, layernorm=model.normalization == "layernorm", bias=model.add_bias_linear)
 
 
 def layer_operations(model: ModelSpec, shape: RankShape, moe: bool, recompute: str = "none",
@@ -320,10 +369,11 @@ def embedding_operations(model: ModelSpec, shape: RankShape) -> LayerOps:
     """The vocabulary-parallel input embedding (first virtual stage): lookup and its scatter-add
     (a learned absolute position table is read and added too)."""
     b = _builder(model, shape)
+    h = model.hidden_size
     if model.position_embedding == "learned_absolute":  # two lookups and their sum; two dense backwards
-        b.elementwise("embedding", "embedding", 3.0 * shape.tokens * model.hidden_size * ACT_BYTES, kernels=(3, 6))
+        b.elementwise("embedding", "embedding", 3.0 * shape.tokens * h * ACT_BYTES, kernels=(3, 6))
     else:
-        b.elementwise("embedding", "embedding", 2.0 * shape.tokens * model.hidden_size * ACT_BYTES, kernels=(1, 3))
+        b.elementwise("embedding", "embedding", 2.0 * shape.tokens * h * ACT_BYTES, kernels=(1, 3))
     return b.build("none", ())
 
 
@@ -332,7 +382,7 @@ def output_operations(model: ModelSpec, shape: RankShape) -> LayerOps:
     b = _builder(model, shape)
     h, v = model.hidden_size, model.padded_vocab_size(shape.tp) // shape.tp
     b.norm("final_layernorm", shape.sp_tokens, h)
-    b.gemm("output_layer", "output", shape.tokens, v, h, low_precision=False)
+    b.gemm("output_layer", "output", shape.tokens, v, h, low_precision=False, bias=False)
     b.elementwise("cross_entropy", "output", 4.0 * shape.tokens * v * ACT_BYTES, bwd_factor=0.5, kernels=(6, 3))
     return b.build("none", ())
 

@@ -29,6 +29,7 @@ FlexBackend = Literal["deepep", "hybridep"]
 RouterDtype = Literal["fp32", "fp64"]
 AttentionBackend = Literal["auto", "flash", "fused", "unfused", "local"]
 CrossEntropyImpl = Literal["native", "te"]
+TransformerImpl = Literal["transformer_engine", "local"]
 OffloadModule = Literal["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"]
 TpOverlapGemm = Literal["qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad",
                         "fc1_fprop", "fc1_dgrad", "fc1_wgrad", "fc2_fprop", "fc2_dgrad"]
@@ -219,6 +220,15 @@ class RuntimeSettings(_Strict):
                                                "gradients accumulate into the fp32 main_grad inside the wgrad GEMM")
     use_transformer_engine_op_fuser: bool = Field(False, description="Megatron-Bridge use_transformer_engine_op_fuser "
                                                   "(TE operation-based fused MLP)")
+    transformer_impl: TransformerImpl = Field("transformer_engine", description="Megatron --transformer-impl: "
+                                              "transformer_engine, or local (Megatron's own layers: unfused attention)")
+    # --- per-iteration work outside the layers (costmodel.iteration_work) ---
+    log_params_norm: bool = Field(False, description="Megatron --log-params-norm: an l2 norm over every parameter, "
+                                  "its all-reduce and a host synchronisation each iteration")
+    log_num_zeros_in_grad: bool = Field(False, description="Megatron --log-num-zeros-in-grad: count_nonzero over "
+                                        "every main gradient (per parameter), an all-reduce and a host synchronisation")
+    timing_log_level: int = Field(0, ge=0, le=2, description="Megatron --timing-log-level: timers at levels 1 and 2 "
+                                  "synchronise the device (and barrier) at every start and stop")
     # --- precision of the first and last layers (memory, compute) ---
     first_last_layers_bf16: bool = Field(False, description="Megatron --first-last-layers-bf16: keep the first "
                                          "num_layers_at_start_in_bf16 and last num_layers_at_end_in_bf16 layers in BF16 "
@@ -267,6 +277,11 @@ class RuntimeSettings(_Strict):
             if cfg.gemm == gemm:
                 return cfg
         return te_default_tp_overlap(gemm)
+
+    @property
+    def unfused_attention(self) -> bool:
+        """Whether the attention core runs unfused (attention_backend unfused or local, or local layers)."""
+        return self.attention_backend in ("unfused", "local") or self.transformer_impl == "local"
 
     @property
     def bf16_layers(self) -> tuple[int, int]:

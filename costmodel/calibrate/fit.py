@@ -67,7 +67,7 @@ FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
     "grouped_gemm": (0.2, 1.5), "attention": (0.1, 1.0), "memory_bandwidth": (0.3, 1.0),
     "quantize_bandwidth": (0.2, 1.0),
     "newton_schulz_gemm": (0.2, 1.0), "newton_schulz_half_efficiency_flops": (1e7, 1e12),
-    "kernel_issue_s": (5e-7, 1e-4), "kernel_min_s": (3e-7, 2e-5), "nvlink_bandwidth": (0.2, 1.0), "nvls_bandwidth": (0.2, 1.0),
+    "kernel_issue_s": (5e-7, 1e-4), "kernel_min_s": (3e-7, 2e-5), "layer_host_s": (1e-5, 3e-2), "moe_host_s": (1e-5, 3e-2), "nvlink_bandwidth": (0.2, 1.0), "nvls_bandwidth": (0.2, 1.0),
     "network_bandwidth": (0.2, 1.0), "alltoall_bandwidth": (0.05, 1.0),
     "nvlink_step_latency_s": (1e-7, 1e-4), "network_step_latency_s": (1e-7, 1e-3),
     "collective_base_latency_s": (1e-7, 1e-3), "nvls_latency_s": (1e-7, 1e-3),
@@ -78,8 +78,11 @@ MULTIPLIER_BOUNDS = (0.5, 2.0)  # a release changes a factor by at most 2x eithe
 # prior widths (1 sigma of log f) that differ from FitSettings.prior_sigma_log: the GEMM sizes at
 # half efficiency are known only to an order of magnitude, the host issue cost per kernel to a factor ~3
 # (it depends on the host CPU and on how much Python runs per kernel)
+# prior centres of factors whose schema default is 0 ("not modelled unless calibrated"): the fit
+# starts from and regularises towards these instead (sources in the factors' descriptions)
+PRIOR_CENTERS = {"layer_host_s": 1.0e-3, "moe_host_s": 1.0e-3}
 PRIOR_SIGMA_LOG = {"gemm_half_efficiency_flops": 1.5, "newton_schulz_half_efficiency_flops": 1.5,
-                   "kernel_issue_s": 1.0}
+                   "kernel_issue_s": 1.0, "layer_host_s": 1.0, "moe_host_s": 1.0}
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,8 @@ def default_factor_values(names: Sequence[str], defaults: EfficiencyFactors | Ma
     if defaults is None:
         defaults = EfficiencyFactors()
     get = (lambda n: getattr(defaults, n)) if isinstance(defaults, EfficiencyFactors) else defaults.__getitem__
-    return {n: float(get(n)) for n in names}
+    out = {n: float(get(n)) for n in names}
+    return {n: PRIOR_CENTERS[n] if v <= 0 and n in PRIOR_CENTERS else v for n, v in out.items()}
 
 
 def release_family(release: str) -> str:

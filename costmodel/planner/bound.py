@@ -39,8 +39,9 @@ def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kind: st
     if hit is not None and hit[0] is model and hit[1] is system:
         return hit[2], hit[3]
     ops = lc.layer_ops(model, shape, kind, p.recompute, modules)
-    f, b, fa, ba = lc.ops_time(ops, system, GraphCapture.of(scenario.runtime), kind)
-    cf, cb = lc.layer_comm(scenario, shape, kind, shapes, (fa, ba), True, (f, b))
+    capture = GraphCapture.of(scenario.runtime)
+    f, b, fa, ba = lc.ops_time(ops, system, capture, kind)
+    cf, cb = lc.layer_comm(scenario, shape, kind, shapes, (fa, ba), True, (f, b), lc.host_slack_s(ops, system, capture, kind))
     out = (f + sum(c.exposed_s for c in cf), b + sum(c.exposed_s for c in cb))
     if len(_KIND_COSTS) > _CACHE_LIMIT:
         _KIND_COSTS.clear()
