@@ -19,7 +19,14 @@ import os
 from pathlib import Path
 
 from costmodel.calibrate.profile import load_profile
-from costmodel.calibrate.validation import error_metrics, metrics_by, prepare_runs, result_row, step_time_function, with_factors
+from costmodel.calibrate.validation import (
+    error_metrics,
+    metrics_by,
+    prepare_runs,
+    result_row,
+    step_time_function,
+    with_factors,
+)
 from workloads.datasets import load_dataset_rows
 
 PROFILE = Path(__file__).resolve().parents[1] / "costmodel" / "data" / "ci_calibration.yaml"

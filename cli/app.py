@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "cli.cmd_predict",
     "cli.cmd_compare",
     "cli.cmd_plan",
+    "cli.cmd_sweep",
     "cli.cmd_collective",
     "cli.cmd_validate",
     "cli.cmd_reference",

@@ -137,7 +137,8 @@ def render(data: dict[str, Any], reports: list[Any]) -> Any:
     t.add_section()
     opt = [r.optimizer for r in reports]
     row("optimizer", [f"{o.kind} {o.distribution}" + (f" {o.layout}" if o.layout else "") if o else "-" for o in opt])
-    row("tp mode / balance", [f"{o.tp_mode or '-'} / {o.load_balance or '-'}" if o else "-" for o in opt])
+    row("tp mode / balance", [f"{o.tp_mode or '-'} / {o.load_balance or '-'}" + (" (hypothetical)" if o.hypothetical else "")
+                              if o else "-" for o in opt])
     row("NS TFLOP/GPU (max)", [f"{o.newton_schulz_flops.get('per_rank_max', 0.0) / 1e12:,.1f}" if o else "-" for o in opt])
     row("optimizer/GPU max", [f"{o.per_rank_compute_s.max * 1e3:.1f} ms" if o else "-" for o in opt])
     row("imbalance (lost)", [f"{o.imbalance:.3f} ({o.imbalance_lost_s * 1e3:.1f} ms)" if o else "-" for o in opt])

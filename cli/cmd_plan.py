@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
+from cli.cluster import SchedulerOpt
 from cli.common import (
     CalibrationOpt,
     CliError,
@@ -80,31 +81,15 @@ def _progress() -> tuple[Any, Any]:
 
 def _base_and_reference(scenario_file: Path | None, flags: dict[str, str]) -> tuple[Any, dict[str, str], str | None]:
     """(base scenario, raw pins, why the reference is invalid or None)."""
-    from costmodel.planner.pins import SEARCH_KEYS
-    from costmodel.planner.plan import scenario_from_config
-    from topologies.inputs import UserInputError
+    from costmodel.planner.base import plan_base, split_pins
     from workloads.scenario import DEFAULT_SCENARIO, build_config, load_scenario_config
 
-    pins = {k: v for k, v in flags.items() if k in SEARCH_KEYS}
-    rest = {k: v for k, v in flags.items() if k not in SEARCH_KEYS}
+    pins, rest = split_pins(flags)
     if scenario_file is not None:
         config = load_scenario_config(scenario_file, rest)
     else:
         config = build_config(DEFAULT_SCENARIO.model_dump(), rest, source="scenario")
-    singles = {k: v.strip() for k, v in pins.items() if "," not in v}
-    if singles:  # the reference takes the single-valued pins when they make a valid scenario
-        try:
-            pinned = build_config(config.model_dump(), singles)
-            scenario_from_config(pinned).validate()
-            config = pinned
-        except UserInputError:
-            pass
-    base = scenario_from_config(config)
-    try:
-        base.validate()
-        error = None
-    except UserInputError as err:
-        error = str(err)
+    base, error = plan_base(config, pins)
     return base, pins, error
 
 
@@ -116,15 +101,18 @@ def plan(
     memory_headroom: Annotated[float, typer.Option("--memory-headroom", metavar="FRACTION", help="fraction of HBM kept free")] = 0.1,
     top_k: Annotated[int, typer.Option("--top-k", metavar="INT", help="best plans re-ranked with the discrete-event engine (0 = none)")] = 5,
     limit: Annotated[int, typer.Option("--limit", metavar="INT", help="plans listed")] = 10,
-    jobs: Annotated[int, typer.Option("--jobs", metavar="INT", help="worker processes (0 = every core)")] = 0,
+    jobs: Annotated[int, typer.Option("--jobs", metavar="INT", help="worker processes (0 = every core; ignored with --scheduler)")] = 0,
     explain: Annotated[list[str] | None, typer.Option("--explain", metavar="SETTINGS", help='why not this configuration? e.g. "tp=2,pp=8" (repeatable)')] = None,
     samples: Annotated[int, typer.Option("--samples", metavar="INT", help="calibration-uncertainty draws for the sensitivity (0 = none)")] = 16,
     sensitivity_sigma: Annotated[float | None, typer.Option("--sensitivity-sigma", metavar="REL", help="assumed relative 1-sigma for factors without a fitted uncertainty")] = None,
     seed: Annotated[int, typer.Option("--seed", help="random seed of the sensitivity draws")] = 0,
     exhaustive: Annotated[bool, typer.Option("--exhaustive", help="evaluate every candidate (no pruning)")] = False,
+    allow_hypothetical: Annotated[bool, typer.Option("--allow-hypothetical", help="also search layout / load-balance pairs "
+                                  "Megatron-Core does not have (legacy with lpt or none, current with ping_pong or none)")] = False,
     calibration: CalibrationOpt = None,
     json_out: JsonOpt = False,
     html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write plotly figures (all plans, Pareto front, breakdowns)")] = None,
+    scheduler: SchedulerOpt = None,
     *, scenario_flags: dict[str, str], bounds: dict[str, int | None],
 ) -> None:
     """Search parallel layouts and optimizer choices: the fastest plans that fit in memory."""
@@ -143,7 +131,7 @@ def plan(
     for q in queries:
         parse_query(q)
     base, raw_pins, reference_error = _base_and_reference(scenario_file, scenario_flags)
-    pins = parse_pins(raw_pins, bounds)
+    pins = parse_pins(raw_pins, bounds, allow_hypothetical)
     memory_budget_bytes(base, memory_headroom)
     profile = load_calibration(calibration)
     label = "datasheet defaults"
@@ -151,7 +139,8 @@ def plan(
         base = profile.apply(base)
         label = profile.label(base.system.name)
     options = PlanOptions(pins=pins, headroom=memory_headroom, top_k=top_k, limit=limit, jobs=jobs, samples=samples,
-                          assumed_sigma=sensitivity_sigma, seed=seed, explain=queries, exhaustive=exhaustive)
+                          assumed_sigma=sensitivity_sigma, seed=seed, explain=queries, exhaustive=exhaustive,
+                          scheduler=scheduler)
     progress, report = _progress()
     with progress:
         outcome = run_plan(base, options, reference_error=reference_error, profile=profile,

@@ -199,7 +199,7 @@ def calibrate(
     no_cv: Annotated[bool, typer.Option("--no-cv", help="skip the held-out evaluation")] = False,
     loss: Annotated[str, typer.Option("--loss", help="soft_l1, huber or linear")] = "soft_l1",
     microbench: Annotated[bool, typer.Option(
-        "--microbench", help="measure this machine (GEMM, gloo α-β) instead of fitting runs")] = False,
+        "--microbench", help="measure this machine (GEMM, eager dispatch, gloo α-β) instead of fitting runs")] = False,
     json_out: JsonOpt = False,
     warmup: WarmupOpt = 10,
     *, scenario_flags: dict[str, str],
@@ -308,6 +308,9 @@ def _microbench(out: Path, name: str | None, json_out: bool) -> None:
         print_json(profile.model_dump(mode="json"))
         return
     typer.echo("GEMM: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in local.gemm_flops_per_s.items()))
+    if local.dispatch_s is not None and local.memory_Bps is not None:
+        typer.echo(f"eager PyTorch dispatch {local.dispatch_s * 1e6:.2f} us per operator; element-wise "
+                   f"{local.memory_Bps / 1e9:.1f} GB/s")
     for op, fit in local.collectives.items():
         typer.echo(f"gloo {op} ({local.world_size} ranks): alpha {fit.alpha_s * 1e6:.0f} us, "
                    f"beta {fit.beta_Bps / 1e9:.2f} GB/s")

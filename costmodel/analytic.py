@@ -8,9 +8,9 @@ Step = parameter-gather head + forward/backward phase (:func:`costmodel.pipeline
 - Drain: stage ``s`` finishes its last backward ``Σ_{j<s}`` (chunk backward + one transfer) before
   stage 0. Gradient buckets become ready during each chunk's last backward (at their position in
   backprop order) and are reduced one after another on the DP stream; what runs past the end of the
-  stage's backward is exposed. With tied embeddings over several stages, the first and last stage
-  then all-reduce the word-embedding gradient. All stages meet at the gradient-norm synchronisation, then run the
-  optimizer step (the plan's critical GPU: Newton-Schulz + element-wise + its TP collectives).
+  stage's backward is exposed. A shared embedding's all-reduce between the first and the last stage
+  (MTP with pp > 1) follows both stages' reductions. All stages meet at the gradient-norm
+  synchronisation, then run the optimizer step (the plan's critical GPU: Newton-Schulz + element-wise + its TP collectives).
 - Parameter gather: synchronous after the optimizer step, or (``hide_param_gather``) queued per
   bucket in forward order at the end of the optimizer step and waited for by the next step's
   first forward pass of each chunk; stages > 0 hide it in the pipeline fill. (Megatron dispatches
@@ -100,7 +100,10 @@ def analytic_timing(st: StepStructure) -> AnalyticTiming:
         ends.append(t_pipe - slack)
         slack += st.stages[s].chunks[0].bwd.time_s + st.p2p_s
     done = [_grad_done_s(stage, ends[s], st.overlap_grad_reduce) for s, stage in enumerate(st.stages)]
-    barrier = max(max(done), max(done[0], done[-1]) + st.embedding_sync_s)
+    barrier = max(done)
+    embd = [s for s, stage in enumerate(st.stages) if stage.embedding_grad_s > 0]
+    if embd:  # the shared embedding's all-reduce starts when both of its stages have reduced their grads
+        barrier = max(barrier, max(done[s] for s in embd) + max(st.stages[s].embedding_grad_s for s in embd))
     dp_grad = barrier - t_pipe
     reduce_total = [sum(b.reduce_s for b in s.buckets) for s in st.stages]
     gather_total = [sum(b.gather_s for b in s.buckets) for s in st.stages]

@@ -45,6 +45,10 @@ def render_table(report: StepReport) -> Any:
                  f"tp {par.get('tp')} pp {par.get('pp')} vpp {par.get('vpp')} cp {par.get('cp')} ep {par.get('ep')}, "
                  f"mbs {par.get('micro_batch_size')} gbs {par.get('global_batch_size')} seq {par.get('seq_length')}, "
                  f"{sc.get('optimizer', {}).get('kind')}")
+    opt = report.optimizer
+    if opt is not None and opt.hypothetical:
+        reason = next((n for n in opt.notes if n.startswith("hypothetical")), "hypothetical")
+        head.add_row("[yellow]hypothetical[/yellow]", reason.removeprefix("hypothetical: "))
     head.add_row("step time", f"{report.step_time_s:.3f} s")
     head.add_row("tokens/s/GPU", f"{report.tokens_per_s_per_gpu:,.0f}")
     head.add_row("model TFLOP/s/GPU", f"{report.model_tflops_per_gpu:,.0f}  (MFU {report.mfu * 100:.1f} %)")

@@ -94,6 +94,8 @@ class FsdpUnit:
 def _unit_of(t: TensorSpec, model_layers: int, first_moe: int) -> str | None:
     """The unit kind a tensor belongs to (of the first unit of that kind), None for other units."""
     if t.layer is None:
+        if t.duplicate_of is not None:  # the last stage's embedding copy: not a unit of the first stage's kinds
+            return None
         return "embedding" if t.role in ("embedding", "position_embedding") else "output"
     if t.layer >= model_layers:
         return "mtp" if t.layer == model_layers else None

@@ -67,6 +67,8 @@ class OptimizerKernelsOut(_Out):
     gpu_s: float = Field(description="GPU-busy seconds (kernels and blocking TP collectives)")
     issue_s: float = Field(description="host seconds to issue the launches (kernel_issue_s each)")
     host_idle_s: float = Field(description="seconds the GPU waits for the host (launch-bound share of the step)")
+    grad_prescale_launches: int = Field(0, description="grad_data *= 1/dp kernels before the bucket reductions (one per "
+                                        "bucket, in the backward pass, not in the step)")
 
 
 class OptimizerReport(_Out):
@@ -77,6 +79,8 @@ class OptimizerReport(_Out):
     layout: str | None = None
     tp_mode: str | None = None
     load_balance: str | None = None
+    hypothetical: bool = Field(False, description="a layout / load-balance pair Megatron-Core does not have (a what-if; "
+                               "the reason is in notes)")
     per_rank_compute_s: Stats
     imbalance: float = Field(description="max / mean per-rank optimizer compute")
     imbalance_lost_s: float = Field(0.0, description="(max - mean) per-rank optimizer compute")

@@ -14,13 +14,14 @@ Which collectives are on the critical path (explicit, per Megatron-Core's defaul
 - **PP** point-to-point: asynchronous sends of ``sp_tokens·h`` BF16 per micro-batch; they cost time
   through the schedule's dependencies (see :mod:`costmodel.pipeline`).
 - **DP**: gradient reduce-scatter per bucket (from the optimizer plan) overlapped with backward
-  when ``overlap_grad_reduce``; parameter all-gather synchronous after the optimizer step or, with
+  when ``overlap_grad_reduce``, each after its pre-scaling kernel (``grad_data *= 1/dp``); parameter all-gather synchronous after the optimizer step or, with
   ``hide_param_gather``, per bucket in forward order ahead of the next step's first forward.
 - **Per-iteration logging** (``log_num_zeros_in_grad``, ``log_params_norm``): kernels and a one-float
   all-reduce each, after the gradient-norm synchronisation, counted with the optimizer step
   (:mod:`costmodel.iteration_work`).
-- **Tied embeddings** (pp > 1): the word-embedding gradient all-reduce between the first and the
-  last stage after their DP reduction, before the gradient-norm barrier (:mod:`costmodel.grad_finalize`).
+- **Embedding group**: with a word embedding on both the first and the last stage (tied embeddings,
+  or MTP, with pp > 1), its gradient is all-reduced over ``embd`` once both stages have reduced
+  their DP gradients, before the optimizer step (``finalize_model_grads``); exposed, counted in ``dp_grad``.
 - **Megatron-FSDP** (``fsdp = dp·cp``): per layer and micro-batch, parameter all-gathers (forward
   and backward) and gradient reduce-scatters (backward) over the dp groups, kind ``dp_fsdp``,
   exposed beyond the layer's compute; no DP buckets (:mod:`costmodel.fsdp`).
@@ -38,8 +39,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from costmodel.compute import kernel_gpu_s
 from costmodel.cuda_graphs import GraphCapture
-from costmodel.grad_finalize import embedding_grad_call, embedding_group_shape
 from costmodel.layer_costs import (
     CACHE_LIMIT,
     LAYER_GROUP_KINDS,
@@ -54,6 +55,7 @@ from costmodel.layer_costs import (
     ops_time,
     rank_shape,
 )
+from costmodel.optimizer.kernel_sequence import grad_prescale_kernels
 from costmodel.optimizer.plan_types import OptimizerPlan
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
@@ -135,6 +137,9 @@ class StageCost:
     buckets: tuple[BucketCost, ...]  # backprop order
     optimizer_compute_s: float
     optimizer_tp_s: float
+    embedding_grad_s: float = 0.0  # all-reduce of a shared embedding's gradient with the other end of ``embd``
+    embedding_grad_latency_s: float = 0.0
+    embedding_grad_link: str = "nvlink"
 
     @cached_property
     def work_s(self) -> float:
@@ -170,7 +175,6 @@ class StepStructure:
     compute_slowdown: float
     plan: OptimizerPlan
     warnings: tuple[str, ...] = field(default=())
-    embedding_sync_s: float = 0.0  # tied word-embedding grad all-reduce, first and last stage (costmodel.grad_finalize)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -223,9 +227,17 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
         key = (b.chunk, b.dp_group)
         seen[key] = seen.get(key, 0) + b.numel
         frac = seen[key] / groups[key] if groups[key] else 1.0
-        out.append(BucketCost(b.chunk, b.dp_group, red[0], gat[0], red[2], frac if overlap else 1.0,
-                              red[1], gat[1]))
+        out.append(BucketCost(b.chunk, b.dp_group, red[0] + _prescale_s(b, system), gat[0], red[2],
+                              frac if overlap else 1.0, red[1], gat[1]))
     return tuple(out)
+
+
+def _prescale_s(b, system: SystemSpec) -> float:  # noqa: ANN001 - plan_types.Bucket
+    """GPU seconds of ``grad_data *= 1/dp`` before a bucket's reduction (MCore's
+    ``start_grad_sync`` without ``average_in_collective``); the reduction starts after it."""
+    if b.group_size <= 1 or b.numel <= 0:
+        return 0.0
+    return sum(k.count * kernel_gpu_s(k, system) for k in grad_prescale_kernels(1, b.numel, b.grad_bytes // b.numel))
 
 
 _STAGE_CACHE_LIMIT = 2048  # entries keep their plans alive: bounded like the planner's plan cache
@@ -251,6 +263,18 @@ def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placem
         _STAGE_CACHE.clear()
     _STAGE_CACHE[key] = (plan, system, out)  # identity-checked: the entry keeps plan and system alive
     return out
+
+
+def _embedding_grad(plan: OptimizerPlan, stage: int, scenario: Scenario, placement) -> tuple[float, float, str]:  # noqa: ANN001
+    """(seconds, latency s, link) of ``stage``'s shared-embedding gradient all-reduce over ``embd``
+    (first and last stage, after their DP reduction: ``finalize_model_grads``); zeros without one."""
+    sp = next((x for x in plan.stages if x.stage == stage), None)
+    calls = [c for c in (sp.bucket_calls if sp else ()) if c.phase == "embedding_grad"]
+    if not calls:
+        return 0.0, 0.0, "nvlink"
+    shape = placement.shape("embd")
+    times = [collective_s(c.op, c.bytes, shape, scenario.system) for c in calls for _ in range(c.count)]
+    return sum(t[0] for t in times), sum(t[1] for t in times), times[0][2]
 
 
 def build_step_structure(scenario: Scenario, overlap: bool = True, plan: OptimizerPlan | None = None) -> StepStructure:
@@ -316,20 +340,20 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
         buckets, opt_compute_s, opt_tp_s = _stage_optimizer(plan, s, scenario, placement, overlap)
         if logging:
             opt_compute_s += logging_s(scenario, inventory.stage_tensors(s), placement.shape("world"))
+        embd = _embedding_grad(plan, s, scenario, placement)
         stages.append(StageCost(stage=s, chunks=tuple(chunks), buckets=buckets,
-                                optimizer_compute_s=opt_compute_s, optimizer_tp_s=opt_tp_s))
+                                optimizer_compute_s=opt_compute_s, optimizer_tp_s=opt_tp_s,
+                                embedding_grad_s=embd[0], embedding_grad_latency_s=embd[1], embedding_grad_link=embd[2]))
     pps = shapes["pp"]
     p2p_bytes = float(shape.sp_tokens * model.hidden_size * ACT_BYTES)
     pair = GroupShape(2, 2, 1) if pps.intra_domain else GroupShape(2, 1, 2)
     p2p, p2p_lat, _ = collective_s("send_recv", p2p_bytes, pair, system) if p.pp > 1 else NO_COMM
     opt = scenario.optimizer
-    emb = embedding_grad_call(scenario)
-    emb_s = collective_s(emb.op, emb.bytes, embedding_group_shape(pps), system)[0] if emb else 0.0
     return StepStructure(
         pp=p.pp, vpp=p.vpp, microbatches=scenario.num_microbatches, stages=tuple(stages),
         p2p_s=p2p, p2p_latency_s=p2p_lat, p2p_bytes=p2p_bytes, p2p_link=domain_link(pair), overlap=overlap,
         overlap_grad_reduce=overlap and opt.overlap_grad_reduce,
         hide_param_gather=overlap and opt.hide_param_gather,
         compute_slowdown=system.efficiency.overlap_compute_slowdown if overlap else 0.0,
-        plan=plan, embedding_sync_s=emb_s,
+        plan=plan,
     )

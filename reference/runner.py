@@ -59,13 +59,14 @@ class RankOutput:
     owned: list[str]
     padding_overhead: float
     buckets: list[dict[str, Any]] = field(default_factory=list)
+    phases_cpu_s: list[dict[str, float]] = field(default_factory=list)  # thread CPU seconds of the timed phases
 
 
 def hypers(cfg: RunConfig) -> tuple[MuonHyper, AdamHyper]:
     """Muon and AdamW hyper-parameters of a run."""
     schedule = coefficient_schedule(cfg.ns_coefficients, cfg.custom_coefficients)
     muon = MuonHyper(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
-                     schedule=schedule, ns_steps=cfg.ns_steps, precision=cfg.matmul_precision, eps=cfg.ns_eps,
+                     weight_decay_method=cfg.weight_decay_method, schedule=schedule, ns_steps=cfg.ns_steps, precision=cfg.matmul_precision, eps=cfg.ns_eps,
                      scale_mode=cfg.scale_mode, extra_scale=cfg.extra_scale_factor)
     adam = AdamHyper(lr=cfg.resolved_adam_lr, beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, eps=cfg.adam_eps,
                      weight_decay=cfg.weight_decay)
@@ -212,6 +213,7 @@ def train(cfg: RunConfig, coords: GridCoords, groups: dict[str, Group], device: 
         buckets=[{"buffer": tag, "numel": bl.numel, "dp": bl.dp,
                   "slots": [(s.name, s.start, s.numel, s.owner) for s in bl.slots]}
                  for tag, layouts in opt.layouts.items() for bl in layouts],
+        phases_cpu_s=[dict(p) for p in clock.cpu_steps],
     )
 
 

@@ -122,3 +122,20 @@ def test_moe_scopes_follow_megatron() -> None:
     assert captured(RuntimeSettings(cuda_graph_impl=te, cuda_graph_scope=("mlp",))) == set()  # dense layers only
     assert captured(RuntimeSettings(cuda_graph_impl=te)) == names
     assert GraphCapture.of(RuntimeSettings(cuda_graph_impl=te, cuda_graph_scope=("attn", "moe"))).graphs_per_pass("moe") == 2
+
+
+def test_newton_schulz_gemm_efficiency_defaults_follow_their_source() -> None:
+    """[S59] torch BF16 matmul on B200: 2048³ at 50 % of dense peak, 8192³ at 63 %; the defaults
+    (newton_schulz_gemm 0.65, half efficiency at 5 GFLOP) give 50 % and 65 %, and a small NS GEMM
+    (a Qwen3-30B-A3B expert, 768 x 2048: 2.4 GFLOP) only 21 %."""
+    from costmodel.compute import newton_schulz_gemm_time_s
+
+    b200 = load_system("dgx-b200")
+    peak = b200.gpu.peak_flops_per_s.bf16
+
+    def eff(flops: float) -> float:
+        return flops / newton_schulz_gemm_time_s(flops, b200) / peak
+
+    assert eff(2 * 2048 ** 3) == pytest.approx(0.50, abs=0.01)
+    assert eff(2 * 8192 ** 3) == pytest.approx(0.63, abs=0.02)
+    assert eff(2 * 768 ** 2 * 2048) == pytest.approx(0.21, abs=0.01)

@@ -7,16 +7,14 @@ biases, GPT-2 BPE vocabulary 50,257 padded to 50,304 (a multiple of 128).
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from costmodel.analytic import analytic_timing
-from costmodel.grad_finalize import embedding_grad_call
 from costmodel.layer_costs import collective_s
+from costmodel.optimizer.plan import build_optimizer_plan
 from costmodel.step_structure import build_step_structure
-from topologies.groups import GroupShape
 from topologies.inputs import UserInputError
+from topologies.placement import placement_for
 from workloads.flops import model_flop_terms
 from workloads.inventory import build_inventory
 from workloads.memory import stage_memory
@@ -58,8 +56,10 @@ def test_parameters_of_the_ci_gpt_by_hand():
 def test_tied_replica_on_the_last_stage_is_held_but_counted_once():
     inv = build_inventory(CI_GPT, tp=2, pp=2)
     assert inv.params_total == build_inventory(CI_GPT, tp=2).params_total
-    replica = [t for t in inv.tensors if t.copy_of is not None]
+    replica = [t for t in inv.tensors if t.duplicate_of is not None]
     assert [(t.name, t.stage, t.rank_numel) for t in replica] == [("output_layer.weight", 1, V_PAD_TP2 // 2 * H)]
+    # both ends are Megatron shared embeddings: own DDP bucket, gradients all-reduced over embd
+    assert [t.name for t in inv.tensors if t.shared_embedding] == ["embedding.word_embeddings.weight", "output_layer.weight"]
     # stage 1 holds 6 layers (tp-sharded: QKV, fc1 and their biases, proj, fc2), the final norm and the replica
     sharded = (3 * H * H + 3 * H) + H * H + (F * H + F) + H * F
     per_layer = sharded // 2 + (LAYER - sharded)
@@ -100,33 +100,23 @@ def test_layernorm_writes_its_mean_and_rmsnorm_does_not():
     assert ln["input_layernorm"].bytes == 2 * t * H * 2 + 4 * t
 
 
-def test_embedding_gradient_all_reduce_bytes_and_its_exposed_time():
+def _embd_calls(scenario):
+    plan = build_optimizer_plan(scenario)
+    return [(s.stage, c) for s in plan.stages for c in s.bucket_calls if c.phase == "embedding_grad"]
+
+
+def test_embedding_gradient_all_reduce_bytes_and_its_time_in_the_step():
     tied = _scenario(CI_GPT, tp=2, pp=2)
-    call = embedding_grad_call(tied)
-    assert call is not None and (call.op, call.group_size, call.dtype) == ("all_reduce", 2, "fp32")
-    assert call.bytes == V_PAD_TP2 // 2 * H * 4  # the whole local shard of fp32 main grads
-    assert embedding_grad_call(_scenario(CI_GPT, tp=2)) is None  # one stage: no replica
-    untied = _scenario(CI_GPT.model_copy(update={"tie_embeddings": False}), tp=2, pp=2)
-    ar_s = collective_s("all_reduce", call.bytes, GroupShape(2, 2, 1), tied.system)[0]
-    for overlap in (True, False):
-        st_t, st_u = build_step_structure(tied, overlap), build_step_structure(untied, overlap)
-        assert st_t.embedding_sync_s == pytest.approx(ar_s)
-        # with two stages the barrier is max(done) + the all-reduce: the step grows by exactly its time
-        grown = analytic_timing(st_t).step_time_s - analytic_timing(st_u).step_time_s
-        assert grown == pytest.approx(ar_s, rel=1e-9)
-
-
-def test_des_waits_for_the_embedding_all_reduce_like_the_analytic_engine():
-    from costmodel.des import run_des
-    from costmodel.des.simulation import StepSimulation
-
-    tied = _scenario(CI_GPT, tp=2, pp=2)
+    calls = _embd_calls(tied)
+    # one all-reduce on each end of the embd group: the whole local shard of fp32 main grads
+    assert [(s, c.op, c.group, c.group_size, c.dtype, c.bytes) for s, c in calls] == [
+        (0, "all_reduce", "embd", 2, "fp32", V_PAD_TP2 // 2 * H * 4), (1, "all_reduce", "embd", 2, "fp32", V_PAD_TP2 // 2 * H * 4)]
+    assert _embd_calls(_scenario(CI_GPT, tp=2)) == []  # one stage: no replica
+    assert _embd_calls(_scenario(CI_GPT.model_copy(update={"tie_embeddings": False}), tp=2, pp=2)) == []
+    ar_s = collective_s("all_reduce", V_PAD_TP2 // 2 * H * 4, placement_for(tied).shape("embd"), tied.system)[0]
     st = build_step_structure(tied, overlap=False)
-    base = dataclasses.replace(st, embedding_sync_s=0.0)
-    with_ar = StepSimulation(st, steps=1, contention=False, record=False).run().step_ends_s[0]
-    without = StepSimulation(base, steps=1, contention=False, record=False).run().step_ends_s[0]
-    assert with_ar - without == pytest.approx(st.embedding_sync_s, rel=1e-9)
-    assert run_des(tied).step_time_s > 0
+    assert [s.embedding_grad_s for s in st.stages] == pytest.approx([ar_s, ar_s])
+    assert analytic_timing(st).step_time_s > 0
 
 
 def test_a_precision_the_gpu_lacks_is_refused_with_one_line():

@@ -116,3 +116,22 @@ def test_legacy_layout_copies_back_what_a_rank_does_not_own() -> None:
     assert sum(owned) == 15
     for r, mine in zip(ranks, owned, strict=True):
         assert dict(r.kernel_counts)["gather_copy"] == pytest.approx(15 - mine + 1)
+
+
+def test_gradient_prescaling_runs_once_per_bucket_before_its_reduction() -> None:
+    """MCore ``_ParamAndGradBucketGroup.start_grad_sync``: ``bucket.grad_data *= gradient_scaling_factor``
+    (1/dp without ``average_in_collective``) reads and writes the whole bucket once, then reduces."""
+    from costmodel.optimizer.plan_types import Bucket
+    from costmodel.step_structure import _prescale_s
+    from topologies.hardware import load_system
+
+    system = load_system("gb300-nvl72")
+    eff = system.efficiency
+    bucket = Bucket(stage=0, chunk=0, dp_group="dp", group_size=8, numel=40_000_000, grad_bytes=160_000_000,
+                    param_bytes=80_000_000, reduce_op="reduce_scatter", gather_op="all_gather")
+    assert _prescale_s(bucket, system) == pytest.approx(2 * 160e6 / (system.gpu.hbm_bandwidth_Bps * eff.memory_bandwidth))
+    tiny = Bucket(0, 0, "dp", 8, 64, 256, 128, "reduce_scatter", "all_gather")
+    assert _prescale_s(tiny, system) == pytest.approx(eff.kernel_min_s)
+    alone = Bucket(0, 0, "dp", 1, 64, 256, 128, "all_reduce", None)
+    assert _prescale_s(alone, system) == 0.0  # dp 1: no reduction, scaling factor 1
+    assert ks.grad_prescale_kernels(3, 300.0, 4)[0].count == 3

@@ -15,8 +15,13 @@ ep          ep                           etp
 etp_ep      etp · ep                     1
 expert_dp   gpus / (etp · ep · pp)       etp · ep
 pp          pp                           gpus / pp
+embd        2 (1 when pp = 1)            (pp − 1) · gpus / pp
 world       gpus                         1
 =========== ============================ =========================
+
+``embd`` is Megatron's embedding group (``default_embedding_ranks``): the first and the last pipeline
+stage's rank at the same position, over which a word embedding duplicated on the last stage (tied
+output layer, or the MTP layers' copy) has its gradient all-reduced. There are gpus / pp such groups.
 
 Ranks fill ``gpus_per_domain`` slots of each NVLink domain in order (:mod:`topologies.layout`).
 
@@ -42,7 +47,7 @@ from topologies.hardware import SystemSpec
 from topologies.inputs import UserInputError
 from topologies.layout import FabricLayout, fabric_layout
 
-GROUP_KINDS = ("tp", "cp", "dp", "etp", "ep", "etp_ep", "expert_dp", "pp", "world")
+GROUP_KINDS = ("tp", "cp", "dp", "etp", "ep", "etp_ep", "expert_dp", "pp", "embd", "world")
 
 
 def default_gpus_per_domain(system: SystemSpec, gpus: int, block: int = 1) -> int:
@@ -109,6 +114,7 @@ class JobPlacement:
             "etp_ep": (self.etp * self.ep, 1),  # the allgather MoE dispatcher's group (Megatron tp_ep)
             "expert_dp": (self.expert_dp, self.etp * self.ep),
             "pp": (self.pp, self.gpus // self.pp),
+            "embd": (2 if self.pp > 1 else 1, (self.pp - 1) * (self.gpus // self.pp) if self.pp > 1 else 1),
             "world": (self.gpus, 1),
         }
         if kind not in table:
@@ -118,12 +124,14 @@ class JobPlacement:
     def group_count(self, kind: str) -> int:
         """How many disjoint groups of this kind the job has."""
         size, _ = self.size_and_stride(kind)
+        if kind == "embd":
+            return self.gpus // self.pp  # one per position of a stage (middle stages are in none)
         return self.gpus // size
 
     def group_ranks(self, kind: str, index: int = 0) -> list[int]:
         """Ranks of the ``index``-th group of ``kind`` (groups ordered by their lowest rank)."""
         size, stride = self.size_and_stride(kind)
-        count = self.gpus // size
+        count = self.group_count(kind)
         if not 0 <= index < count:
             raise UserInputError(f"group index {index} out of range: {count} '{kind}' groups")
         block = size * stride  # ranks covered by one tile of groups
@@ -146,6 +154,8 @@ class JobPlacement:
     def shape(self, kind: str) -> GroupShape:
         """How group ``kind`` spans NVLink domains and fabric tiers (cheap, cached)."""
         size, stride = self.size_and_stride(kind)
+        if kind == "embd" and size > 1:
+            return _embd_shape(stride, self.gpus // self.pp, self.gpus_per_domain, self.layout)
         return _shape(size, stride, self.gpus_per_domain, self.layout)
 
     @cached_property
@@ -181,6 +191,17 @@ def _shape(size: int, stride: int, g: int, layout: FabricLayout | None) -> Group
         return GroupShape(size=size, ranks_per_domain=rpd, domains=span,
                           tiers=layout.tier_for_span(span) if layout else None)
     return _irregular_shape(size, stride, g, layout)
+
+
+@lru_cache(maxsize=1024)
+def _embd_shape(stride: int, stage_gpus: int, g: int, layout: FabricLayout | None) -> GroupShape:
+    """Shape of the embedding groups {b, b + stride} (b < stage_gpus) on domains of ``g`` ranks: the
+    worst group (whether the pair straddles domains depends only on b mod g)."""
+    extents = [(b + stride) // g - b // g + 1 for b in range(min(stage_gpus, g))]
+    extent = max(extents)
+    if extent == 1:
+        return GroupShape.single_domain(2)
+    return GroupShape(size=2, ranks_per_domain=1, domains=2, tiers=layout.tier_for_span(extent) if layout else None)
 
 
 def _irregular_shape(size: int, stride: int, g: int, layout: FabricLayout | None) -> GroupShape:

@@ -15,23 +15,32 @@ a buffer updated outside the optimizer.
 Building blocks follow the model: LayerNorm adds a bias to every norm; ``add_bias_linear`` adds a
 bias to every linear layer of attention and MLP (column-parallel biases shard with their rows,
 row-parallel ones are replicated); a learned absolute position table sits on the first stage
-(replicated over tp, AdamW); a non-gated activation halves fc1. **Tied embeddings**: one tensor
-is the input embedding and the output layer. With one pipeline stage there is no output-layer
-tensor; with more, the last stage holds its own replica (``copy_of`` names the original, as
-Megatron-Core allocates ``output_layer.weight`` on the last stage and keeps it equal to the
-embedding by all-reducing the two gradients): it is held, stored and stepped on its stage but
-not counted again in the model's unique parameters.
+(replicated over tp, AdamW); a non-gated activation halves fc1.
+
+With MTP and pp > 1 the last stage holds its own copy of the word embedding for the MTP layers
+(``EMBEDDING_COPY``, ``duplicate_of`` the stage-0 embedding); both copies are Megatron
+``shared_embedding`` parameters: each gets its own DDP bucket (distributed optimizer) and their
+gradients are all-reduced over the ``embd`` group (first and last stage) after the DP reduction
+(``finalize_model_grads``). Megatron-Core 0.16.1 does not flag the copy
+``is_embedding_or_output_parameter``, so with Muon it is orthogonalised like any 2-D weight.
+
+**Tied embeddings** (``tie_embeddings``, Megatron's ``share_embeddings_and_output_weights``): one
+tensor is the input embedding and the output layer. With one pipeline stage there is no
+output-layer tensor; with more, the last stage allocates ``output_layer.weight`` as its replica of
+the word embedding (``duplicate_of``; with MTP the MTP copy serves as the output weight and there is
+no separate output layer): the same ``shared_embedding`` machinery keeps the two equal.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal
 
 from workloads.models import GqaAttention, MlaAttention, ModelSpec
 from workloads.pipeline_layout import virtual_stage_layer_counts
 
+EMBEDDING_COPY = "last_stage.embedding.word_embeddings.weight"  # the MTP stage's copy (pp > 1)
 ShardGroup = Literal["tp", "etp"]
 DpGroup = Literal["dp", "expert_dp"]
 OptimizerOwner = Literal["muon", "adamw", "none"]
@@ -59,7 +68,8 @@ class TensorSpec:
     num_experts: int = 1  # identical copies (routed experts of one layer); 1 otherwise
     experts_per_rank: int = 1  # copies held by one expert-parallel rank
     muon_components: tuple[tuple[int, int], ...] = ()  # global shapes Newton-Schulz sees (QKV split)
-    copy_of: str | None = None  # a replica of another tensor (tied output layer on the last stage)
+    shared_embedding: bool = False  # Megatron's ``shared_embedding``: gradient all-reduced over the embd group
+    duplicate_of: str | None = None  # a stage's own copy of another tensor (not a distinct model parameter)
 
     @property
     def is_expert(self) -> bool:
@@ -124,15 +134,15 @@ class Inventory:
 
     @cached_property
     def params_total(self) -> int:
-        """Parameters of the model as laid out (embedding/output use the tp-padded vocabulary);
-        a replica of a tied tensor is not counted again."""
-        return sum(t.total_numel for t in self.tensors if t.copy_of is None)
+        """Parameters of the model as laid out (embedding/output use the tp-padded vocabulary); a
+        stage's copy of another tensor (the MTP stage's word embedding, a tied output layer's replica)
+        is not a distinct parameter."""
+        return sum(t.total_numel for t in self.tensors if t.duplicate_of is None)
 
     @property
-    def replicas(self) -> list[TensorSpec]:
-        """Replicas of tied tensors (the last stage's word-embedding copy), whose gradients
-        Megatron all-reduces with the original's every step."""
-        return [t for t in self.tensors if t.copy_of is not None]
+    def embedding_copy(self) -> TensorSpec | None:
+        """The last stage's own copy of the word embedding (MTP with pp > 1), or None."""
+        return next((t for t in self.tensors if t.duplicate_of is not None and t.role == "embedding_copy"), None)
 
     def stage_tensors(self, stage: int) -> list[TensorSpec]:
         """Tensors held by pipeline stage ``stage`` (all chunks)."""
@@ -147,7 +157,7 @@ class Inventory:
         tensor once (on tp rank 0). Equals :attr:`params_total` exactly; used by the property test."""
         total = 0
         for t in self.tensors:
-            if t.copy_of is not None:
+            if t.duplicate_of is not None:
                 continue
             ranks_holding_distinct = t.shards  # tp/etp ranks with distinct shards
             ep_ranks = self.ep if t.num_experts > 1 else 1
@@ -172,8 +182,7 @@ def build_inventory(
 
     def add(name: str, role: str, layer: int | None, loc: tuple[int, int], shape: tuple[int, ...],
             shard_dim: int | None, group: ShardGroup | None, optimizer: OptimizerOwner | None = None,
-            experts: int = 1, components: tuple[tuple[int, int], ...] | None = None,
-            copy_of: str | None = None) -> None:
+            experts: int = 1, components: tuple[tuple[int, int], ...] | None = None) -> None:
         shards = (tp if group == "tp" else etp) if shard_dim is not None else 1
         if optimizer is None:
             optimizer = "muon" if len(shape) == 2 else "adamw"
@@ -184,7 +193,7 @@ def build_inventory(
             shard_dim=shard_dim, shard_group=group if shard_dim is not None else None, shards=shards,
             dp_group="expert_dp" if experts > 1 or role.startswith("expert_") else "dp",
             optimizer=optimizer, num_experts=experts, experts_per_rank=experts // ep if experts > 1 else 1,
-            muon_components=components or (), copy_of=copy_of,
+            muon_components=components or (),
         ))
 
     def add_norm(prefix: str, layer: int | None, loc: tuple[int, int], width: int) -> None:
@@ -201,6 +210,10 @@ def build_inventory(
 
     word = "embedding.word_embeddings.weight"
     add(word, "embedding", None, (0, 0), (vpad, h), 0, "tp", "adamw")
+    copy_embedding = model.mtp_layers > 0 and pp > 1
+    tied_replica = model.tie_embeddings and pp > 1 and not copy_embedding  # the last stage's output_layer.weight
+    if copy_embedding or tied_replica:  # a shared embedding: own DDP bucket, gradient all-reduced with the last stage's
+        out[-1] = replace(out[-1], shared_embedding=True)
     if model.position_embedding == "learned_absolute":
         assert model.max_position_embeddings is not None
         add("embedding.position_embeddings.weight", "position_embedding", None, (0, 0),
@@ -285,17 +298,20 @@ def build_inventory(
     add_norm("decoder.final_layernorm", None, last, h)
     if not model.tie_embeddings:
         add("output_layer.weight", "output", None, last, (vpad, h), 0, "tp", "adamw")
-    elif pp > 1:  # the last stage's replica of the tied word embedding
-        add("output_layer.weight", "output", None, last, (vpad, h), 0, "tp", "adamw", copy_of=word)
+    elif tied_replica:  # the last stage's replica of the tied word embedding
+        add("output_layer.weight", "output", None, last, (vpad, h), 0, "tp", "adamw")
+        out[-1] = replace(out[-1], shared_embedding=True, duplicate_of=word)
+    if copy_embedding:
+        # The MTP layers' own word embedding on the last stage (GPTModel builds ``embedding`` where
+        # mtp_process), defined first in its model chunk (so reduced last in backprop). Megatron-Core
+        # 0.16.1 sets ``is_embedding_or_output_parameter`` only where pre_process (language_module.py
+        # setup_embeddings_and_output_layer), so this 2-D copy is NOT excluded from Muon
+        # (muon.py get_megatron_muon_optimizer): it is routed like any other matrix. With tied
+        # embeddings it also serves as the output layer's weight.
+        add(EMBEDDING_COPY, "embedding_copy", None, last, (vpad, h), 0, "tp")
+        copy = replace(out.pop(), shared_embedding=True, duplicate_of=word)
+        out.insert(next(i for i, t in enumerate(out) if (t.stage, t.chunk) == last), copy)
     return Inventory(model=model, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp, split_qkv=split_qkv, tensors=tuple(out))
-
-
-def embedding_replica_numel(model: ModelSpec, tp: int, pp: int) -> int:
-    """Elements per rank of the last stage's replica of the tied word embedding (``V_pad/tp · h``),
-    0 when there is none (untied embeddings or one pipeline stage)."""
-    if not model.tie_embeddings or pp <= 1:
-        return 0
-    return model.padded_vocab_size(tp) // tp * model.hidden_size
 
 
 def inventory_for(scenario) -> Inventory:  # noqa: ANN001 - Scenario import would be circular

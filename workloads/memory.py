@@ -6,7 +6,10 @@ for the most loaded stage (:func:`memory_breakdown`). All figures are bytes per 
 **Weights and gradients.** Megatron-Core DDP keeps the bf16 parameters (2 B) and a full gradient
 buffer in ``optimizer.grad_reduce_dtype`` (4 B for fp32, 2 B for bf16) on every rank, for both the
 element-wise and the layer-wise distributed optimizer (``muon-and-distributed-optimizers.md`` §3
-"Buffers", §4.4). The expert score bias is a buffer without gradient.
+"Buffers", §4.4). The expert score bias is a buffer without gradient. With ``fp8_param_gather``
+(AdamW, fp8-cs or mxfp8) the TE linear weights are held as FP8 copies instead
+(:mod:`workloads.fp8_params`: 1 B for fp8-cs, 2·(1 + 1/32) B for mxfp8, plus a 2 B BF16 gather
+buffer without ``reuse_grad_buf_for_mxfp8_param_ag``).
 
 **Optimizer state** (§3 "Memory", §4.4), with ``d`` the group the state is sharded over: the
 dense dp×cp group, or the expert-data-parallel group for expert weights; ``d = 1`` when the
@@ -20,7 +23,8 @@ distribution is ``replicated``:
   owned matrices only: ``8·N_own`` with ``N_own ≈ N_muon/d``. The exact ownership (which rank owns
   which matrix after load balancing) is the optimizer model's job; here every rank gets the average
   share, so the most loaded rank can hold somewhat more. Non-Muon parameters (embedding, output
-  layer, norms) use AdamW element-wise: ``12·N_adam/d``.
+  layer, norms) use AdamW element-wise: ``12·N_adam/d``. Legacy layout with dp·cp = 1: Megatron's
+  ``shard_params`` returns early, so nothing is sharded (``d = 1`` for experts too).
 
 **Optimizer workspace** (Muon only, §4.4): the transient Newton–Schulz buffers of the largest
 matrix on the stage: the fp32 Nesterov copy ``U``, ``X`` in the matmul precision, ``A`` and ``B``
@@ -49,6 +53,7 @@ from workloads.activations import (
     layer_activation_bytes,
     output_activation_bytes,
 )
+from workloads.fp8_params import fp8_gather_active, is_fp8_param, weight_bytes_per_element
 from workloads.inventory import Inventory, TensorSpec, inventory_for
 from workloads.pipeline_layout import layer_placement
 
@@ -127,6 +132,8 @@ def optimizer_state_bytes(scenario: Scenario, tensors: list[TensorSpec]) -> floa
     dist = opt.resolved_distribution
     dense_d = 1 if dist == "replicated" else scenario.dp * scenario.par.cp
     expert_d = 1 if dist == "replicated" else scenario.expert_dp
+    if dist == "layer_wise" and opt.layer_wise_layout == "legacy" and dense_d == 1:
+        expert_d = 1  # Megatron's legacy shard_params returns early at dp·cp = 1: experts are not sharded either
     fsdp = scenario.par.fsdp
     total = 0.0
     for t in tensors:
@@ -173,6 +180,19 @@ def optimizer_workspace_bytes(scenario: Scenario, tensors: list[TensorSpec]) -> 
     matmul_bytes = 2 if opt.matmul_precision == "bf16" else FP32_BYTES
     return max((newton_schulz_workspace_bytes(t, opt.tp_mode, matmul_bytes)
                 for t in tensors if t.optimizer == "muon"), default=0.0)
+
+
+def weights_bytes(scenario: Scenario, tensors: list[TensorSpec]) -> float:
+    """Model weights per GPU for ``tensors`` (one stage), in bytes: BF16, except the FP8 copies that
+    replace the TE linear weights under ``fp8_param_gather`` (:mod:`workloads.fp8_params`)."""
+    o = scenario.optimizer
+    params = sum(t.rank_numel for t in tensors)
+    if scenario.par.fsdp or not fp8_gather_active(o.kind, o.resolved_distribution, scenario.precision.value,
+                                                  o.fp8_param_gather):
+        return float(PARAM_BYTES * params)
+    fp8 = sum(t.rank_numel for t in tensors if is_fp8_param(t))
+    per = weight_bytes_per_element(scenario.precision.value, o.reuse_grad_buf_for_mxfp8_param_ag)
+    return float(PARAM_BYTES * (params - fp8)) + per * fp8
 
 
 def _layer_shape(scenario: Scenario) -> LayerShape:
@@ -223,7 +243,7 @@ def stage_memory(scenario: Scenario, stage: int, inventory: Inventory | None = N
     g = scenario.optimizer.grad_bytes
     params = sum(t.rank_numel for t in tensors)
     trained = sum(t.rank_numel for t in tensors if t.optimizer != "none")
-    weights, grads = float(PARAM_BYTES * params), float(g * trained)
+    weights, grads = weights_bytes(scenario, tensors), float(g * trained)
     fsdp = scenario.par.fsdp
     if fsdp:
         unit = _largest_layer_params(inv, stage)  # unsharded: the unit computed + the one prefetched

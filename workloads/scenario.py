@@ -32,6 +32,7 @@ RecomputeMethod = Literal["uniform", "block"]
 ShardingStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]
 StateDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts"]
+EO_MIN_SYRK_CUBIC5 = (0, 4)  # Emerging-Optimizers release that added SYRK on the TP path and the cubic5 schedule
 CoefficientSet = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4", "cubic5", "custom"]
 
 
@@ -104,7 +105,8 @@ class OptimizerSpec(_Strict):
     use_syrk: bool = False
     split_qkv: bool = True
     load_balance: LoadBalance | None = Field(None, description="default: lpt (current layout), ping_pong (legacy)")
-    hide_param_gather: bool = Field(True, description="overlap the parameter all-gather with the next forward")
+    hide_param_gather: bool = Field(False, description="overlap the parameter all-gather with the next forward "
+                                    "(Megatron overlap_param_gather; off by default as in Megatron-Core)")
     overlap_grad_reduce: bool = True
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Megatron --grad-reduce-in-fp32 (fp32) "
                                                        "or not (bf16: the gradient buffer's dtype)")
@@ -138,6 +140,13 @@ class OptimizerSpec(_Strict):
     exp_avg_sq_dtype: StateDtype = Field("fp32", description="Megatron --exp-avg-sq-dtype (precision-aware optimizer)")
     optimizer_cpu_offload: bool = Field(False, description="Megatron --optimizer-cpu-offload: optimizer state and "
                                         "step on the host")
+    eo_version: str = Field("0.3.0", pattern=r"^\d+\.\d+(\.\d+)?$",
+                            description="Emerging-Optimizers version (Megatron-Core pins 0.3.0; SYRK and cubic5 need >= 0.4)")
+
+    @property
+    def eo_version_tuple(self) -> tuple[int, ...]:
+        """``eo_version`` as integers, e.g. (0, 3, 0)."""
+        return tuple(int(x) for x in self.eo_version.split("."))
 
     @property
     def resolved_distribution(self) -> Distribution:
@@ -154,9 +163,31 @@ class OptimizerSpec(_Strict):
         return "lpt" if self.layer_wise_layout == "current" else "ping_pong"
 
     @property
+    def hypothetical_reason(self) -> str | None:
+        """Why Megatron-Core has no such optimizer (None when it has): see :func:`hypothetical_reason`."""
+        return hypothetical_reason(self.resolved_distribution, self.layer_wise_layout, self.resolved_load_balance)
+
+    @property
     def grad_bytes(self) -> int:
         """Bytes per gradient element in the data-parallel reduction (4 fp32, 2 bf16)."""
         return 4 if self.grad_reduce_dtype == "fp32" else 2
+
+
+MEGATRON_LOAD_BALANCE: dict[str, str] = {"legacy": "ping_pong", "current": "lpt"}
+"""The one load balance each Megatron-Core layer-wise layout has: the legacy ``shard_params`` deals
+parameters ping-pong by numel; the current per-buffer layout assigns them by LPT on Newton-Schulz cost."""
+
+
+def hypothetical_reason(distribution: str, layout: str | None, load_balance: str | None) -> str | None:
+    """Why a layer-wise (layout, load balance) pair is not in Megatron-Core, or None when it is (or
+    when the distribution is not layer-wise). The other pairs are what-ifs the model can evaluate."""
+    if distribution != "layer_wise" or layout is None or load_balance is None:
+        return None
+    real = MEGATRON_LOAD_BALANCE[layout]
+    if load_balance == real:
+        return None
+    return (f"hypothetical: Megatron-Core's {layout} layer-wise layout balances by {real} only; "
+            f"{layout} with load_balance {load_balance} is a what-if, not something Megatron runs")
 
 
 class Placement(_Strict):
@@ -377,9 +408,18 @@ class Scenario:
             raise UserInputError("the layer_wise distributed optimizer is for muon; adamw uses element_wise or replicated")
         if p.fsdp and o.kind == "muon":
             raise UserInputError("Megatron rejects Megatron-FSDP with the layer-wise (Muon) optimizer; set fsdp 0")
+        if o.reuse_grad_buf_for_mxfp8_param_ag and not o.fp8_param_gather:
+            raise UserInputError("reuse_grad_buf_for_mxfp8_param_ag needs fp8_param_gather (Megatron asserts it); "
+                                 "set fp8_param_gather true or drop it")
         if o.ns_coefficients == "cubic5" and o.ns_steps != 5:
             raise UserInputError("ns_coefficients 'cubic5' requires ns_steps 5")
         self._validate_recipe_settings()
+        if o.kind == "muon" and o.eo_version_tuple < EO_MIN_SYRK_CUBIC5:
+            lacking = [what for what, on in (("use_syrk", o.use_syrk), ("ns_coefficients 'cubic5'", o.ns_coefficients == "cubic5")) if on]
+            if lacking:
+                verb = "need" if len(lacking) > 1 else "needs"
+                raise UserInputError(f"{' and '.join(lacking)} {verb} Emerging-Optimizers >= 0.4 but eo_version is {o.eo_version} "
+                                     "(Megatron-Core pins 0.3.0); set eo_version 0.4.0 or drop them")
         gpd = self.config.placement.gpus_per_domain
         if gpd is not None and gpd > self.system.nvlink.domain_size:
             raise UserInputError(

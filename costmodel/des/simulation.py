@@ -12,9 +12,8 @@ share it max-min fairly. A collective's flow volume is its uncontended time minu
 Dependencies: a forward pass of virtual stage ``v`` waits for the activation sent by ``v-1``; a
 backward for the gradient from ``v+1``. The last backward of each chunk is sliced at the bucket
 boundaries, each slice releasing its bucket's reduce-scatter to the DP stream (when
-``overlap_grad_reduce``). After its schedule a rank waits for its gradients (with tied embeddings
-over several stages, the first and last stage then all-reduce the word-embedding gradient), meets
-every other rank (gradient-norm synchronisation), runs the optimizer step, then gathers parameters
+``overlap_grad_reduce``). After its schedule a rank waits for its gradients, meets every other
+rank (gradient-norm synchronisation), runs the optimizer step, then gathers parameters
 synchronously or, with ``hide_param_gather``, queues every bucket's all-gather in forward order
 and lets the next step's first forward of each chunk wait at each bucket for its parameters.
 Passes run as one compute block followed by their collectives, or layer by layer while DP traffic
@@ -77,7 +76,8 @@ class StepSimulation:
         self.queues = [simpy.Store(self.env) for _ in range(st.pp)]
         self.dp_busy = [0] * st.pp
         self.grad_done = [[self.env.event() for _ in range(st.pp)] for _ in range(steps)]
-        self.embedding_done = [self.env.event() for _ in range(steps)]
+        self.embd_stages = [s for s, stage in enumerate(st.stages) if stage.embedding_grad_s > 0]
+        self.embd_done = [self.env.event() for _ in range(steps)]  # shared-embedding all-reduce finished
         self.reduce_left = [[len(s.buckets) for s in st.stages] for _ in range(steps)]
         self.params: dict[tuple[int, int, int], simpy.Event] = {}
         self.rank_end = [[0.0] * st.pp for _ in range(steps)]
@@ -265,8 +265,17 @@ class StepSimulation:
                 for b in stage.backward_buckets:
                     self._reduce(s, step, b)
             yield from self._wait(s, self.grad_done[step][s], "dp_grad", step)
+            if s in self.embd_stages:  # both ends reduced their DP grads: all-reduce the shared embedding's
+                yield from self._wait(s, env.all_of([self.grad_done[step][j] for j in self.embd_stages]), "dp_grad", step)
+                t0 = env.now
+                yield self.net.transfer(max(stage.embedding_grad_s - stage.embedding_grad_latency_s, 0.0),
+                                        self._res(stage.embedding_grad_link, s), stage.embedding_grad_latency_s)
+                self.acc[step][s]["dp_grad"] += env.now - t0
+                self._log(s, "dp", "AR embedding grad (embd)", t0, "dp", step)
+                if not self.embd_done[step].triggered:
+                    self.embd_done[step].succeed()
             t0 = env.now
-            yield env.all_of([*self.grad_done[step], self.embedding_done[step]])
+            yield env.all_of(self.grad_done[step] + ([self.embd_done[step]] if self.embd_stages else []))
             drain = min(max(max(self.bwd_end[step]) - t0, 0.0), env.now - t0)  # others still in backward
             self.acc[step][s]["pipeline_bubble"] += drain
             self.acc[step][s]["dp_grad"] += env.now - t0 - drain
@@ -287,17 +296,6 @@ class StepSimulation:
                     self._gather(s, step + 1, k)
             self.rank_end[step][s] = env.now
 
-    def _embedding_sync(self, step: int) -> Ev:
-        """The tied word-embedding gradient all-reduce of the first and last stage (after both
-        have reduced their gradients), which every rank's gradient-norm barrier waits for."""
-        yield self.env.all_of([self.grad_done[step][0], self.grad_done[step][-1]])
-        if self.st.embedding_sync_s > 0:
-            t0 = self.env.now
-            yield self.env.timeout(self.st.embedding_sync_s)
-            for s in (0, self.pp - 1):
-                self._log(s, "dp", "AR embedding grad", t0, "dp", step)
-        self.embedding_done[step].succeed()
-
     def _param_waiter(self, s: int, step: int, k: int):  # noqa: ANN202
         def wait() -> Ev:
             yield from self._wait(s, self._gather(s, step, k), "dp_param", step)
@@ -311,8 +309,6 @@ class StepSimulation:
         for s in range(self.pp):
             self.env.process(self._dp_stream(s))
             self.env.process(self._rank(s))
-        for step in range(self.steps):
-            self.env.process(self._embedding_sync(step))
         self.env.run()
         ends = [max(r) for r in self.rank_end]
         return DesResult(step_ends_s=ends, rank_ends_s=self.rank_end,

@@ -59,7 +59,7 @@ import math
 import numpy as np
 
 from costmodel.kernels import KernelSpec
-from costmodel.optimizer.newton_schulz import MATMUL_CLASS, NsSettings, NsWork
+from costmodel.optimizer.newton_schulz import MATMUL_CLASS, NsSettings, NsWork, full_ns_gemms
 from workloads.inventory import TensorSpec
 
 # apex / TE multi_tensor_apply.cuh: chunk of 2048·32 elements, at most 320 blocks and, per depth
@@ -93,6 +93,25 @@ def multi_tensor_launches(tensors: np.ndarray | float, chunks: np.ndarray | floa
 def chunks_of(numel: np.ndarray | float) -> np.ndarray:
     """Multi-tensor chunks of tensors of ``numel`` elements (``⌈numel / 65536⌉`` each)."""
     return np.ceil(np.asarray(numel, dtype=np.float64) / MT_CHUNK_ELEMENTS)
+
+
+def newton_schulz_call_kernels(rows: int, cols: int, st: NsSettings) -> tuple[KernelSpec, ...]:
+    """Every kernel of one local ``newton_schulz`` call on a rows×cols fp32 matrix: normalisation,
+    casts and the ``3·steps`` GEMMs (what ``calibrate --microbench`` times on this machine)."""
+    gemms = [KernelSpec("ns_gemm", "ns_gemm", c, flops=f, tensor_class=MATMUL_CLASS[st.precision])
+             for f, c in full_ns_gemms(rows, cols, st)]
+    return (*_local_ns("", rows, cols, st), *gemms)
+
+
+# kernels of the Muon step outside the orthogonalisation (the reference backend times the rest as
+# its ``newton_schulz`` phase)
+OUTSIDE_ORTHOGONALIZE = frozenset({"main_grad_cast", "weight_decay", "momentum_lerp", "nesterov_lerp",
+                                   "param_update", "main_to_model_copy"})
+
+
+def orthogonalize_kernels(kernels: tuple[KernelSpec, ...]) -> tuple[KernelSpec, ...]:
+    """The kernels of ``TensorParallelMuon.orthogonalize`` among a tensor's Muon kernels."""
+    return tuple(k for k in kernels if k.name not in OUTSIDE_ORTHOGONALIZE)
 
 
 def _local_ns(prefix: str, rows: int, cols: int, st: NsSettings) -> list[KernelSpec]:

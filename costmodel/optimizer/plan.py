@@ -23,6 +23,7 @@ from costmodel.optimizer.summary import optimizer_report
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from workloads.comm import CollectiveCall
+from workloads.fp8_params import fp8_gather_active, fp8_gather_note, param_gather_bytes_per_element
 from workloads.inventory import Inventory
 
 __all__ = ["Grid", "build_optimizer_plan", "cached_inventory", "clear_caches", "expected_rank_collectives",
@@ -66,7 +67,7 @@ def clear_caches() -> None:
 def plan_key(scenario) -> tuple:  # noqa: ANN001 - workloads.scenario.Scenario
     """Hashable key of everything the optimizer plan depends on (model, system, sizes, optimizer)."""
     c = scenario.config
-    return (scenario.model.model_dump_json(), scenario.system.model_dump_json(), c.gpus,
+    return (scenario.model.model_dump_json(), scenario.system.model_dump_json(), c.gpus, c.precision,
             c.parallelism.model_dump_json(), c.optimizer.model_dump_json(), c.placement.model_dump_json())
 
 
@@ -83,7 +84,7 @@ def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads
     placement = placement_for(scenario)
     grid = Grid(dp=scenario.dp * p.cp, expert_dp=scenario.expert_dp, tp=p.tp, etp=p.expert_tp, ep=p.ep)
     plan = plan_from_inventory(cached_inventory(scenario), scenario.optimizer, grid, scenario.system, placement.shape,
-                               fsdp=p.fsdp > 0)
+                               fsdp=p.fsdp > 0, precision=scenario.precision.value)
     _CACHE[key] = plan
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
@@ -91,13 +92,16 @@ def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads
 
 
 def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSpec | None = None,  # noqa: ANN001
-                        shape_of: Callable[[str], GroupShape] | None = None, fsdp: bool = False) -> OptimizerPlan:
+                        shape_of: Callable[[str], GroupShape] | None = None, fsdp: bool = False,
+                        precision: str = "bf16") -> OptimizerPlan:
     """The optimizer plan of ``inventory`` under ``spec`` (an OptimizerSpec) and group sizes ``grid``.
 
     ``shape_of(group)`` gives the placement shape of a group kind for collective times (default:
     one NVLink domain); without ``system`` every time is zero but bytes, FLOPs and ownership are exact.
     ``fsdp``: Megatron-FSDP over the whole dp groups: AdamW on each rank's shard, no DP buckets
     (the per-layer gathers and reduce-scatters are :mod:`costmodel.fsdp`'s).
+    ``precision`` (training recipe: bf16, fp8-cs, mxfp8, nvfp4) decides what ``fp8_param_gather``
+    does (:mod:`workloads.fp8_params`).
     """
     if grid.etp * grid.ep * grid.expert_dp != grid.gpus_per_stage:
         raise ValueError(f"inconsistent grid {grid}: tp·dp must equal etp·ep·expert_dp")
@@ -110,7 +114,8 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
         raise ValueError("the layer_wise distributed optimizer is for muon")
     st = NsSettings.from_spec(spec)
     timer = Timer(system, spec.matmul_precision, shape_of)
-    stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp) for s in range(inventory.pp))
+    fp8 = not fsdp and fp8_gather_active(kind, dist, precision, spec.fp8_param_gather)
+    stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp, fp8, precision) for s in range(inventory.pp))
     layer_wise = dist == "layer_wise"
     gathers = any(b.gather_op for s in stages for b in s.buckets)
     return OptimizerPlan(
@@ -118,8 +123,9 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
         layout=spec.layer_wise_layout if layer_wise else None,
         tp_mode=spec.tp_mode if kind == "muon" else None,
         load_balance=spec.resolved_load_balance if layer_wise else None,
-        stages=stages, notes=_notes(inventory, spec, grid, dist, st) + ((FSDP_NOTE,) if fsdp else ()),
+        stages=stages, notes=_notes(inventory, spec, grid, dist, st, precision, fsdp) + ((FSDP_NOTE,) if fsdp else ()),
         hide_param_gather=bool(spec.hide_param_gather and spec.overlap_grad_reduce and gathers),
+        hypothetical=spec.hypothetical_reason is not None,
     )
 
 
@@ -135,10 +141,11 @@ def _fsdp_shards(b: StageBuilder, buf) -> None:  # noqa: ANN001 - stage_builder.
 
 
 def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings,  # noqa: ANN001
-           fsdp: bool = False) -> StageOptimizerPlan:
+           fsdp: bool = False, fp8: bool = False, precision: str = "bf16") -> StageOptimizerPlan:
     tensors = inv.stage_tensors(s)
-    b = StageBuilder(s, grid, spec, timer, st)
-    buffers = [buf for c in range(inv.vpp) for buf in chunk_buffers([t for t in tensors if t.chunk == c], c, spec.kind)]
+    b = StageBuilder(s, grid, spec, timer, st, param_gather_bytes_per_element(precision, True))
+    buffers = [buf for c in range(inv.vpp)
+               for buf in chunk_buffers([t for t in tensors if t.chunk == c], c, spec.kind, fp8)]
     dist = spec.resolved_distribution
     if fsdp:
         for buf in buffers:
@@ -155,6 +162,10 @@ def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSetting
         for buf in buffers:
             b.layer_wise_current(buf, np.flatnonzero(buf.muon), strategy)
             b.element_wise(buf, np.flatnonzero(~buf.muon))
+    elif grid.dp == 1:  # legacy with dp·cp = 1: Megatron's shard_params returns early (nothing sharded)
+        for buf in buffers:
+            b.ddp(buf, gather_op=None)
+            b.step_whole(buf, np.arange(len(buf.numel)), np.full(len(buf.numel), -1, dtype=np.int64))
     else:  # legacy: whole parameters of the whole stage assigned per dp group
         strategy = spec.resolved_load_balance
         for group in ("dp", "expert_dp"):
@@ -172,6 +183,10 @@ def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSetting
                 b.ddp(buf, gather_op="all_gather_v")
                 b.step_whole(buf, np.arange(n), owner[at:at + n], gathered_by_copies=True)
                 at += n
+    if inv.pp > 1:
+        for t in tensors:
+            if t.shared_embedding:
+                b.embedding_grad(t, grid.dp if fsdp else 0)
     return b.finish(rank_work)
 
 
@@ -188,8 +203,19 @@ def _sub_optimizer_order(bufs: list) -> np.ndarray:
     return np.concatenate([order[muon], order[~muon]])
 
 
-def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings) -> tuple[str, ...]:  # noqa: ANN001
-    notes: list[str] = []
+def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings, precision: str = "bf16",  # noqa: ANN001
+           fsdp: bool = False) -> tuple[str, ...]:
+    notes: list[str] = [spec.hypothetical_reason] if spec.hypothetical_reason else []
+    fp8_note = fp8_gather_note(spec.kind, dist, precision, spec.fp8_param_gather)
+    if fp8_note:
+        notes.append(fp8_note)
+    elif spec.fp8_param_gather and fsdp:
+        notes.append("fp8_param_gather with Megatron-FSDP: the per-layer parameter gathers are counted in BF16 "
+                     "(FSDP's FP8 gathers are not modelled)")
+    elif spec.fp8_param_gather:
+        notes.append(f"fp8_param_gather ({precision}): the TE linear weights sit in their own buffers and are gathered "
+                     + ("in FP8 (1 B per element)" if precision == "fp8-cs" else
+                        "in BF16 and quantized to MXFP8 after the gather (2 B per element)"))
     sharded_tp = grid.tp > 1 or grid.etp > 1
     if spec.kind == "muon":
         if spec.tp_mode == "blockwise" and sharded_tp:
@@ -199,7 +225,15 @@ def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings) -> tuple
             notes.append("SYRK disabled: EO/MCore use it only with bf16 ('medium') Newton-Schulz matmuls")
         if not sharded_tp:
             notes.append("tp = etp = 1: every Newton-Schulz call is local, tp_mode has no effect")
-        if dist == "layer_wise" and spec.layer_wise_layout == "legacy":
+        if inv.embedding_copy is not None and inv.embedding_copy.optimizer == "muon":
+            notes.append("MTP with pp > 1: the last stage's own copy of the word embedding is orthogonalised by Muon "
+                         "(Megatron-Core 0.16.1 flags is_embedding_or_output_parameter only where pre_process), while "
+                         "stage 0's copy is on AdamW; their gradients are all-reduced over the embedding group")
+        if dist == "layer_wise" and spec.layer_wise_layout == "legacy" and grid.dp == 1:
+            notes.append("legacy layer-wise with dp·cp = 1: Megatron-Core's shard_params returns early, so nothing "
+                         "is sharded (experts included, even with expert_dp > 1): every rank steps all its "
+                         "parameters, gradients are all-reduced and no parameter is gathered")
+        elif dist == "layer_wise" and spec.layer_wise_layout == "legacy":
             notes.append("legacy layer-wise layout: gradients all-reduced, whole parameters (Muon and AdamW) owned "
                          f"by one rank ({spec.resolved_load_balance}), updated parameters gathered with a "
                          "variable-size all_gather_v per bucket")

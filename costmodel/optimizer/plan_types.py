@@ -40,6 +40,7 @@ class Bucket:
     order: int = 0  # position in backprop order within the stage (0 = reduced first)
     used_numel: int = 0  # parameter elements (numel minus padding)
     kind: Literal["element_wise", "layer_wise", "ddp"] = "element_wise"
+    param_dtype: Literal["bf16", "fp8"] = "bf16"  # what the parameter gather moves (fp8: fp8_param_gather, fp8-cs)
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,14 @@ class RankWork:
     expert_rank: int = 0  # index in the expert-dp group
     kernels: float = 0.0  # kernel launches of the step on this GPU
     issue_s: float = 0.0  # host seconds to issue them (kernels × kernel_issue_s)
-    kernel_counts: tuple[tuple[str, float], ...] = ()  # launches by part (newton_schulz_gemm, muon_elementwise, ...)
+    kernel_parts: tuple[float, ...] = ()  # launches by part, in the order of KERNEL_PARTS
     muon_tensors: int = 0  # Muon tensors (expert copies counted) this GPU steps
+    total_s: float = field(init=False)  # max(GPU time, host issue time): the optimizer step on this GPU
+
+    def __post_init__(self) -> None:
+        # a derived value of a frozen instance, set once (through __dict__: the fast path)
+        gpu = self.newton_schulz_s + self.elementwise_s + self.tp_comm_s
+        self.__dict__["total_s"] = gpu if gpu >= self.issue_s else self.issue_s
 
     @property
     def gpu_s(self) -> float:
@@ -75,12 +82,17 @@ class RankWork:
     @property
     def host_idle_s(self) -> float:
         """Seconds the GPU waits for the host to issue kernels (launch-bound step; 0 when GPU-bound)."""
-        return max(0.0, self.issue_s - self.gpu_s)
+        return self.total_s - self.gpu_s
 
     @property
-    def total_s(self) -> float:
-        """Seconds of the optimizer step on this GPU: max(GPU time, host issue time)."""
-        return self.gpu_s + self.host_idle_s
+    def kernel_counts(self) -> dict[str, float]:
+        """Launches by part (:data:`KERNEL_PARTS`)."""
+        return dict(zip(KERNEL_PARTS, self.kernel_parts, strict=True)) if self.kernel_parts else {}
+
+
+KERNEL_PARTS = ("newton_schulz_gemm", "muon_elementwise", "adam_multi_tensor", "adam_param_copy", "grad_norm",
+                "gather_copy")
+"""The parts of an optimizer step's kernel launches (:mod:`costmodel.optimizer.kernel_sequence`)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -178,6 +190,7 @@ class OptimizerPlan:
     stages: tuple[StageOptimizerPlan, ...]
     notes: tuple[str, ...] = field(default=())
     hide_param_gather: bool = False  # engines overlap each bucket's gather with the next forward
+    hypothetical: bool = False  # a (layout, load balance) pair Megatron-Core does not have (a what-if)
 
     @property
     def critical_stage(self) -> StageOptimizerPlan:

@@ -11,7 +11,8 @@ dp×cp, experts over ``expert_dp``); the distribution then decides buckets and w
   all-gather; non-Muon parameters in separate element-wise buckets;
 * ``layer_wise`` ``legacy``: unpadded DDP buckets all-reduced; every parameter (Muon and AdamW)
   owned whole by one rank (ping-pong by numel over the stage by default); ``all_gather_v`` per
-  bucket of the updated parameters;
+  bucket of the updated parameters. With dp·cp = 1 Megatron's ``shard_params`` returns early:
+  every rank steps all its parameters (experts too, whatever expert_dp is), nothing is gathered;
 * ``replicated``: unpadded DDP buckets all-reduced; every rank steps everything.
 
 Per-rank values are numpy arrays over a role's dp indices; a GPU's load is its dense-role work plus
@@ -37,6 +38,7 @@ from costmodel.optimizer.newton_schulz import (
     tp_comm_time_s,
 )
 from costmodel.optimizer.plan_types import (
+    KERNEL_PARTS,
     Bucket,
     RankWork,
     RoleOwnership,
@@ -46,6 +48,7 @@ from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from workloads.comm import CollectiveCall, merge_calls
 from workloads.flops import newton_schulz_cost_proxy
+from workloads.fp8_params import is_fp8_param
 from workloads.inventory import TensorSpec
 
 GROUPS = ("dp", "expert_dp")
@@ -78,6 +81,8 @@ class Timer:
         self._ns: dict[NsWork, tuple[float, float]] = {}
         self._calls: dict[CollectiveCall, float] = {}
         self.s_per_byte = self.min_s = self.issue_s = 0.0
+        self.muon_rows: dict[tuple, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}  # see StageBuilder.muon_item
+        self.adam_rows: dict[tuple[int, int], np.ndarray] = {}  # see StageBuilder.adam_item
         if system is not None:
             from costmodel.compute import memory_time_s
 
@@ -150,9 +155,12 @@ class _Role:
     def add_owned(self, owner: np.ndarray, values: np.ndarray) -> None:
         """Add per-item rows ``values`` (items × columns) to their owners (owner -1 = every rank)."""
         everyone = owner < 0
-        if (~everyone).any():
-            for c in range(len(COLUMNS)):
-                self.acc[c] += np.bincount(owner[~everyone], weights=values[~everyone, c], minlength=self.size)
+        some = ~everyone
+        if some.any():
+            ncol = len(COLUMNS)
+            index = (owner[some][:, None] * ncol + np.arange(ncol)).ravel()
+            sums = np.bincount(index, weights=values[some].ravel(), minlength=self.size * ncol)
+            self.acc += sums.reshape(self.size, ncol).T
         if everyone.any():
             self.acc += values[everyone].sum(axis=0)[:, None]
 
@@ -175,6 +183,8 @@ class _Buffer:
     position: np.ndarray  # index in the chunk's backprop order (bucket readiness)
     unique: tuple[TensorSpec, ...] = ()
     tid: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    shared: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # Megatron shared_embedding
+    fp8: bool = False  # FP8 parameters (fp8_param_gather): their own buffer, param dtype uint8
 
 
 def _cost(t: TensorSpec) -> int:
@@ -182,19 +192,24 @@ def _cost(t: TensorSpec) -> int:
     return newton_schulz_cost_proxy(*shape) if len(shape) == 2 else t.local_numel
 
 
-def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str) -> list[_Buffer]:
-    """Split one chunk's tensors (definition order) into dense and expert buffers, backprop order."""
-    runs: dict[str, list[tuple[TensorSpec, int, int]]] = {g: [] for g in GROUPS}  # (tensor, copies, first position)
+def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str, fp8_params: bool = False) -> list[_Buffer]:
+    """Split one chunk's tensors (definition order) into dense and expert buffers, backprop order.
+
+    ``fp8_params`` (fp8_param_gather active): the FP8 parameters (:func:`workloads.fp8_params.is_fp8_param`)
+    get buffers of their own, as Megatron keys its buffers by (param dtype, grad dtype).
+    """
+    keys = [(g, f) for g in GROUPS for f in ((True, False) if fp8_params else (False,))]
+    runs: dict[tuple[str, bool], list[tuple[TensorSpec, int, int]]] = {k: [] for k in keys}  # (tensor, copies, first position)
     pos = 0
     for t in reversed(tensors):
         if t.optimizer == "none":
             continue
         copies = t.experts_per_rank
-        runs[t.dp_group].append((t, copies, pos))
+        runs[(t.dp_group, fp8_params and is_fp8_param(t))].append((t, copies, pos))
         pos += copies
     out = []
-    for g in GROUPS:
-        items = runs[g]
+    for g, f in keys:
+        items = runs[(g, f)]
         if not items:
             continue
         uniq = tuple(t for t, _, _ in items)
@@ -210,6 +225,7 @@ def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str) -> list[_Buf
             cost=np.array([_cost(t) for t in uniq], dtype=np.float64)[tid],
             muon=np.array([kind == "muon" and t.optimizer == "muon" for t in uniq], dtype=bool)[tid],
             position=firsts[tid] + offset, unique=uniq, tid=tid,
+            shared=np.array([t.shared_embedding for t in uniq], dtype=bool)[tid], fp8=f,
         ))
     return out
 
@@ -217,14 +233,16 @@ def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str) -> list[_Buf
 class StageBuilder:
     """Accumulates buckets and per-rank work of one stage."""
 
-    def __init__(self, stage: int, grid: Grid, spec, timer: Timer, st: NsSettings) -> None:  # noqa: ANN001
+    def __init__(self, stage: int, grid: Grid, spec, timer: Timer, st: NsSettings,  # noqa: ANN001
+                 fp8_gather_bytes: int = PARAM_BYTES) -> None:
         self.stage, self.grid, self.spec, self.timer, self.st = stage, grid, spec, timer, st
+        self.fp8_gather_bytes = fp8_gather_bytes  # bytes per element gathered for FP8-parameter buffers
         self.roles = {g: _Role(g, grid.size(g)) for g in GROUPS}
         self.buckets: list[tuple[tuple[int, int], dict]] = []  # (sort key, Bucket kwargs)
         self.gb = spec.grad_bytes
         self.grad_dtype = "fp32" if self.gb == 4 else "bf16"
-        self._muon_memo: dict[int, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}
         self._buffer_memo: dict[int, tuple[_Buffer, np.ndarray, list[tuple[CollectiveCall, ...]]]] = {}
+        self.extra_calls: list[CollectiveCall] = []  # per-step collectives outside the DP buckets
 
     def bucket_size(self, chunk: int) -> int | None:
         """Elements per bucket; None (one bucket) for pp ranks > 0, chunks > 0, or no overlap."""
@@ -236,18 +254,22 @@ class StageBuilder:
                    gather_op: str | None, kind: str) -> None:
         ready = int(buf.position[idx].max())
         gs = self.grid.size(buf.group)
-        gather_bytes = (used if gather_op == "all_gather_v" else numel) * PARAM_BYTES
+        per = self.fp8_gather_bytes if buf.fp8 else PARAM_BYTES
+        gather_bytes = (used if gather_op == "all_gather_v" else numel) * per
         self.buckets.append(((-buf.chunk, ready), dict(
             stage=self.stage, chunk=buf.chunk, dp_group=buf.group, group_size=gs, numel=numel,
-            grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * PARAM_BYTES,
-            reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind)))
+            grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * per,
+            reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind,
+            param_dtype="fp8" if per == 1 else "bf16")))
 
     def muon_item(self, t: TensorSpec) -> tuple[np.ndarray, tuple[CollectiveCall, ...]]:
         """(row of :data:`COLUMNS`, TP calls) of stepping one copy of Muon tensor ``t``: its kernel
         sequence (:func:`kernel_sequence.muon_tensor_kernels`, MCore defaults: no Nesterov, weight
-        decay on) timed on the GPU, its NS FLOPs and TP collectives."""
-        key = id(t)
-        if key not in self._muon_memo:
+        decay on) timed on the GPU, its NS FLOPs and TP collectives (memoised per plan on what they
+        depend on: tensors of the same shapes and sharding share them)."""
+        key = (t.muon_components, t.shard_dim, t.shards, t.shard_group, t.global_shape)
+        hit = self.timer.muon_rows.get(key)
+        if hit is None:
             w = tensor_ns_work(t, self.st)
             _, tp_s = self.timer.ns(w)
             kernels = ks.muon_tensor_kernels(t, w, self.st, self.gb)
@@ -255,17 +277,22 @@ class StageBuilder:
             n = t.local_numel
             row = np.array([n, w.flops, ns_s, tp_s, ew_s, ks.kernel_count(kernels), ks.kernel_count(kernels, "ns_gemm"),
                             1, 0, 0, 0, 1, float(ks.chunks_of(n)), 1], dtype=np.float64)
-            self._muon_memo[key] = (row, w.calls)
-        return self._muon_memo[key]
+            hit = self.timer.muon_rows[key] = (row, w.calls)
+        return hit
 
     def adam_item(self, t: TensorSpec) -> np.ndarray:
         """Row of :data:`COLUMNS` of a whole non-Muon parameter stepped by one rank's fused Adam:
         one shard piece of the multi-tensor launches, its main -> model copy (and gradient cast)."""
         n = t.local_numel
-        per_kernel = 1 + (self.gb != 4)
-        ew_s = per_kernel * float(self.timer.floored_s(1, ks.COPY_BYTES_PER_ELEMENT * n))
-        chunks = float(ks.chunks_of(n))
-        return np.array([n, 0, 0, 0, ew_s, per_kernel, 0, 0, 1, chunks, n, 1, chunks, 1], dtype=np.float64)
+        key = (n, self.gb)
+        row = self.timer.adam_rows.get(key)
+        if row is None:
+            per_kernel = 1 + (self.gb != 4)
+            ew_s = per_kernel * float(self.timer.floored_s(1, ks.COPY_BYTES_PER_ELEMENT * n))
+            chunks = float(ks.chunks_of(n))
+            row = self.timer.adam_rows[key] = np.array([n, 0, 0, 0, ew_s, per_kernel, 0, 0, 1, chunks, n, 1, chunks, 1],
+                                                       dtype=np.float64)
+        return row
 
     def _per_tensor(self, buf: _Buffer) -> tuple[np.ndarray, list[tuple[CollectiveCall, ...]]]:
         """Rows of :data:`COLUMNS` per distinct tensor of ``buf`` (items × columns), and each one's
@@ -327,7 +354,8 @@ class StageBuilder:
             return
         gs = self.grid.size(buf.group)
         numel = buf.numel[sel]
-        for span in lay.ddp_buckets(numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=True):
+        for span in lay.ddp_buckets(numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=True,
+                                    isolate=buf.shared[sel]):
             self.adam_shards(buf.group, span, numel)
             self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used, "reduce_scatter", "all_gather",
                             "element_wise")
@@ -337,7 +365,8 @@ class StageBuilder:
         if len(sel) == 0:
             return
         gs = self.grid.size(buf.group)
-        spans = lay.layer_wise_buckets(buf.numel[sel], buf.cost[sel], gs, self.bucket_size(buf.chunk), strategy)
+        spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, self.bucket_size(buf.chunk), strategy,
+                                      isolate=buf.shared[sel])
         for span in spans:
             idx = sel[span.first:span.stop]
             assert span.owner is not None  # layer-wise spans always carry their owners
@@ -351,6 +380,15 @@ class StageBuilder:
             self.add_bucket(buf, np.arange(span.first, span.stop), span.numel, span.used, "all_reduce",
                             gather_op, "ddp")
 
+    def embedding_grad(self, t: TensorSpec, fsdp: int = 0) -> None:
+        """The all-reduce of a shared embedding's gradient between the first and the last stage
+        (``finalize_model_grads._allreduce_word_embedding_grads``, group ``embd``): the whole local
+        main_grad in the gradient dtype; with Megatron-FSDP its local shard (approximated as
+        ⌈numel / fsdp⌉: the FSDP shard boundaries are not modelled)."""
+        numel = -(-t.rank_numel // fsdp) if fsdp else t.rank_numel
+        self.extra_calls.append(CollectiveCall("all_reduce", "embd", 2, self.grad_dtype, numel * self.gb, 1,
+                                               "embedding_grad"))
+
     def finish(self, rank_work: Callable[[StageBuilder], tuple[RankWork, ...]]) -> StageOptimizerPlan:
         self.buckets.sort(key=lambda kb: kb[0])
         buckets = tuple(Bucket(order=i, **kw) for i, (_, kw) in enumerate(self.buckets))
@@ -360,8 +398,9 @@ class StageBuilder:
             bucket_calls.append(CollectiveCall(b.reduce_op, b.dp_group, b.group_size, self.grad_dtype,  # type: ignore[arg-type]
                                                b.grad_bytes, 1, phase_r))
             if b.gather_op:
-                bucket_calls.append(CollectiveCall(b.gather_op, b.dp_group, b.group_size, "bf16",  # type: ignore[arg-type]
+                bucket_calls.append(CollectiveCall(b.gather_op, b.dp_group, b.group_size, b.param_dtype,  # type: ignore[arg-type]
                                                    b.param_bytes, 1, "param_gather"))
+        bucket_calls += self.extra_calls
         used = sum(b.used_numel for b in buckets)
         padding = sum(b.numel for b in buckets) / used - 1 if used else 0.0
         roles = tuple(
@@ -429,11 +468,11 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
              "gather_copy": gather_d + gather_e}
     kernels = sum(parts.values())
     ew_s = both("ew_s") + adam_d_s + adam_e_s + norm_s + gather_d_s + gather_e_s
-    flops, ns_s, tp_s, muon_items = both("flops"), both("ns_s"), both("tp_s"), both("muon_items")
+    assert tuple(parts) == KERNEL_PARTS
+    ints = [np.asarray(a).astype(np.int64).tolist() for a in (first, owned, counts, dd, ee, both("muon_items"))]
+    floats = [a.tolist() for a in (both("flops"), both("ns_s"), ew_s, both("tp_s"), kernels, kernels * timer.issue_s)]
+    by_part = zip(*[np.asarray(v, dtype=np.float64).tolist() for v in parts.values()], strict=True)
     return tuple(
-        RankWork(rank=int(first[i]), owned_numel=int(owned[i]), newton_schulz_flops=float(flops[i]),
-                 newton_schulz_s=float(ns_s[i]), elementwise_s=float(ew_s[i]), tp_comm_s=float(tp_s[i]),
-                 multiplicity=int(counts[i]), dense_rank=int(dd[i]), expert_rank=int(ee[i]),
-                 kernels=float(kernels[i]), issue_s=float(kernels[i] * timer.issue_s),
-                 kernel_counts=tuple((k, float(v[i])) for k, v in parts.items()), muon_tensors=int(muon_items[i]))
-        for i in range(len(keys)))
+        RankWork(rank=r, owned_numel=o, newton_schulz_flops=fl, newton_schulz_s=ns, elementwise_s=ew, tp_comm_s=tp,
+                 multiplicity=m, dense_rank=d, expert_rank=e, kernels=k, issue_s=iss, kernel_parts=part, muon_tensors=mt)
+        for r, o, m, d, e, mt, fl, ns, ew, tp, k, iss, part in zip(*ints, *floats, by_part, strict=True))

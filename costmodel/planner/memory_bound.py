@@ -60,7 +60,10 @@ def _stage_classes(model: ModelSpec, pp: int, vpp: int, split: str) -> np.ndarra
     out[last, 0] += outside
     out[0, 0] += first
     out[0, 3] = 1.0
-    out[last, 4] = 0.0 if model.tie_embeddings and pp == 1 else 1.0  # tied, one stage: one tensor
+    # tied: one tensor with one stage; with MTP the last stage's copy (column 3) is the output weight
+    out[last, 4] = 0.0 if model.tie_embeddings and (pp == 1 or model.mtp_layers) else 1.0
+    if model.mtp_layers and pp > 1:
+        out[last, 3] = 1.0  # the MTP layers' own copy of the word embedding
     return out
 
 
@@ -88,6 +91,8 @@ def stage_params_max(model: ModelSpec, grid: np.ndarray, split: str = "auto") ->
     return out
 
 
-def weights_and_grads_bytes(model: ModelSpec, grid: np.ndarray, grad_bytes: int, split: str = "auto") -> np.ndarray:
-    """Lower bound on memory per GPU in bytes (bf16 weights + gradients of the heaviest stage)."""
-    return stage_params_max(model, grid, split) * (BF16_BYTES + grad_bytes)
+def weights_and_grads_bytes(model: ModelSpec, grid: np.ndarray, grad_bytes: int, split: str = "auto",
+                            param_bytes: float = BF16_BYTES) -> np.ndarray:
+    """Lower bound on memory per GPU in bytes (weights + gradients of the heaviest stage); ``param_bytes``
+    is the smallest a weight element can take (1 under fp8_param_gather with fp8-cs, else bf16's 2)."""
+    return stage_params_max(model, grid, split) * (param_bytes + grad_bytes)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from costmodel.planner.cluster import open_pool
 from costmodel.planner.evaluate import (
     Evaluation,
     Evaluator,
@@ -37,7 +38,7 @@ from costmodel.planner.evaluate import (
 from costmodel.planner.explain import explain
 from costmodel.planner.memory_bound import weights_and_grads_bytes
 from costmodel.planner.pins import Pins
-from costmodel.planner.pool import TaskPool, default_jobs, evaluator, set_evaluators
+from costmodel.planner.pool import default_jobs, evaluator, set_evaluators
 from costmodel.planner.ranking import pareto_front
 from costmodel.planner.result import PlanResult, PlanRow, ReferenceOut, SpaceStats, plan_row
 from costmodel.planner.screen import Progress, Screen
@@ -74,6 +75,7 @@ class PlanOptions:
     exhaustive: bool = False
     max_rank_expansions: int = 600  # groups expanded to decide the reference's rank (Kimi K2 on 256 GPUs: 122)
     max_rank_evaluations: int = 2000  # undecided groups evaluated for it (Kimi K2, 256 GPUs: 694; more: a sampled estimate)
+    scheduler: str | None = None  # Dask scheduler address: screen on its workers instead of local processes
 
 
 @dataclass
@@ -160,7 +162,9 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     notes: list[str] = []
 
     grid, raw = structure_grid(base, options.pins)
-    lb = weights_and_grads_bytes(base.model, grid, base.optimizer.grad_bytes, base.par.pipeline_split)
+    fp8_cs_params = base.optimizer.fp8_param_gather and base.precision.value == "fp8-cs"  # 1 B FP8 weights
+    lb = weights_and_grads_bytes(base.model, grid, base.optimizer.grad_bytes, base.par.pipeline_split,
+                                 1.0 if fp8_cs_params else 2.0)
     if base.par.fsdp:  # Megatron-FSDP shards weights and gradients over at most gpus/(tp·pp) ranks
         lb = lb / (base.gpus / (grid[:, 0] * grid[:, 1]))
     grid_ok = grid[lb <= budget]
@@ -177,7 +181,8 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     t_des = t_sens = 0.0
     sensitivity = None
     interrupted = False
-    with TaskPool(jobs) as pool:
+    with open_pool(jobs, options.scheduler) as pool:
+        jobs = pool.jobs
         screen = Screen(groups, pool, keep, progress, options.exhaustive, ref_time, options.max_rank_expansions,
                         options.max_rank_evaluations, options.seed)
         sres = screen.run()

@@ -4,6 +4,8 @@ The evaluators (with their engines, caches and base scenario) are module globals
 the pool forks, so children inherit them without pickling; only candidates and compact
 :class:`~costmodel.planner.evaluate.Evaluation` results cross process boundaries. Children
 ignore SIGINT: Ctrl-C reaches the parent only, which terminates the pool and keeps what it has.
+:func:`costmodel.planner.cluster.open_pool` gives this pool, or the same interface on a Dask
+cluster (``--scheduler``), which ships the installed evaluators to its workers.
 """
 
 from __future__ import annotations
@@ -18,9 +20,16 @@ _EVALUATORS: dict[str, Any] = {}
 
 
 def set_evaluators(**evaluators: Any) -> None:
-    """Install the evaluators tasks use (call before :class:`TaskPool` forks)."""
-    _EVALUATORS.clear()
+    """Install (add or replace, by name) the evaluators tasks use (call before the pool opens).
+
+    Names not given stay installed: a sweep's context survives the plans its tasks run in-process.
+    """
     _EVALUATORS.update(evaluators)
+
+
+def installed_evaluators() -> dict[str, Any]:
+    """A copy of the installed evaluators (what a Dask pool ships to its workers)."""
+    return dict(_EVALUATORS)
 
 
 def evaluator(name: str) -> Any:

@@ -30,6 +30,7 @@ class PlanRow(_Out):
     breakdown_s: dict[str, float]
     reference: bool = False
     pareto: bool = False
+    hypothetical: bool = Field(False, description="a layout / load-balance pair Megatron-Core does not have")
 
     @property
     def best_time_s(self) -> float:
@@ -96,5 +97,5 @@ def plan_row(e: Evaluation, rank: int | None = None, des_step_time_s: float | No
         settings={k: v for k, v in e.candidate.settings().items() if v is not None},
         step_time_s=e.step_time_s, des_step_time_s=des_step_time_s, tokens_per_s_per_gpu=e.tokens_per_s_per_gpu,
         memory_per_gpu_bytes=e.memory_bytes, memory_fraction_of_budget=e.memory_fraction, limiter=e.limiter(),
-        breakdown_s=dict(e.terms_s), reference=reference, pareto=pareto,
+        breakdown_s=dict(e.terms_s), reference=reference, pareto=pareto, hypothetical=e.candidate.hypothetical,
     )
