@@ -11,11 +11,14 @@ agree):
 - **ep**: exposed, except what overlaps compute:
 
   * with ``ep_comm_overlap`` (Megatron ``--overlap-moe-expert-parallel-comm``) the merged
-    forward-backward steps of 1F1B run one micro-batch's dispatch/combine under the other
-    micro-batch's compute of the same layer (``other_pass_s``), in the paired share of the passes
-    (warm-up forwards and cool-down backwards run alone: :func:`ep_paired_share`); with
-    ``delay_wgrad_compute`` the backward's expert weight-gradient GEMMs are deferred behind its
-    all-to-all, so they hide it too;
+    forward-backward steps of 1F1B run one micro-batch's layer forward beside the other's layer
+    backward, each all-to-all under one compute part of the other micro-batch (Megatron-Core's
+    combined 1F1B layer schedule, our reading): forward dispatch under the backward MoE MLP,
+    forward combine under the backward attention side, backward combine under the forward
+    attention side, backward dispatch under the forward MoE MLP. With ``delay_wgrad_compute`` the
+    expert weight-gradient GEMMs leave the backward MLP part and run under the backward dispatch.
+    Only the paired share of the passes overlaps (warm-up forwards and cool-down backwards run
+    alone: :func:`ep_paired_share`), where the delayed wgrad still hides the backward dispatch;
   * with ``moe_shared_expert_overlap`` the shared expert runs on a side stream under the
     dispatch/combine of its own pass.
 
@@ -62,26 +65,30 @@ def overlapped_s(comm_s: float, compute_s: float, sm_share: float) -> float:
 
 @dataclass(frozen=True)
 class EpOverlap:
-    """What an MoE layer pass's EP all-to-all can hide under (seconds), and the dispatch's SM share."""
+    """What one pass's two all-to-alls (dispatch, combine) can hide under (seconds), and the SM share.
 
-    paired_s: float = 0.0  # the paired micro-batch's compute of the opposite pass (EP overlap)
-    own_s: float = 0.0  # this pass's deferred expert wgrad (delay_wgrad_compute) or shared expert
+    ``paired_s``: the compute parts of the other micro-batch each all-to-all runs beside, in this
+    pass's order (EP overlap); ``own_s``: this pass's own compute that hides its all-to-alls
+    without a partner (delayed expert wgrad under the backward dispatch, or the shared expert)."""
+
+    paired_s: tuple[float, float] = (0.0, 0.0)
+    own_s: tuple[float, float] = (0.0, 0.0)
     paired_share: float = 1.0
     sm_share: float = 0.0
     ep_overlap: bool = False
 
 
 def ep_exposed_fraction(comm_s: float, o: EpOverlap) -> float:
-    """Exposed share (0-1) of ``comm_s`` seconds of one pass's EP all-to-all (module docstring)."""
+    """Exposed share (0-1) of ``comm_s`` seconds of one pass's EP all-to-alls (module docstring):
+    half of it is the dispatch, half the combine, each overlapped with its own compute part."""
     if comm_s <= 0:
         return 1.0
-    if o.ep_overlap:
-        paired = overlapped_s(comm_s, o.paired_s + o.own_s, o.sm_share)
-        alone = overlapped_s(comm_s, o.own_s, o.sm_share) if o.own_s > 0 else comm_s
-        return (o.paired_share * paired + (1.0 - o.paired_share) * alone) / comm_s
-    if o.own_s > 0:
-        return overlapped_s(comm_s, o.own_s, o.sm_share) / comm_s
-    return 1.0
+    half = comm_s / 2
+    alone = sum(overlapped_s(half, own, o.sm_share) if own > 0 else half for own in o.own_s)
+    if not o.ep_overlap:
+        return alone / comm_s
+    paired = sum(overlapped_s(half, t + own, o.sm_share) for t, own in zip(o.paired_s, o.own_s, strict=True))
+    return (o.paired_share * paired + (1.0 - o.paired_share) * alone) / comm_s
 
 
 def cp_exposed_fraction(comm_s: float, attention_s: float) -> float:

@@ -94,8 +94,9 @@ def layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str
                ) -> tuple[tuple[CommBlock, ...], tuple[CommBlock, ...]]:
     """Forward and backward collective blocks of one layer (kind: dense, moe, embedding, output, mtp).
 
-    ``attn_s`` and ``compute_s``: (forward, backward) attention-core and whole-layer compute seconds
-    of one micro-batch; ``parts``: the layer's GEMM and expert seconds (TP and EP overlap);
+    ``attn_s``: (forward, backward) attention-core seconds of one micro-batch (CP overlap);
+    ``compute_s``: the whole layer's (kept for callers; the overlaps use ``parts``); ``parts``: the
+    layer's GEMM, expert and MoE-side seconds (TP and EP overlap);
     ``recompute``: the layer's recompute (default: the scenario's).
     """
     system, model, p, rt = scenario.system, scenario.model, scenario.par, scenario.runtime
@@ -177,14 +178,20 @@ def layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str
         bwd[k].add((fwd[k].time_s, fwd[k].latency_s, fwd[k].link))
     if tp_exposed is not None and full_recompute:
         tp_exposed = (tp_exposed[0], tp_exposed[1] + tp_exposed[0])
-    paired = ep_paired_share(scenario)
+    paired_share = ep_paired_share(scenario)
     sm_share = dispatch_sm_share(rt, system.gpu.sm_count)
 
+    delayed = parts.expert_wgrad_s if rt.delay_wgrad_compute else 0.0
+    shared = parts.shared_expert_s if rt.moe_shared_expert_overlap else (0.0, 0.0)
+    attn_f, attn_b = parts.attn_side_s
+    mlp_f, mlp_b = parts.mlp_side_s[0], parts.mlp_side_s[1] - delayed
+
     def ep_overlap(pass_index: int) -> EpOverlap:
-        own = parts.shared_expert_s[pass_index] if rt.moe_shared_expert_overlap else 0.0
-        if pass_index == 1 and rt.delay_wgrad_compute:
-            own += parts.expert_wgrad_s
-        return EpOverlap(paired_s=compute_s[1 - pass_index], own_s=own, paired_share=paired, sm_share=sm_share,
+        if pass_index == 0:  # forward: dispatch beside the other's backward MLP, combine beside its attention
+            paired, own = (mlp_b, attn_b), (shared[0], 0.0)
+        else:  # backward: combine beside the other's forward attention, dispatch beside its forward MLP
+            paired, own = (attn_f, mlp_f), (shared[1], delayed)
+        return EpOverlap(paired_s=paired, own_s=own, paired_share=paired_share, sm_share=sm_share,
                          ep_overlap=p.ep_comm_overlap)
 
     def fraction(k: str, a: CommAcc, pass_index: int) -> float:

@@ -151,26 +151,38 @@ class LayerParts:
     gemm_s: dict[str, float]  # GEMM operations by name ('linear_qkv', 'mlp.linear_fc1.dgrad', ...)
     shared_expert_s: tuple[float, float] = (0.0, 0.0)  # (forward, backward) of the shared experts
     expert_wgrad_s: float = 0.0  # the routed experts' weight-gradient GEMMs (backward)
+    mlp_side_s: tuple[float, float] = (0.0, 0.0)  # (fwd, bwd) between dispatch and combine: experts, shared experts
+    attn_side_s: tuple[float, float] = (0.0, 0.0)  # (fwd, bwd) the rest: norms, attention, router (recompute incl.)
+
+
+MLP_SIDE_MODULES = frozenset({"moe", "moe_act", "shared_experts"})
 
 
 @lru_cache(maxsize=4096)
 def layer_parts(ops: LayerOps, system: SystemSpec) -> LayerParts:
-    """The :class:`LayerParts` of a layer's operations (recomputed forward work excluded)."""
+    """The :class:`LayerParts` of a layer's operations (GEMMs and experts without recomputed work;
+    the two sides of the MoE block with it)."""
     gemm: dict[str, float] = {}
     shared = [0.0, 0.0]
+    mlp = [0.0, 0.0]
+    attn = [0.0, 0.0]
     wgrad = 0.0
     for i, seq in enumerate((ops.forward, ops.backward)):
         for o in seq:
+            t = operation_time_s(o, system)
+            if o.module in MLP_SIDE_MODULES:
+                mlp[i] += t
+            else:
+                attn[i] += t
             if o.name.startswith("recompute."):
                 continue
-            t = operation_time_s(o, system)
             if o.kind in ("gemm", "grouped_gemm"):
                 gemm[o.name] = gemm.get(o.name, 0.0) + t
                 if o.module == "moe" and o.name.endswith(".wgrad"):
                     wgrad += t
             if o.module == "shared_experts":
                 shared[i] += t
-    return LayerParts(gemm, (shared[0], shared[1]), wgrad)
+    return LayerParts(gemm, (shared[0], shared[1]), wgrad, (mlp[0], mlp[1]), (attn[0], attn[1]))
 
 
 COLL_CACHE: dict[tuple, tuple[SystemSpec, tuple[float, float, str]]] = {}

@@ -63,12 +63,15 @@ def test_overlapped_all_to_all_costs_its_excess_and_the_sms_it_takes() -> None:
     rt = RuntimeSettings(moe_hybridep_num_sms=32)
     assert dispatch_sm_share(rt, 148) == pytest.approx(32 / 148)
     assert dispatch_sm_share(rt.model_copy(update={"moe_token_dispatcher_type": "alltoall"}), 148) == 0.0
-    # the paired share overlaps; warm-up/cool-down passes expose it all
-    o = EpOverlap(paired_s=2.0, paired_share=0.75, sm_share=0.25, ep_overlap=True)
-    assert ep_exposed_fraction(1.0, o) == pytest.approx(0.75 * 0.25 + 0.25)
-    # delay_wgrad: the deferred expert wgrad (own_s) hides the unpaired passes too
-    o = EpOverlap(paired_s=2.0, own_s=1.0, paired_share=0.75, sm_share=0.25, ep_overlap=True)
-    assert ep_exposed_fraction(1.0, o) == pytest.approx(0.25)
+    # 2 s of all-to-all per pass: 1 s dispatch beside 0.6 s of the partner's compute, 1 s combine beside 2 s
+    o = EpOverlap(paired_s=(0.6, 2.0), sm_share=0.2, ep_overlap=True)
+    assert ep_exposed_fraction(2.0, o) == pytest.approx(((0.4 + 0.2 * 0.6) + 0.2 * 1.0) / 2.0)
+    # only the paired share overlaps; warm-up/cool-down passes expose it all
+    o = EpOverlap(paired_s=(2.0, 2.0), paired_share=0.75, sm_share=0.25, ep_overlap=True)
+    assert ep_exposed_fraction(2.0, o) == pytest.approx(0.75 * 0.25 + 0.25)
+    # delay_wgrad: the deferred expert wgrad (own) hides the backward dispatch, also without a partner
+    o = EpOverlap(paired_s=(2.0, 2.0), own_s=(0.0, 1.0), paired_share=0.75, sm_share=0.25, ep_overlap=True)
+    assert ep_exposed_fraction(2.0, o) == pytest.approx((0.75 * 0.5 + 0.25 * (1.0 + 0.25)) / 2.0)
 
 
 def test_delay_wgrad_and_hybridep_sms_move_the_step_as_expected() -> None:
