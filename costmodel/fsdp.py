@@ -146,7 +146,7 @@ def fsdp_layer_blocks(scenario: Scenario, units: dict[str, FsdpUnit], kind: str,
     ``shapes`` must hold the ``dp`` and ``expert_dp`` placement shapes; ``compute_s`` is the unit's
     (forward, backward) compute in seconds.
     """
-    unit = units.get(kind)
+    unit = units.get(kind.partition(":")[0])  # 'moe:norc' (not recomputed) is a moe unit
     if unit is None:
         return (), ()
     fwd, bwd = unit.calls(shapes["dp"].size, shapes["expert_dp"].size, scenario.optimizer.grad_bytes)

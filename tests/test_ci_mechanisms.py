@@ -28,6 +28,7 @@ from workloads.operations import (
     MAIN_GRAD_ADD_BYTES,
     UNFUSED_ATTENTION_BYTES,
     UNFUSED_ATTENTION_KERNELS,
+    KernelOptions,
     RankShape,
 )
 from workloads.scenario import build_config
@@ -41,8 +42,8 @@ MOE = GPT.model_copy(update={"name": "ci-moe", "moe": MoeSpec(num_experts=8, top
 H100 = load_system("dgx-h100").with_efficiency(layer_host_s=2e-3, moe_host_s=1.5e-3, kernel_issue_s=1e-5)
 
 
-def _ops(model: ModelSpec, kind: str = "dense", recompute: str = "none", **shape):
-    return layer_ops(model, RankShape(B, S, **shape), kind, recompute, ("core_attn",))
+def _ops(model: ModelSpec, kind: str = "dense", recompute: str = "none", ep: int = 1, **options):
+    return layer_ops(model, RankShape(B, S, ep=ep, options=KernelOptions(**options)), kind, recompute, ("core_attn",))
 
 
 def test_framework_host_time_per_layer_pass():
@@ -72,17 +73,17 @@ def test_collectives_hide_in_the_gpu_wait_of_a_launch_bound_pass():
 
 def test_gradient_accumulation_hooks_per_parameter():
     fused = {o.name: o for o in _ops(GPT).backward}
-    unfused = {o.name: o for o in _ops(GPT, grad_accum_fusion=False).backward}
-    # weights: accumulated inside the wgrad GEMM with fusion, by DDP's hook without
-    assert "mlp.linear_fc1.main_grad_add" not in fused
-    assert unfused["mlp.linear_fc1.main_grad_add"].bytes == F * H * MAIN_GRAD_ADD_BYTES
-    assert unfused["linear_qkv.main_grad_add"].bytes == 3 * H * H * 10
+    unfused = {o.name: o for o in _ops(GPT, gradient_accumulation_fusion=False).backward}
+    # weights: accumulated inside the wgrad GEMM with fusion, by a separate add without
+    assert "mlp.linear_fc1.grad_accumulate" not in fused
+    assert unfused["mlp.linear_fc1.grad_accumulate"].bytes == F * H * MAIN_GRAD_ADD_BYTES
+    assert unfused["linear_qkv.grad_accumulate"].bytes == 3 * H * H * 10
     # biases go through the hook either way (one kernel each)
     for table in (fused, unfused):
         assert table["mlp.linear_fc1.bias_grad_add"].bytes == F * 10
         assert table["mlp.linear_fc1.bias_grad_add"].kernels == 1
-    adds = [n for n in unfused if n.endswith("_grad_add")]
-    assert len(adds) - len([n for n in fused if n.endswith("_grad_add")]) == 4  # QKV, proj, fc1, fc2
+    adds = [n for n in unfused if n.endswith(("_grad_add", "grad_accumulate"))]
+    assert len(adds) - len([n for n in fused if n.endswith(("_grad_add", "grad_accumulate"))]) == 4  # QKV, proj, fc1, fc2
 
 
 def test_unfused_attention_materialises_the_scores():
@@ -133,6 +134,6 @@ def test_per_iteration_logging_work():
 
 def test_rank_shape_reads_the_runtime_settings():
     sc = _ci_scenario(gradient_accumulation_fusion=False, attention_backend="unfused")
-    shape = rank_shape(sc)
-    assert (shape.grad_accum_fusion, shape.unfused_attention, shape.grouped_gemm) == (False, True, True)
-    assert rank_shape(_ci_scenario(transformer_impl="local")).unfused_attention  # local layers: unfused
+    opt = rank_shape(sc).options
+    assert (opt.gradient_accumulation_fusion, opt.unfused_attention, opt.grouped_gemm) == (False, True, True)
+    assert rank_shape(_ci_scenario(transformer_impl="local")).options.unfused_attention  # local layers: unfused
