@@ -48,7 +48,8 @@ def test_a_moe_row_by_hand():
         "overlap_grad_reduce": True, "sequence_parallel": True, "grad_reduce_dtype": "fp32",
         "moe_token_dispatcher_type": "allgather", "gradient_accumulation_fusion": False, "attention_backend": "unfused",
         "transformer_impl": "transformer_engine", "log_params_norm": True, "log_num_zeros_in_grad": True,
-        "moe_grouped_gemm": True}
+        "cross_entropy_loss_fusion": False, "moe_grouped_gemm": True, "moe_permute_fusion": False,
+        "moe_router_fusion": False}
     assert run.release == "mcore-ci.20260725.cd4afffa64"  # the recording environment
     assert run.extra is not None and run.extra["deterministic_mode"] == "true" and run.extra["ckpt_saves_in_window"] == 0
     scenario = run.scenario_overrides()

@@ -85,7 +85,8 @@ COLUMNS = (  # what the shipped copy keeps, in this order
     "normalization", "position_embedding_type", "untie_embeddings_and_output_weights", "disable_bias_linear",
     "qk_layernorm", "spec", "overlap_grad_reduce", "overlap_param_gather", "sequence_parallel", "tp_comm_overlap",
     "recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers", "cuda_graph_impl",
-    "cuda_graph_flags", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "ckpt_save_iters_in_window",
+    "cuda_graph_flags", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_permute_fusion",
+    "ckpt_save_iters_in_window",
     "eval_iters_in_window", *sorted(set(FLAG_COLUMNS.values()) - {"phase"}), "phase",
 )
 
@@ -229,8 +230,13 @@ def _settings(row: dict[str, str], model: ModelSpec) -> dict[str, Any]:
         out["transformer_impl"] = row["transformer_impl"]
     out["log_params_norm"] = _bool(row["log_params_norm"])
     out["log_num_zeros_in_grad"] = _bool(row["log_num_zeros_in_grad"])
+    # Megatron-LM's defaults for the fusions the CSV does not list (the Bridge recipes turn them on);
+    # the cases named for it add --cross-entropy-loss-fusion
+    out["cross_entropy_loss_fusion"] = "cross_entropy_loss_fusion" in row["case"]
     if model.moe is not None:
         out["moe_grouped_gemm"] = _bool(row["moe_grouped_gemm"])
+        out["moe_permute_fusion"] = _bool(row["moe_permute_fusion"])
+        out["moe_router_fusion"] = False
     graphs = row["cuda_graph_impl"].split("(")[0]
     if graphs in ("local", "transformer_engine"):
         out["cuda_graph_impl"] = graphs
