@@ -169,15 +169,23 @@ def pass_time_s(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphCa
 
 
 @lru_cache(maxsize=4096)
+def layer_passes(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
+                 kind: str = "dense") -> tuple[tuple[float, float], tuple[float, float]]:
+    """((forward s, forward host slack s), (backward s, backward host slack s)) of one layer
+    (:func:`pass_windows` with the framework's host time, :func:`framework_host_s`)."""
+    host_f, host_b = framework_host_s(ops, system, capture, kind)
+    return (pass_windows(ops.forward, system, capture, kind, host_f),
+            pass_windows(ops.backward, system, capture, kind, host_b))
+
+
+@lru_cache(maxsize=4096)
 def ops_time(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
              kind: str = "dense") -> tuple[float, float, float, float]:
     """(forward s, backward s, forward attention-core s, backward attention-core s) of one layer.
 
     Pass times are kernel-level (:func:`pass_time_s`); attention-core seconds are GPU time.
     """
-    host_f, host_b = framework_host_s(ops, system, capture, kind)
-    f = pass_time_s(ops.forward, system, capture, kind, host_f)
-    b = pass_time_s(ops.backward, system, capture, kind, host_b)
+    (f, _), (b, _) = layer_passes(ops, system, capture, kind)
     fa = sum(operation_time_s(o, system) for o in ops.forward if o.kind == "attention")
     ba = sum(operation_time_s(o, system) for o in ops.backward if o.kind == "attention")
     return f, b, fa, ba
@@ -294,14 +302,12 @@ def hide_under_host(blocks: tuple[CommBlock, ...], slack_s: float) -> tuple[Comm
     return tuple(CommBlock(b.kind, b.time_s, b.latency_s, b.link, b.exposed_fraction * keep) for b in blocks)
 
 
-@lru_cache(maxsize=4096)
 def host_slack_s(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
                  kind: str = "dense") -> tuple[float, float]:
     """(forward, backward) seconds the GPU idles waiting for the host in one layer's passes:
     ``max(0, host issue − GPU)`` summed over the passes' windows (0 when GPU-bound)."""
-    host_f, host_b = framework_host_s(ops, system, capture, kind)
-    return (pass_windows(ops.forward, system, capture, kind, host_f)[1],
-            pass_windows(ops.backward, system, capture, kind, host_b)[1])
+    (_, slack_f), (_, slack_b) = layer_passes(ops, system, capture, kind)
+    return slack_f, slack_b
 
 
 def layer_cache_key(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str, GroupShape]) -> tuple:
