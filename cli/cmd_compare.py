@@ -31,7 +31,7 @@ from cli.common import (
     check_output_paths,
     check_release,
     print_json,
-    resolve_with_layout,
+    resolve_release_scenario,
     user_errors,
     with_scenario_flags,
 )
@@ -112,17 +112,16 @@ def compare(
     check_engine(engine)
     check_output_paths(html)
     variants = expand_variants(scenario_flags)
+    check_release(None, release, "")
     scenarios, layouts = [], []
     for label, flags in variants:
         try:
-            sc, layered = resolve_with_layout(scenario_file, flags)
+            sc, layered, _ = resolve_release_scenario(scenario_file, flags, release)
         except UserInputError as err:
             raise UserInputError(f"variant {label}: {err}") from None
         scenarios.append(sc)
         layouts.append(layered.summary())
     profile = load_calibration(calibration)
-    for sc in scenarios:
-        check_release(profile, release, sc.system.name)
     from costmodel.engine import predict
 
     labels = [label for label, _ in variants]

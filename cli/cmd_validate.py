@@ -28,7 +28,7 @@ RunsArg = Annotated[list[Path] | None, typer.Argument(
     help="runs files: CSV/JSON of the measured-run schema, Megatron training logs (.log/.txt/.out), "
          "reference-backend JSON", show_default=False)]
 DatasetOpt = Annotated[list[str] | None, typer.Option(
-    "--dataset", metavar="NAME", help="a shipped dataset (megatron-bridge); repeatable")]
+    "--dataset", metavar="NAME", help="a shipped dataset (megatron-bridge, megatron-ci, megatron-ci-all); repeatable")]
 WarmupOpt = Annotated[int, typer.Option("--warmup", min=0, help="Megatron logs: warm-up iterations to skip")]
 
 
@@ -39,9 +39,10 @@ def register(app: typer.Typer) -> None:
 
 
 def _gather_runs(paths: list[Path] | None, datasets: list[str] | None, flags: dict[str, str],
-                 warmup: int) -> tuple[list[Any], str]:
-    """All runs from files and datasets (one-line errors), and a description of where they came from."""
-    from workloads.datasets import load_dataset
+                 warmup: int) -> tuple[list[Any], str, list[Any]]:
+    """All runs from files and datasets (one-line errors), a description of where they came from,
+    and the dataset rows that are not runs (with their reasons)."""
+    from workloads.datasets import load_dataset_rows
     from workloads.loaders import LOG_SUFFIXES, load_many
 
     paths = list(paths or [])
@@ -54,9 +55,10 @@ def _gather_runs(paths: list[Path] | None, datasets: list[str] | None, flags: di
     if flags and not any(p.suffix.lower() in LOG_SUFFIXES for p in paths):
         raise CliError(f"scenario flags ({', '.join(sorted(flags))}) describe training logs; "
                        "no log file was given (CSV and JSON runs carry their own scenario)")
-    runs = load_many(paths, flags, warmup, preloaded={f"dataset '{d}'": load_dataset(d) for d in datasets})
+    loaded = {d: load_dataset_rows(d) for d in datasets}
+    runs = load_many(paths, flags, warmup, preloaded={f"dataset '{d}'": rows[0] for d, rows in loaded.items()})
     where = ", ".join([f"dataset {d}" for d in datasets] + [p.name for p in paths])
-    return runs, where
+    return runs, where, [s for rows in loaded.values() for s in rows[1]]
 
 
 def _calibration(path: Path | None, datasheet: bool) -> Any:
@@ -91,11 +93,11 @@ def validate(
     """How wrong is the model on measured runs? Predicted vs measured, MAPE, bias, worst case, Kendall τ."""
     from costmodel.calibrate.validation import validate_runs
 
-    runs, where = _gather_runs(runs_files, dataset, scenario_flags, warmup)
+    runs, where, skipped = _gather_runs(runs_files, dataset, scenario_flags, warmup)
     profile = _calibration(calibration, datasheet)
     reference_runs = [r for r in runs if r.phase_times_s or r.collectives]
     step_runs = [r for r in runs if not (r.phase_times_s or r.collectives)]
-    report = validate_runs(step_runs, profile, engine) if step_runs else None
+    report = validate_runs(step_runs, profile, engine, skipped) if step_runs or skipped else None
     reference = _reference_checks(reference_runs, profile) if reference_runs else []
     if html is not None:
         if report is None or not report.rows:
@@ -187,8 +189,7 @@ def _print_validation(report: Any, where: str, wide: bool = False) -> None:
                       "training error (see 'muonsim calibrate' for held-out error)")
     if report.unsupported:
         console.print(f"unsupported runs ({len(report.unsupported)}), not predicted:")
-        for u in report.unsupported:
-            console.print(f"  {u.run_id}: {u.reason}", markup=False)
+        _print_unsupported(console, report.unsupported)
     summary = Table(title="errors by system", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for col in ("system", "n", "MAPE %", "median %", "bias %", "worst %", "Kendall τ"):
         summary.add_column(col, justify="left" if col == "system" else "right", no_wrap=True)
@@ -221,6 +222,8 @@ def calibrate(
     holdout: Annotated[str, typer.Option("--holdout", metavar="configuration|model",
                                          help="what is held out together: a configuration, or a whole model")] = "configuration",
     no_cv: Annotated[bool, typer.Option("--no-cv", help="skip the held-out evaluation")] = False,
+    release_residuals: Annotated[bool, typer.Option(
+        "--release-residuals", help="diagnostic: the held-out bias each release family leaves (not fitted)")] = False,
     loss: Annotated[str, typer.Option("--loss", help="soft_l1, huber or linear")] = "soft_l1",
     microbench: Annotated[bool, typer.Option(
         "--microbench", help="measure this machine (GEMM, eager dispatch, gloo α-β) instead of fitting runs")] = False,
@@ -242,7 +245,7 @@ def calibrate(
     from costmodel.calibrate.fit import DEFAULT_FACTORS, DEFAULT_RELEASE_FACTORS, FitSettings
     from costmodel.calibrate.fit_runs import calibrate as run_calibration
 
-    runs, where = _gather_runs(runs_files, dataset, scenario_flags, warmup)
+    runs, where, skipped = _gather_runs(runs_files, dataset, scenario_flags, warmup)
     fitted = _factor_list(factors, DEFAULT_FACTORS)
     per_release = _factor_list(release_factors, DEFAULT_RELEASE_FACTORS)
     try:
@@ -257,7 +260,7 @@ def calibrate(
             print(msg, file=sys.stderr, flush=True)
 
     report = run_calibration(runs, settings, name=name or out.stem, fitted_on=f"{where} ({len(runs)} runs)",
-                             cross_validate=not no_cv, progress=progress)
+                             cross_validate=not no_cv, progress=progress, skipped=skipped)
     if not report.result.fits.systems:
         raise CliError("no supported run to fit (all runs are unsupported; see 'muonsim validate')")
     write_text_atomically(out, report.profile.to_yaml())
@@ -268,6 +271,8 @@ def calibrate(
         print_json(report.to_json_dict() | {"warnings": warnings})
         return
     _print_calibration(report, wide)
+    if release_residuals:
+        _print_release_residuals(report)
     typer.echo(f"wrote {out}")
 
 
@@ -327,8 +332,37 @@ def _print_calibration(report: Any, wide: bool = False) -> None:
     console.print(table)
     if report.unsupported:
         console.print(f"{len(report.unsupported)} unsupported runs were not used:")
-        for u in report.unsupported:
+        _print_unsupported(console, report.unsupported)
+
+
+UNSUPPORTED_LISTED = 30  # longer lists are summarised by reason (every run is in --json)
+
+
+def _print_unsupported(console: Any, unsupported: list[Any]) -> None:
+    """Each unsupported run with its reason, or, for long lists, how many runs share each reason."""
+    if len(unsupported) <= UNSUPPORTED_LISTED:
+        for u in unsupported:
             console.print(f"  {u.run_id}: {u.reason}", markup=False)
+        return
+    import re
+    from collections import Counter
+
+    counts = Counter(re.sub(r"\s*\([^)]*\)", "", u.reason) for u in unsupported)  # details in brackets vary
+    for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        console.print(f"  {n:4d} x {reason}", markup=False)
+    console.print("  (every run with its reason: --json)")
+
+
+def _print_release_residuals(report: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="diagnostic: held-out error per release family (what a release multiplier would absorb)")
+    for col in ("release", "n", "MAPE %", "bias %", "worst %"):
+        table.add_column(col, justify="left" if col == "release" else "right")
+    for family, m in report.release_residuals().items():
+        table.add_row(family or "-", str(m.n), _fmt(m.mape_pct), _fmt(m.bias_pct, "+.1f"), _fmt(m.max_ape_pct))
+    Console(width=max(Console().width, 100)).print(table)
 
 
 def _microbench(out: Path, name: str | None, json_out: bool) -> None:

@@ -35,10 +35,7 @@ MATMUL_CLASS_OF = {"bf16": "bf16", "tf32": "tf32", "fp32": "fp32", "fp8": "fp8",
 
 def tensor_peak_flops_per_s(system: SystemSpec, tensor_class: str) -> float:
     """Dense peak FLOP/s for a tensor-core class: bf16, fp8, fp4, tf32 or fp32."""
-    peaks = system.gpu.peak_flops_per_s
-    if tensor_class == "fp4":
-        return peaks.fp4 if peaks.fp4 is not None else peaks.fp8
-    return float(getattr(peaks, tensor_class))
+    return system.gpu.peak_flops_per_s.of_class(tensor_class)
 
 
 def gemm_efficiency(flops: float, system: SystemSpec, tensor_class: str) -> float:

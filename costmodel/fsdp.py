@@ -94,9 +94,9 @@ class FsdpUnit:
 def _unit_of(t: TensorSpec, model_layers: int, first_moe: int) -> str | None:
     """The unit kind a tensor belongs to (of the first unit of that kind), None for other units."""
     if t.layer is None:
-        if t.duplicate_of is not None:  # the MTP stage's embedding copy: not a unit of the first stage's kinds
+        if t.duplicate_of is not None:  # the last stage's embedding copy: not a unit of the first stage's kinds
             return None
-        return "embedding" if t.role == "embedding" else "output"
+        return "embedding" if t.role in ("embedding", "position_embedding") else "output"
     if t.layer >= model_layers:
         return "mtp" if t.layer == model_layers else None
     if t.layer == 0 and first_moe > 0:
@@ -146,7 +146,7 @@ def fsdp_layer_blocks(scenario: Scenario, units: dict[str, FsdpUnit], kind: str,
     ``shapes`` must hold the ``dp`` and ``expert_dp`` placement shapes; ``compute_s`` is the unit's
     (forward, backward) compute in seconds.
     """
-    unit = units.get(kind)
+    unit = units.get(kind.partition(":")[0])  # 'moe:norc' (not recomputed) is a moe unit
     if unit is None:
         return (), ()
     fwd, bwd = unit.calls(shapes["dp"].size, shapes["expert_dp"].size, scenario.optimizer.grad_bytes)

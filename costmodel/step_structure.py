@@ -11,14 +11,19 @@ Which collectives are on the critical path (explicit, per Megatron-Core's defaul
 - **EP** (dispatch and combine per MoE layer, forward and backward: the flex/HybridEP dispatcher of
   the published recipes, de-duplicated per NVLink domain, :mod:`costmodel.moe_dispatch`; with
   etp > 1 an all-gather / reduce-scatter of the dispatched tokens over etp).
-- **PP** point-to-point: asynchronous sends of ``sp_tokens·h`` BF16 per micro-batch; they cost time
-  through the schedule's dependencies (see :mod:`costmodel.pipeline`).
+- **PP** point-to-point: sends of ``sp_tokens·h`` BF16 per micro-batch. With Megatron's
+  ``overlap_p2p_comm`` (or without interleaving) they are asynchronous and cost time
+  through the schedule's dependencies (see :mod:`costmodel.pipeline`); the interleaved schedule
+  without it blocks every pass on its batched send/receive (a ``pp`` block of one transfer per pass).
 - **DP**: gradient reduce-scatter per bucket (from the optimizer plan) overlapped with backward
   when ``overlap_grad_reduce``, each after its pre-scaling kernel (``grad_data *= 1/dp``); parameter all-gather synchronous after the optimizer step or, with
   ``hide_param_gather``, per bucket in forward order ahead of the next step's first forward.
-- **Embedding group**: with a word embedding on both the first and the last stage (MTP with
-  pp > 1), its gradient is all-reduced over ``embd`` once both stages have reduced their DP
-  gradients, before the optimizer step (``finalize_model_grads``); exposed, counted in ``dp_grad``.
+- **Per-iteration logging** (``log_num_zeros_in_grad``, ``log_params_norm``): kernels and a one-float
+  all-reduce each, after the gradient-norm synchronisation, counted with the optimizer step
+  (:mod:`costmodel.iteration_work`).
+- **Embedding group**: with a word embedding on both the first and the last stage (tied embeddings,
+  or MTP, with pp > 1), its gradient is all-reduced over ``embd`` once both stages have reduced
+  their DP gradients, before the optimizer step (``finalize_model_grads``); exposed, counted in ``dp_grad``.
 - **Megatron-FSDP** (``fsdp = dp·cp``): per layer and micro-batch, parameter all-gathers (forward
   and backward) and gradient reduce-scatters (backward) over the dp groups, kind ``dp_fsdp``,
   exposed beyond the layer's compute; no DP buckets (:mod:`costmodel.fsdp`).
@@ -37,17 +42,15 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from costmodel.compute import kernel_gpu_s
-from costmodel.cuda_graphs import GraphCapture
+from costmodel.layer_comm import base_kind, layer_kind_costs
 from costmodel.layer_costs import (
     CACHE_LIMIT,
+    LAYER_GROUP_KINDS,
     NO_COMM,
     CommBlock,
     collective_s,
     domain_link,
     layer_cache_key,
-    layer_comm,
-    layer_ops,
-    ops_time,
     rank_shape,
 )
 from costmodel.optimizer.kernel_sequence import grad_prescale_kernels
@@ -193,10 +196,12 @@ def _chunk_items(scenario: Scenario) -> list[list[str]]:
     model, p = scenario.model, scenario.par
     counts = scenario.virtual_stage_layers
     first_moe = model.moe.first_dense_layers if model.moe is not None else model.num_layers
+    block = p.recompute_num_layers if p.recompute == "full" and p.recompute_method == "block" else None
     items: list[list[str]] = []
     layer = 0
-    for n in counts:
-        items.append(["moe" if i >= first_moe else "dense" for i in range(layer, layer + n)])
+    for n in counts:  # full recompute, method block: only the first recompute_num_layers of each chunk
+        items.append([("moe" if i >= first_moe else "dense") + (":norc" if block is not None and i - layer >= block else "")
+                      for i in range(layer, layer + n)])
         layer += n
     items[0].insert(0, "embedding")
     items[-1].extend(["mtp"] * model.mtp_layers)
@@ -294,8 +299,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     system, model = scenario.system, scenario.model
     shape = rank_shape(scenario)
     placement = placement_for(scenario)
-    shapes = {k: placement.shape(k) for k in ("tp", "cp", "ep", "etp", "pp")}
-    recompute, modules = p.recompute, tuple(p.recompute_modules)
+    shapes = {k: placement.shape(k) for k in LAYER_GROUP_KINDS}
     items = _chunk_items(scenario)
     per_kind: dict[str, tuple[float, float, tuple[CommBlock, ...], tuple[CommBlock, ...]]] = {}
     for kind in sorted({k for kinds in items for k in kinds}):
@@ -304,16 +308,26 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
         if hit is not None and hit[0] is model and hit[1] is system:
             per_kind[kind] = hit[2]
             continue
-        ops = layer_ops(model, shape, kind, recompute, modules)
-        f, b, fa, ba = ops_time(ops, system, GraphCapture.of(scenario.runtime), kind)
-        cf, cb = layer_comm(scenario, shape, kind, shapes, (fa, ba), overlap, (f, b))
-        per_kind[kind] = (f, b, cf, cb)
+        per_kind[kind] = layer_kind_costs(scenario, shape, kind, shapes, overlap)
         if len(_KIND_CACHE) > CACHE_LIMIT:
             _KIND_CACHE.clear()
         _KIND_CACHE[key] = (model, system, per_kind[kind])  # identity-checked: ids cannot be reused
     if p.fsdp > 0:
         add_fsdp_blocks(scenario, placement, per_kind, overlap)
     plan = build_optimizer_plan(scenario) if plan is None else plan
+    logging = scenario.runtime.log_num_zeros_in_grad or scenario.runtime.log_params_norm
+    if logging:  # per-iteration logging work in the optimizer tail (costmodel.iteration_work)
+        from costmodel.iteration_work import logging_s
+        from workloads.inventory import inventory_for
+
+        inventory = inventory_for(scenario)
+    pps = shapes["pp"]
+    p2p_bytes = float(shape.sp_tokens * model.hidden_size * ACT_BYTES)
+    pair = GroupShape(2, 2, 1) if pps.intra_domain else GroupShape(2, 1, 2)
+    p2p, p2p_lat, _ = collective_s("send_recv", p2p_bytes, pair, system) if p.pp > 1 else NO_COMM
+    # interleaved schedule without overlap_p2p_comm: every pass waits for its batched send/receive
+    blocking = (CommBlock("pp", p2p, p2p_lat, domain_link(pair)),) if p.pp > 1 and p.vpp > 1 \
+        and not scenario.runtime.overlap_p2p_comm else ()
     stages = []
     passes: dict[tuple[str, ...], tuple[int, PassCost, PassCost]] = {}  # chunks with the same layers share them
     for s in range(p.pp):
@@ -324,20 +338,20 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
             if shared is None:
                 f = sum(per_kind[k][0] for k in kinds)
                 b = sum(per_kind[k][1] for k in kinds)
-                cf = _merge([blk for k in kinds for blk in per_kind[k][2]])
-                cb = _merge([blk for k in kinds for blk in per_kind[k][3]])
-                layers = sum(1 for k in kinds if k in ("dense", "moe", "mtp"))
+                cf = _merge([blk for k in kinds for blk in per_kind[k][2]] + list(blocking))
+                cb = _merge([blk for k in kinds for blk in per_kind[k][3]] + list(blocking))
+                layers = sum(1 for k in kinds if base_kind(k) in ("dense", "moe", "mtp"))
                 shared = passes[kinds] = (layers, PassCost(f, cf), PassCost(b, cb))
             chunks.append(ChunkCost(s, c, *shared))
         buckets, opt_compute_s, opt_tp_s = _stage_optimizer(plan, s, scenario, placement, overlap)
+        if logging:
+            opt_compute_s += logging_s(scenario, inventory.stage_tensors(s), placement.shape("world"))
         embd = _embedding_grad(plan, s, scenario, placement)
         stages.append(StageCost(stage=s, chunks=tuple(chunks), buckets=buckets,
                                 optimizer_compute_s=opt_compute_s, optimizer_tp_s=opt_tp_s,
                                 embedding_grad_s=embd[0], embedding_grad_latency_s=embd[1], embedding_grad_link=embd[2]))
-    pps = shapes["pp"]
-    p2p_bytes = float(shape.sp_tokens * model.hidden_size * ACT_BYTES)
-    pair = GroupShape(2, 2, 1) if pps.intra_domain else GroupShape(2, 1, 2)
-    p2p, p2p_lat, _ = collective_s("send_recv", p2p_bytes, pair, system) if p.pp > 1 else NO_COMM
+    if blocking:  # the transfers sit in the passes: nothing left for the schedule to wait on
+        p2p, p2p_lat = 0.0, 0.0
     opt = scenario.optimizer
     return StepStructure(
         pp=p.pp, vpp=p.vpp, microbatches=scenario.num_microbatches, stages=tuple(stages),

@@ -99,13 +99,3 @@ def test_nvfp4_on_a_gpu_without_fp4_is_an_error(run_cli) -> None:
     assert on_b200.exit_code == 0, on_b200.output
     assert not any("FP4" in w for w in json.loads(on_b200.stdout)["warnings"])
 
-
-def test_predict_release_selects_that_releases_factors(run_cli) -> None:
-    default = json.loads(run_cli("predict", "--json").stdout)
-    res = run_cli("predict", "--json", "--release", "26.04")
-    assert res.exit_code == 0, res.output
-    rel = json.loads(res.stdout)
-    assert "release 26.04" in rel["calibration"] and rel["step_time_s"] != default["step_time_s"]
-    for args, needle in ((("--release", "19.01"), "known releases"), (("--calibration", "none", "--release", "26.04"), "needs a calibration")):
-        bad = run_cli("predict", *args)
-        assert bad.exit_code == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

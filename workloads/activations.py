@@ -16,6 +16,9 @@ muonsim adapts the same bookkeeping to the models it ships (all SwiGLU + RMSNorm
 - **GQA**: K and V have ``n_kv·d`` rows instead of ``h``; **MLA**: the latent projections and their
   norms (replicated over tp, so not divided by ``t``), then the up-projected Q, K, V per head;
 - **SwiGLU**: fc1 output ``2F`` (gate and up) saved by the activation, its output ``F`` saved by fc2;
+  a non-gated activation (GELU, squared ReLU) saves fc1's ``F`` outputs and its own ``F`` outputs;
+  LayerNorm's per-token statistics (fp32 mean and reciprocal deviation, RMSNorm's one) are
+  negligible beside the ``h``-wide tensors and not counted;
 - **MoE**: router scores (fp32, ``E`` per token), then every token is processed by top-k experts, so
   the expert terms scale with ``k`` (dropless routing, average load: imbalance is not modelled);
   ``etp`` duplicates expert inputs over the expert-tensor group and shards the ffn dim; the routing
@@ -49,7 +52,10 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", 
 
 _GEMM_INPUT_BYTES = {
     Precision.BF16: 2.0,
+    Precision.FP16: 2.0,
     Precision.FP8_CS: 1.0,
+    Precision.FP8_DELAYED: 1.0,
+    Precision.FP8_BLOCKWISE: 1.0 + 4.0 / 128,
     Precision.MXFP8: 1.0 + 1.0 / 32,
     Precision.NVFP4: 0.5 + 1.0 / 16,
 }
@@ -94,8 +100,9 @@ def layer_activation_terms(model: ModelSpec, moe_layer: bool, shape: LayerShape)
     n = float(shape.tokens)
     sp = t if shape.sequence_parallel else 1  # divisor of hidden-width tensors
     g = gemm_input_bytes_per_element(shape.precision)
-    lowp = shape.precision != Precision.BF16
+    lowp = Precision(shape.precision).tensor_core_class != "bf16"
     terms: list[ActivationTerm] = []
+    act = model.activation
 
     def add(name: str, size_bytes: float, *freed_by: str) -> None:
         terms.append(ActivationTerm(name, size_bytes, frozenset(freed_by)))
@@ -115,9 +122,11 @@ def layer_activation_terms(model: ModelSpec, moe_layer: bool, shape: LayerShape)
         heads, dq = att.num_heads, att.qk_head_dim + att.qk_pos_emb_head_dim
         if att.q_lora_rank:
             add("q_latent", n * att.q_lora_rank * ACT_BYTES)
-            add("q_latent_norm_output", n * att.q_lora_rank * g, "mla_up_proj")
+            if att.latent_norm:
+                add("q_latent_norm_output", n * att.q_lora_rank * g, "mla_up_proj")
         add("kv_latent", n * (att.kv_lora_rank + att.qk_pos_emb_head_dim) * ACT_BYTES)
-        add("kv_latent_norm_output", n * att.kv_lora_rank * g, "mla_up_proj")
+        if att.latent_norm:
+            add("kv_latent_norm_output", n * att.kv_lora_rank * g, "mla_up_proj")
         add("qkv", n * heads * (2 * dq + att.v_head_dim) * ACT_BYTES / t, "mla_up_proj")
         o_width = heads * att.v_head_dim
     add("attn_output", n * o_width * ACT_BYTES / t)  # flash attention keeps O; bf16 proj shares it
@@ -129,8 +138,8 @@ def layer_activation_terms(model: ModelSpec, moe_layer: bool, shape: LayerShape)
     add("mlp_norm_output", n * h * g / sp, "layernorm")
     if not moe_layer:
         f = model.ffn_hidden_size
-        add("fc1_output", n * 2 * f * ACT_BYTES / t, "mlp")
-        add("swiglu_output", n * f * g / t, "mlp")
+        add("fc1_output", n * model.fc1_factor * f * ACT_BYTES / t, "mlp")
+        add(f"{act}_output", n * f * g / t, "mlp")
         return terms
     spec = model.moe
     assert spec is not None
@@ -139,12 +148,12 @@ def layer_activation_terms(model: ModelSpec, moe_layer: bool, shape: LayerShape)
     fe = spec.expert_ffn_hidden_size
     add("router_scores", n * spec.num_experts * FP32_BYTES / t, "moe")
     add("expert_fc1_input", routed * shape.etp * h * g, "moe")
-    add("expert_fc1_output", routed * 2 * fe * ACT_BYTES, "moe")
-    add("expert_swiglu_output", routed * fe * g, "moe", "moe_act")
+    add("expert_fc1_output", routed * model.fc1_factor * fe * ACT_BYTES, "moe")
+    add(f"expert_{act}_output", routed * fe * g, "moe", "moe_act")
     if spec.shared_expert_ffn_hidden_size:
         fs = spec.shared_expert_ffn_hidden_size
-        add("shared_fc1_output", n * 2 * fs * ACT_BYTES / t, "moe", "shared_experts")
-        add("shared_swiglu_output", n * fs * g / t, "moe", "shared_experts")
+        add("shared_fc1_output", n * model.fc1_factor * fs * ACT_BYTES / t, "moe", "shared_experts")
+        add(f"shared_{act}_output", n * fs * g / t, "moe", "shared_experts")
     return terms
 
 

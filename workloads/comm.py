@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 CollectiveOp = Literal["all_reduce", "reduce_scatter", "all_gather", "all_gather_v", "broadcast", "all_to_all", "send_recv"]
-GroupKind = Literal["dp", "expert_dp", "tp", "etp", "cp", "ep", "pp", "embd", "world"]
+GroupKind = Literal["dp", "expert_dp", "tp", "etp", "cp", "ep", "etp_ep", "pp", "embd", "world"]
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 

@@ -212,7 +212,7 @@ def stage_activation_bytes(scenario: Scenario, stage: int) -> float:
 
     per_chunk = [0.0] * p.vpp
     largest = 0.0
-    placement = layer_placement(model.num_layers, p.pp, p.vpp, p.pipeline_split)
+    placement = layer_placement(model.num_layers, p.pp, p.vpp, p.stage_split, model.mtp_layers)
     layers = [(i, chunk) for i, (s, chunk) in enumerate(placement) if s == stage]
     layers += [(model.num_layers - 1, p.vpp - 1)] * (model.mtp_layers if stage == p.pp - 1 else 0)
     for i, chunk in layers:

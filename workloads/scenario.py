@@ -13,13 +13,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from topologies.hardware import Precision, SystemSpec, load_system
 from topologies.inputs import UserInputError, describe_validation_error, load_yaml_file
-from workloads.models import ModelSpec, load_model
-from workloads.pipeline_layout import PipelineSplit, virtual_stage_layer_counts
-from workloads.runtime import RuntimeSettings
+from workloads.models import ModelSpec, resolve_model
+from workloads.pipeline_layout import PipelineSplit, StageSplit, virtual_stage_layer_counts
+from workloads.runtime import RuntimeSettings, split_list
 
 OptimizerKind = Literal["adamw", "muon"]
 Distribution = Literal["replicated", "element_wise", "layer_wise"]
@@ -28,6 +28,9 @@ TpMode = Literal["duplicated", "distributed", "blockwise"]
 LoadBalance = Literal["none", "ping_pong", "lpt"]
 MatmulPrecision = Literal["bf16", "tf32", "fp32"]
 Recompute = Literal["none", "selective", "full"]
+RecomputeMethod = Literal["uniform", "block"]
+ShardingStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]
+StateDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts"]
 EO_MIN_SYRK_CUBIC5 = (0, 4)  # Emerging-Optimizers release that added SYRK on the TP path and the cubic5 schedule
 CoefficientSet = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4", "cubic5", "custom"]
@@ -56,14 +59,38 @@ class Parallelism(_Strict):
     ep_comm_overlap: bool = Field(False, description="run each micro-batch's EP dispatch/combine under the other micro-batch's "
                                   "compute in 1F1B's merged forward-backward steps (Megatron --overlap-moe-expert-parallel-comm); "
                                   "off by default")
-    recompute: Recompute = "none"
+    recompute: Recompute = Field("none", description="Megatron --recompute-granularity: none, selective (the "
+                                 "recompute_modules) or full (whole layers)")
     recompute_modules: tuple[RecomputeModule, ...] = Field(default=("core_attn",), description="modules for selective recompute (Megatron-Core names)")
+    recompute_method: RecomputeMethod | None = Field(None, description="Megatron --recompute-method for full recompute: "
+                                                     "uniform (every recompute_num_layers-layer block is a checkpoint) or "
+                                                     "block (the first recompute_num_layers layers of each virtual stage "
+                                                     "are recomputed, the rest are not); None = every layer")
+    recompute_num_layers: int | None = Field(None, gt=0, description="Megatron --recompute-num-layers (with recompute_method)")
     pipeline_split: PipelineSplit = "auto"
+    pipeline_model_parallel_layout: str | None = Field(
+        None, description="Megatron --pipeline-model-parallel-layout, e.g. 'Et*4|(t*4|)*14tmL': per virtual stage "
+                          "(chunk-major) E embedding, t transformer layer, m MTP layer, L loss; overrides pipeline_split")
+    account_for_embedding_in_pipeline_split: bool = Field(False, description="Megatron --account-for-embedding-in-"
+                                                          "pipeline-split: the embedding counts as one layer")
+    account_for_loss_in_pipeline_split: bool = Field(False, description="Megatron --account-for-loss-in-pipeline-"
+                                                     "split: the output layer and loss count as one layer")
+
+    @field_validator("recompute_modules", mode="before")
+    @classmethod
+    def _split_modules(cls, value: Any) -> Any:
+        return split_list(value)
 
     @property
     def expert_tp(self) -> int:
         """Expert tensor-parallel size: ``etp`` when set, else 1."""
         return self.etp if self.etp is not None else 1
+
+    @property
+    def stage_split(self) -> StageSplit:
+        """How layers are split over virtual stages: layout, account-for flags, then pipeline_split."""
+        return StageSplit(self.pipeline_split, self.pipeline_model_parallel_layout,
+                          self.account_for_embedding_in_pipeline_split, self.account_for_loss_in_pipeline_split)
 
     @property
     def uses_sequence_parallel(self) -> bool:
@@ -87,12 +114,38 @@ class OptimizerSpec(_Strict):
     hide_param_gather: bool = Field(False, description="overlap the parameter all-gather with the next forward "
                                     "(Megatron overlap_param_gather; off by default as in Megatron-Core)")
     overlap_grad_reduce: bool = True
-    grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
-    bucket_size_elements: int | None = Field(None, gt=0, description="default: max(40e6, 1e6 * dp)")
-    fp8_param_gather: bool = Field(False, description="keep the TE linear weights in FP8 and gather them as such "
-                                   "(Megatron DDP fp8_param_gather; AdamW element-wise with fp8-cs or mxfp8)")
-    reuse_grad_buf_for_mxfp8_param_ag: bool = Field(False, description="mxfp8: gather the BF16 parameters into the "
-                                                    "gradient buffer (Megatron DDP; needs fp8_param_gather)")
+    grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Megatron --grad-reduce-in-fp32 (fp32) "
+                                                       "or not (bf16: the gradient buffer's dtype)")
+    bucket_size_elements: int | None = Field(None, gt=0, description="Megatron --ddp-bucket-size (elements); "
+                                             "default: max(40e6, 1e6 * dp)")
+    fp8_param_gather: bool = Field(False, description="Megatron --fp8-param-gather: FP8 primary weights, the "
+                                   "parameter all-gather moves FP8 (1 B per element)")
+    reuse_grad_buf_for_mxfp8_param_ag: bool = Field(False, description="Megatron --reuse-grad-buf-for-mxfp8-param-ag: "
+                                                    "the MXFP8 parameter all-gather reuses the gradient buffer")
+    overlap_param_gather_with_optimizer_step: bool = Field(False, description="Megatron --overlap-param-gather-with-"
+                                                           "optimizer-step: the first chunk's gather overlaps the step")
+    align_param_gather: bool = Field(False, description="Megatron --align-param-gather: the virtual chunks' parameter "
+                                     "all-gathers are issued together after the optimizer step")
+    num_distributed_optimizer_instances: int = Field(1, ge=1, description="Megatron --num-distributed-optimizer-"
+                                                     "instances: the data-parallel group is split into this many "
+                                                     "optimizer-sharding groups (partial sharding)")
+    data_parallel_sharding_strategy: ShardingStrategy = Field(
+        "optim_grads_params", description="Megatron-FSDP --data-parallel-sharding-strategy (with fsdp > 0): what is "
+                                          "sharded; muonsim's default is what the recipes use (full sharding)")
+    fsdp_double_buffer: bool = Field(False, description="Megatron-FSDP --fsdp-double-buffer: two persistent "
+                                     "all-gather buffers instead of per-unit allocations")
+    nccl_ub: bool = Field(False, description="Megatron-FSDP --use-nccl-ub: NCCL user-buffer registration")
+    suggested_communication_unit_size: int | None = Field(None, gt=0, description="Megatron-FSDP "
+                                                          "--suggested-communication-unit-size (elements)")
+    keep_fp8_transpose_cache: bool = Field(False, description="Megatron-FSDP --keep-fp8-transpose-cache")
+    use_precision_aware_optimizer: bool = Field(False, description="Megatron --use-precision-aware-optimizer: the "
+                                                "state dtypes below take effect (TE FusedAdam)")
+    main_grads_dtype: StateDtype = Field("fp32", description="Megatron --main-grads-dtype (precision-aware optimizer)")
+    main_params_dtype: StateDtype = Field("fp32", description="Megatron --main-params-dtype (precision-aware optimizer)")
+    exp_avg_dtype: StateDtype = Field("fp32", description="Megatron --exp-avg-dtype (precision-aware optimizer)")
+    exp_avg_sq_dtype: StateDtype = Field("fp32", description="Megatron --exp-avg-sq-dtype (precision-aware optimizer)")
+    optimizer_cpu_offload: bool = Field(False, description="Megatron --optimizer-cpu-offload: optimizer state and "
+                                        "step on the host")
     eo_version: str = Field("0.3.0", pattern=r"^\d+\.\d+(\.\d+)?$",
                             description="Emerging-Optimizers version (Megatron-Core pins 0.3.0; SYRK and cubic5 need >= 0.4)")
 
@@ -149,13 +202,16 @@ class Placement(_Strict):
     gpus_per_domain: int | None = Field(
         None, gt=0, description="GPUs used per NVLink domain; default: the policy in topologies.placement"
     )
+    use_tp_pp_dp_mapping: bool = Field(False, description="Megatron --use-tp-pp-dp-mapping: rank order tp-cp-ep-pp-dp "
+                                       "(pipeline stages adjacent, data-parallel replicas outermost) instead of "
+                                       "tp-cp-ep-dp-pp")
 
 
 class ScenarioConfig(_Strict):
     """What a user writes: names or paths for system and model, plus the settings."""
 
     system: str = "gb300-nvl72"
-    model: str = "kimi-k2"
+    model: str | ModelSpec = Field("kimi-k2", description="catalogue name, YAML path, or an inline architecture")
     gpus: int = Field(256, gt=0)
     precision: Precision = Precision.MXFP8
     parallelism: Parallelism = Parallelism(
@@ -168,10 +224,12 @@ class ScenarioConfig(_Strict):
 
     def resolve(self) -> Scenario:
         """Load catalogue entries and validate every cross-field rule."""
-        model = load_model(self.model)
+        model = resolve_model(self.model)
         if self.mtp_layers is not None and self.mtp_layers != model.mtp_layers:
             model = model.model_copy(update={"mtp_layers": self.mtp_layers})
         system = load_system(self.system)
+        if not self.runtime.nccl_nvls_enable:  # NCCL_NVLS_ENABLE=0: NCCL uses no NVLink SHARP algorithm
+            system = system.without_nvls()
         scenario = Scenario(config=self, system=system, model=model)
         scenario.validate()
         return scenario
@@ -208,8 +266,23 @@ def build_config(data: dict[str, Any], overrides: dict[str, Any], source: str = 
 
 _SECTION_OF = {name: "parallelism" for name in Parallelism.model_fields} | {
     name: "optimizer" for name in OptimizerSpec.model_fields if name != "kind"
-} | {"gpus_per_domain": "placement"} | {name: "runtime" for name in RuntimeSettings.model_fields}
+} | {name: "placement" for name in Placement.model_fields} | {name: "runtime" for name in RuntimeSettings.model_fields}
 _TOP_LEVEL = set(ScenarioConfig.model_fields)
+_SECTION_MODELS: dict[str, type[BaseModel]] = {"parallelism": Parallelism, "optimizer": OptimizerSpec,
+                                               "placement": Placement, "runtime": RuntimeSettings}
+
+
+def section_of(key: str) -> str | None:
+    """The scenario section ('parallelism', 'optimizer', 'placement', 'runtime') of a flat key, or None."""
+    return _SECTION_OF.get(key)
+
+
+def setting_default(key: str) -> Any:
+    """muonsim's default of a flat scenario key (None when the key has no plain default)."""
+    section = _SECTION_OF.get(key)
+    model = _SECTION_MODELS.get(section or "", ScenarioConfig)
+    field = model.model_fields.get(key)
+    return None if field is None else field.default
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -296,7 +369,8 @@ class Scenario:
     @cached_property
     def virtual_stage_layers(self) -> list[int]:
         """Layers per virtual stage (index chunk * pp + stage)."""
-        return virtual_stage_layer_counts(self.model.num_layers, self.par.pp, self.par.vpp, self.par.pipeline_split)
+        return virtual_stage_layer_counts(self.model.num_layers, self.par.pp, self.par.vpp, self.par.stage_split,
+                                          self.model.mtp_layers)
 
     def with_updates(self, **overrides: Any) -> Scenario:
         """A new validated scenario with flat overrides (same keys as the CLI flags)."""
@@ -373,6 +447,7 @@ class Scenario:
                                  "set fp8_param_gather true or drop it")
         if o.ns_coefficients == "cubic5" and o.ns_steps != 5:
             raise UserInputError("ns_coefficients 'cubic5' requires ns_steps 5")
+        self._validate_recipe_settings()
         if o.kind == "muon" and o.eo_version_tuple < EO_MIN_SYRK_CUBIC5:
             lacking = [what for what, on in (("use_syrk", o.use_syrk), ("ns_coefficients 'cubic5'", o.ns_coefficients == "cubic5")) if on]
             if lacking:
@@ -384,3 +459,34 @@ class Scenario:
             raise UserInputError(
                 f"placement.gpus_per_domain {gpd} exceeds the NVLink domain size {self.system.nvlink.domain_size} of {self.system.name}"
             )
+
+    def _validate_recipe_settings(self) -> None:
+        """The rules Megatron-Core asserts between recipe settings (one-line UserInputError)."""
+        p, rt, o = self.par, self.runtime, self.optimizer
+        if (p.recompute_method is None) != (p.recompute_num_layers is None):
+            raise UserInputError("recompute_method and recompute_num_layers go together (Megatron needs both for "
+                                 "full recompute, or neither)")
+        if p.recompute_method is not None and p.recompute != "full":
+            raise UserInputError(f"recompute_method {p.recompute_method} needs recompute full (Megatron supports "
+                                 f"no method for recompute {p.recompute})")
+        if rt.delay_wgrad_compute and not p.ep_comm_overlap:
+            raise UserInputError("delay_wgrad_compute needs ep_comm_overlap (Megatron asserts "
+                                 "overlap_moe_expert_parallel_comm with it)")
+        if p.ep_comm_overlap and rt.moe_token_dispatcher_type == "allgather":
+            raise UserInputError("ep_comm_overlap needs the alltoall or flex token dispatcher, not allgather")
+        layers = self.model.num_layers
+        first, last = rt.bf16_layers
+        if first + last > layers:
+            raise UserInputError(f"num_layers_at_start_in_bf16 + num_layers_at_end_in_bf16 = {first + last} exceed "
+                                 f"the {layers} layers of {self.model.name}")
+        if rt.cpu_offloading_num_layers > layers:
+            raise UserInputError(f"cpu_offloading_num_layers {rt.cpu_offloading_num_layers} exceeds the {layers} "
+                                 f"layers of {self.model.name}")
+        if self.config.placement.use_tp_pp_dp_mapping:
+            from topologies.placement import check_tp_pp_dp_mapping
+
+            check_tp_pp_dp_mapping(p.tp, p.cp, p.ep, p.expert_tp)
+        instances = o.num_distributed_optimizer_instances
+        if (self.dp * p.cp) % instances:
+            raise UserInputError(f"num_distributed_optimizer_instances {instances} does not divide the data-parallel "
+                                 f"group of {self.dp * p.cp} (dp·cp)")

@@ -30,10 +30,11 @@ from costmodel.calibrate.validation import (
     metrics_by,
     prepare_runs,
     result_row,
+    skipped_as_unsupported,
     step_time_function,
     with_factors,
 )
-from workloads.measured import MeasuredRun
+from workloads.measured import MeasuredRun, SkippedRun
 
 CONFIG_FIELDS = ("model", "system", "num_gpus", "precision", "global_batch_size", "micro_batch_size", "seq_length",
                  "tp", "pp", "vpp", "cp", "ep", "etp", "fsdp", "mtp", "optimizer", "optimizer_distribution",
@@ -43,7 +44,10 @@ CONFIG_FIELDS = ("model", "system", "num_gpus", "precision", "global_batch_size"
 def configuration_key(run: MeasuredRun) -> str:
     """Everything that defines a configuration except the software release (and the measurement)."""
     data = run.model_dump(mode="json")
-    return "|".join(str(data[f]) for f in CONFIG_FIELDS)
+    key = "|".join(str(data[f]) for f in CONFIG_FIELDS)
+    if run.scenario_settings:  # further settings (a dataset's runtime settings) tell configurations apart
+        key += "|" + repr(sorted(run.scenario_settings.items()))
+    return key
 
 
 def fit_run(prepared: PreparedRun, step_time_s: Callable[[Any], float]) -> FitRun:
@@ -84,6 +88,13 @@ class CalibrationReport:
                 out.setdefault(system, {})[kind] = m
         return out
 
+    def release_residuals(self) -> dict[str, Metrics]:
+        """Held-out error metrics per release family (a diagnostic: what each release leaves unexplained)."""
+        from costmodel.calibrate.fit import release_family
+
+        rows = self.heldout_rows or self.train_rows
+        return metrics_by(rows, lambda r: release_family(r.release))
+
     def to_json_dict(self) -> dict[str, Any]:
         """The ``--json`` form: profile, metrics table (NaN as null), held-out rows, unsupported runs."""
         table = {scope: {kind: _clean(m.to_json_dict()) for kind, m in kinds.items()}
@@ -92,6 +103,7 @@ class CalibrationReport:
             "profile": self.profile.model_dump(mode="json", exclude={"training_run_ids"}),
             "metrics": table,
             "heldout_rows": [r.to_json_dict() for r in self.heldout_rows],
+            "release_residuals": {fam: _clean(m.to_json_dict()) for fam, m in self.release_residuals().items()},
             "unsupported": [u.to_json_dict() for u in self.unsupported],
         }
 
@@ -125,11 +137,13 @@ def _newest(families: Iterable[str]) -> str | None:
 
 def calibrate(runs: Iterable[MeasuredRun], settings: FitSettings | None = None, name: str = "custom",
               fitted_on: str = "", cross_validate: bool = True, engine: str = "analytic",
-              progress: Callable[[str], None] | None = None) -> CalibrationReport:
-    """Fit the factors on ``runs`` and build the profile (with held-out error when ``cross_validate``)."""
+              progress: Callable[[str], None] | None = None, skipped: Iterable[SkippedRun] = ()) -> CalibrationReport:
+    """Fit the factors on ``runs`` and build the profile (with held-out error when ``cross_validate``;
+    ``skipped``: dataset rows that are not runs, listed as unsupported with their reason)."""
     settings = settings or FitSettings()
     step_time_s = step_time_function(engine)
     prepared, unsupported = prepare_runs(runs, engine)
+    unsupported = skipped_as_unsupported(skipped) + unsupported
     fit_runs = [fit_run(p, step_time_s) for p in prepared]
     defaults = {p.scenario.system.name: default_factor_values(
         sorted(set(settings.factors) | set(settings.release_factors)), p.scenario.system.efficiency)

@@ -25,28 +25,32 @@ BF16_BYTES = 2
 
 
 @lru_cache(maxsize=16)
-def _layer_classes(model: ModelSpec) -> tuple[np.ndarray, float, float]:
+def _layer_classes(model: ModelSpec) -> tuple[np.ndarray, float, float, float]:
     """Per main+MTP layer: [replicated, tp-sharded, expert (all experts)] parameters; final-norm
-    and the other non-layer replicated parameters; the hidden size (for the vocabulary matrices)."""
+    and the other non-layer replicated parameters of the last stage; those of the first stage (a
+    learned position table); the hidden size (for the vocabulary matrices)."""
     inv = build_inventory(model)
     n = model.num_layers + model.mtp_layers
     classes = np.zeros((n, 3), dtype=np.float64)
-    outside = 0.0
+    outside, first = 0.0, 0.0
     for t in inv.tensors:
         if t.role in ("embedding", "output"):
+            continue
+        if t.role == "position_embedding":
+            first += t.total_numel
             continue
         if t.layer is None:
             outside += t.total_numel
             continue
         col = 0 if t.shard_group is None else (1 if t.shard_group == "tp" else 2)
         classes[t.layer, col] += t.total_numel
-    return classes, outside, float(model.hidden_size)
+    return classes, outside, first, float(model.hidden_size)
 
 
 @lru_cache(maxsize=512)
 def _stage_classes(model: ModelSpec, pp: int, vpp: int, split: str) -> np.ndarray:
     """Per pipeline stage: [replicated, tp-sharded, expert, holds embedding, holds output] totals."""
-    classes, outside, _ = _layer_classes(model)
+    classes, outside, first, _ = _layer_classes(model)
     out = np.zeros((pp, 5), dtype=np.float64)
     for layer, (stage, _chunk) in enumerate(layer_placement(model.num_layers, pp, vpp, split)):  # type: ignore[arg-type]
         out[stage, :3] += classes[layer]
@@ -54,8 +58,10 @@ def _stage_classes(model: ModelSpec, pp: int, vpp: int, split: str) -> np.ndarra
     for j in range(model.mtp_layers):
         out[last, :3] += classes[model.num_layers + j]
     out[last, 0] += outside
+    out[0, 0] += first
     out[0, 3] = 1.0
-    out[last, 4] = 1.0
+    # tied: one tensor with one stage; with MTP the last stage's copy (column 3) is the output weight
+    out[last, 4] = 0.0 if model.tie_embeddings and (pp == 1 or model.mtp_layers) else 1.0
     if model.mtp_layers and pp > 1:
         out[last, 3] = 1.0  # the MTP layers' own copy of the word embedding
     return out
@@ -71,7 +77,7 @@ def stage_params_max(model: ModelSpec, grid: np.ndarray, split: str = "auto") ->
     if len(grid) == 0:
         return out
     tp, pp, vpp, ep, etp = grid[:, 0], grid[:, 1], grid[:, 2], grid[:, 4], grid[:, 5]
-    h = _layer_classes(model)[2]
+    h = _layer_classes(model)[3]
     vocab = np.array([model.padded_vocab_size(int(t)) for t in tp], dtype=np.float64)
     vocab_per_rank = vocab * h / tp
     keys = np.stack([pp, vpp], axis=1)

@@ -131,10 +131,10 @@ def scenario_from_config(config: ScenarioConfig) -> Scenario:
     and is validated on its own.
     """
     from topologies.hardware import load_system
-    from workloads.models import load_model
+    from workloads.models import resolve_model
     from workloads.scenario import Scenario
 
-    model = load_model(config.model)
+    model = resolve_model(config.model)
     if config.mtp_layers is not None and config.mtp_layers != model.mtp_layers:
         model = model.model_copy(update={"mtp_layers": config.mtp_layers})
     return Scenario(config=config, system=load_system(config.system), model=model)

@@ -123,7 +123,7 @@ def normalise_axes(axes: Mapping[str, Any], aliases: Mapping[str, str], where: s
 def check_axis_values(axes: dict[str, list[Any]], base_data: dict[str, Any], where: str) -> None:
     """Each axis value on its own must make a valid scenario configuration (and a known model/system)."""
     from topologies.hardware import load_system
-    from workloads.models import load_model
+    from workloads.models import resolve_model
     from workloads.scenario import build_config
 
     for key, values in axes.items():
@@ -146,7 +146,7 @@ def check_axis_values(axes: dict[str, list[Any]], base_data: dict[str, Any], whe
                 raise UserInputError(message) from None
             try:
                 if key == "model":
-                    load_model(config.model)
+                    resolve_model(config.model)
                 elif key == "system":
                     load_system(config.system)
             except UserInputError as err:
