@@ -130,7 +130,7 @@ def test_precision_without_tensor_core_support_is_an_error(run_cli, precision: s
     never a prediction faster than FP8 with per-tensor scaling."""
     for verb in ("predict", "plan"):
         _one_line_error(run_cli(verb, "--system", "dgx-h100", "--precision", precision),
-                        f"precision {precision}", "H100", "valid: bf16, fp8-cs")
+                        f"precision {precision}", "H100", "valid: bf16", "fp8-cs")
 
 
 def test_version(run_cli) -> None:

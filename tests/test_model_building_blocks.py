@@ -123,7 +123,7 @@ def test_a_precision_the_gpu_lacks_is_refused_with_one_line():
     with pytest.raises(UserInputError) as err:
         build_config({"model": "llama3-8b", "system": "dgx-a100", "gpus": 8, "precision": "fp8-cs",
                       "parallelism": {"global_batch_size": 8, "seq_length": 4096}}, {}).resolve()
-    assert "FP8 tensor cores" in str(err.value) and "dgx-a100" in str(err.value) and "\n" not in str(err.value)
+    assert "not supported by the A100" in str(err.value) and "valid: bf16, fp16" in str(err.value) and "dgx-a100" in str(err.value) and "\n" not in str(err.value)
     ok = build_config({"model": "llama3-8b", "system": "dgx-a100", "gpus": 8, "precision": "fp16",
                        "parallelism": {"global_batch_size": 8, "seq_length": 4096}}, {}).resolve()
     assert ok.system.peak_flops_per_s(ok.precision) == 312e12
