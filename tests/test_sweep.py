@@ -228,3 +228,20 @@ def test_plan_on_a_dask_cluster_ranks_as_locally(run_cli, cluster) -> None:
     assert a["ranking"] and b["stats"]["jobs"] == 2
     for key in ("ranking", "reference", "pareto_front", "best", "best_report"):
         assert a[key] == b[key], key
+
+
+def test_each_point_inherits_its_own_model_and_system_defaults(tmp_path) -> None:
+    """Without a base, a point naming a dense model on DGX H100 inherits that pair's default layout
+    (no EP 64 or MXFP8 from the built-in Kimi K2 scenario), as ``muonsim predict --model`` does."""
+    from workloads.scenario_defaults import layered_config
+
+    path = tmp_path / "g.yaml"
+    path.write_text("grid: {model: [llama3-70b, kimi-k2], system: [dgx-h100, gb300-nvl72]}\n")
+    grid = expand_grid(path, ALIASES, default_profile())
+    assert len(grid.points) == 4
+    for point in grid.points:
+        assert point.error is None, point.error
+        expected = layered_config({}, {"model": point.config.model, "system": point.config.system}).config
+        assert point.config == expected
+    llama_h100 = next(p for p in grid.points if p.config.model == "llama3-70b" and p.config.system == "dgx-h100")
+    assert llama_h100.config.parallelism.ep == 1 and llama_h100.config.precision.value != "mxfp8"

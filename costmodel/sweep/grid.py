@@ -172,14 +172,21 @@ def grid_combinations(axes_list: list[dict[str, list[Any]]]) -> list[dict[str, A
 
 
 def base_config_data(grid: GridFile, grid_path: Path) -> dict[str, Any]:
-    """The base scenario mapping: the grid's ``base`` (file or inline), else the built-in scenario."""
-    from workloads.scenario import DEFAULT_SCENARIO, build_config, load_scenario_config
+    """The base scenario mapping as the user wrote it: the grid's ``base`` (file or inline), else empty.
+
+    Only what the base sets is kept: every point inherits the defaults of its own model on its own
+    system (:func:`workloads.scenario_defaults.layered_config`) for the rest, as ``predict`` does.
+    """
+    from workloads.scenario import build_config, read_scenario_file
 
     if grid.base is None:
-        return DEFAULT_SCENARIO.model_dump()
+        return {}
     if isinstance(grid.base, str):
         path = Path(grid.base)
         if not path.is_absolute() and not path.is_file() and (grid_path.parent / path).is_file():
             path = grid_path.parent / path
-        return load_scenario_config(path).model_dump()
-    return build_config(grid.base, {}, source=f"grid file '{grid_path}': base").model_dump()
+        data = read_scenario_file(path)
+        build_config(data, {}, source=f"scenario file '{path}'")  # one-line error for a bad base file
+        return data
+    build_config(grid.base, {}, source=f"grid file '{grid_path}': base")
+    return dict(grid.base)

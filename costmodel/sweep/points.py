@@ -165,12 +165,13 @@ class _Expander:
         return _digest(payload)
 
     def _predict_point(self, index: int, engine: str, settings: dict[str, Any]) -> SweepPoint:
-        from workloads.scenario import build_config
+        from workloads.scenario_defaults import layered_config, resolve_layered
 
         config = None
         try:
-            config = build_config(self.base_data, settings)
-            scenario = config.resolve()
+            layered = layered_config(self.base_data, settings)
+            config = layered.config
+            scenario = resolve_layered(layered)
         except UserInputError as err:
             key = self._key("predict", engine, config, None, settings=settings)
             return SweepPoint(index, "predict", engine, config, key, error=str(err))
@@ -180,12 +181,13 @@ class _Expander:
         from costmodel.planner.base import plan_base, split_pins
         from costmodel.planner.pins import parse_pins
         from workloads.scenario import build_config
+        from workloads.scenario_defaults import layered_config
 
         axis_pins, rest = split_pins(settings)
         raw = dict(self.search) | {k: str(v) for k, v in axis_pins.items()}
         config = None
         try:
-            config = build_config(self.base_data, rest)
+            config = layered_config(self.base_data, rest).config
             pins = parse_pins(raw, self.context.plan.bounds)
             base, reference_error = plan_base(config, raw)
         except UserInputError as err:
