@@ -82,6 +82,14 @@ class GpuSpec(_Strict):
     hbm_bytes: float = Field(gt=0, description="usable HBM capacity per GPU")
     hbm_bandwidth_Bps: float = Field(gt=0)
     sm_count: int = Field(gt=0)
+    fp8_gemm_any_layout: bool = Field(True, description="tensor cores take FP8 operands in every layout (Blackwell); "
+                                      "False on Hopper, whose FP8 GEMMs are TN only, so Transformer Engine keeps a "
+                                      "transposed FP8 copy of every weight for the backward GEMMs")
+    host_link_Bps: float = Field(64e9, gt=0, description="GPU <-> host memory bandwidth per GPU per direction "
+                                 "(activation and optimizer offloading); default PCIe Gen5 x16 nominal")
+    host_memory_Bps: float = Field(100e9, gt=0, description="host (CPU) memory bandwidth available to one GPU's "
+                                   "offloaded optimizer step (the CPU's memory bandwidth / GPUs sharing it); the "
+                                   "default is an assumption")
 
 
 class NvlinkSpec(_Strict):

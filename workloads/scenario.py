@@ -408,7 +408,28 @@ class Scenario:
         if rt.cpu_offloading_num_layers > layers:
             raise UserInputError(f"cpu_offloading_num_layers {rt.cpu_offloading_num_layers} exceeds the {layers} "
                                  f"layers of {self.model.name}")
+        if rt.cpu_offloading:
+            self._validate_cpu_offloading()
         instances = o.num_distributed_optimizer_instances
         if (self.dp * p.cp) % instances:
             raise UserInputError(f"num_distributed_optimizer_instances {instances} does not divide the data-parallel "
                                  f"group of {self.dp * p.cp} (dp·cp)")
+        if instances > 1:
+            if self.model.moe is not None and self.expert_dp % instances:
+                raise UserInputError(f"num_distributed_optimizer_instances {instances} does not divide the expert "
+                                     f"data-parallel group of {self.expert_dp}")
+            if p.fsdp or o.resolved_distribution == "replicated":
+                raise UserInputError(f"num_distributed_optimizer_instances {instances} needs Megatron's distributed "
+                                     "optimizer (not replicated, not Megatron-FSDP); set it to 1")
+
+    def _validate_cpu_offloading(self) -> None:
+        """Megatron-Core's rules for activation CPU offloading (TransformerConfig.__post_init__)."""
+        p, rt, layers = self.par, self.runtime, self.model.num_layers
+        if rt.cpu_offloading_num_layers >= layers:
+            raise UserInputError(f"cpu_offloading_num_layers {rt.cpu_offloading_num_layers} must be below the {layers} "
+                                 f"layers of {self.model.name} (the last layer is never offloaded)")
+        if p.pp > 1:
+            raise UserInputError("cpu_offloading needs pp 1 (Megatron has no activation CPU offloading with "
+                                 "pipeline parallelism)")
+        if p.recompute != "none":
+            raise UserInputError("cpu_offloading does not work with recompute (Megatron asserts it); set recompute none")
