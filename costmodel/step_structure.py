@@ -209,12 +209,16 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
         groups[(b.chunk, b.dp_group)] = groups.get((b.chunk, b.dp_group), 0) + b.numel
     seen: dict[tuple[int, str], int] = {}
     out = []
-    group_shapes = {g: placement.shape(g) for g in {b.dp_group for b in sp.buckets}}
+    group_shapes = {g: placement.shape(g) for b in sp.buckets for g in (b.reduce_group, b.across_group)
+                    if b.instances > 1 or g == b.reduce_group}
     for b in sorted(sp.buckets, key=lambda x: x.order):
-        shape = group_shapes[b.dp_group]
+        shape = group_shapes[b.reduce_group]
         if shape.size != b.group_size:
             shape = GroupShape.single_domain(b.group_size) if b.group_size <= shape.ranks_per_domain else shape
         red = collective_s(b.reduce_op, b.grad_bytes, shape, system)
+        if b.instances > 1:  # then the instances all-reduce each rank's reduced shard
+            across = collective_s("all_reduce", b.across_bytes, group_shapes[b.across_group], system)
+            red = (red[0] + across[0], red[1] + across[1], red[2] if red[0] >= across[0] else across[2])
         gat = collective_s(b.gather_op, b.param_bytes, shape, system) if b.gather_op else NO_COMM
         key = (b.chunk, b.dp_group)
         seen[key] = seen.get(key, 0) + b.numel
@@ -234,7 +238,8 @@ def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placem
     stage, placement shapes of the plan's dp groups, system and overlap (candidates sharing a plan
     share them)."""
     system = scenario.system
-    shapes = tuple(placement.shape(g) for g in ("dp", "expert_dp"))
+    shapes = tuple(placement.shapes[g] for g in ("dp", "expert_dp", "dp_instance", "dp_across", "expert_dp_instance",
+                                                 "expert_dp_across"))
     key = (id(plan), stage, shapes, id(system), overlap)
     hit = _STAGE_CACHE.get(key)
     if hit is not None and hit[0] is plan and hit[1] is system:

@@ -14,9 +14,17 @@ etp         etp                          1
 ep          ep                           etp
 etp_ep      etp · ep                     1
 expert_dp   gpus / (etp · ep · pp)       etp · ep
+dp_instance dp × cp / k                  tp
+dp_across   k                            tp · dp × cp / k
 pp          pp                           gpus / pp
 world       gpus                         1
 =========== ============================ =========================
+
+With ``k = instances`` distributed-optimizer instances (Megatron ``--num-distributed-optimizer-instances``)
+the data-parallel group splits into ``k`` instance groups of consecutive dp ranks (``dp_instance``,
+``expert_dp_instance``) that shard the optimizer, and the groups across them (``dp_across``,
+``expert_dp_across``) that all-reduce the reduced shards (Megatron-Core's intra / inter distributed-
+optimizer-instance groups).
 
 Ranks fill ``gpus_per_domain`` slots of each NVLink domain in order (:mod:`topologies.layout`).
 
@@ -34,7 +42,7 @@ on request (:meth:`JobPlacement.group_gpus`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 
 from topologies.groups import GroupShape
@@ -42,7 +50,8 @@ from topologies.hardware import SystemSpec
 from topologies.inputs import UserInputError
 from topologies.layout import FabricLayout, fabric_layout
 
-GROUP_KINDS = ("tp", "cp", "dp", "etp", "ep", "etp_ep", "expert_dp", "pp", "world")
+GROUP_KINDS = ("tp", "cp", "dp", "etp", "ep", "etp_ep", "expert_dp", "pp", "world", "dp_instance", "dp_across",
+               "expert_dp_instance", "expert_dp_across")
 
 
 def default_gpus_per_domain(system: SystemSpec, gpus: int, block: int = 1) -> int:
@@ -82,6 +91,7 @@ class JobPlacement:
     etp: int
     pp: int
     layout: FabricLayout | None = None
+    instances: int = 1  # distributed-optimizer instances (1: the optimizer shards over the whole dp group)
 
     @property
     def dp(self) -> int:
@@ -108,6 +118,10 @@ class JobPlacement:
             "ep": (self.ep, self.etp),
             "etp_ep": (self.etp * self.ep, 1),  # the allgather MoE dispatcher's group (Megatron tp_ep)
             "expert_dp": (self.expert_dp, self.etp * self.ep),
+            "dp_instance": (self.dp * self.cp // self.instances, self.tp),
+            "dp_across": (self.instances, self.tp * self.dp * self.cp // self.instances),
+            "expert_dp_instance": (self.expert_dp // self.instances, self.etp * self.ep),
+            "expert_dp_across": (self.instances, self.etp * self.ep * self.expert_dp // self.instances),
             "pp": (self.pp, self.gpus // self.pp),
             "world": (self.gpus, 1),
         }
@@ -237,5 +251,7 @@ def place_job(system: SystemSpec, gpus: int, tp: int = 1, cp: int = 1, ep: int =
 def placement_for(scenario) -> JobPlacement:  # noqa: ANN001 - avoids importing workloads here
     """Placement of a resolved scenario (workloads.scenario.Scenario)."""
     p = scenario.par
-    return place_job(scenario.system, scenario.gpus, tp=p.tp, cp=p.cp, ep=p.ep, etp=p.expert_tp, pp=p.pp,
-                     gpus_per_domain=scenario.config.placement.gpus_per_domain)
+    job = place_job(scenario.system, scenario.gpus, tp=p.tp, cp=p.cp, ep=p.ep, etp=p.expert_tp, pp=p.pp,
+                    gpus_per_domain=scenario.config.placement.gpus_per_domain)
+    instances = scenario.optimizer.num_distributed_optimizer_instances
+    return job if instances == 1 else replace(job, instances=instances)

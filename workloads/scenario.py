@@ -418,9 +418,12 @@ class Scenario:
             if self.model.moe is not None and self.expert_dp % instances:
                 raise UserInputError(f"num_distributed_optimizer_instances {instances} does not divide the expert "
                                      f"data-parallel group of {self.expert_dp}")
-            if p.fsdp or o.resolved_distribution == "replicated":
-                raise UserInputError(f"num_distributed_optimizer_instances {instances} needs Megatron's distributed "
-                                     "optimizer (not replicated, not Megatron-FSDP); set it to 1")
+            if p.fsdp or o.resolved_distribution != "element_wise":
+                raise UserInputError(f"num_distributed_optimizer_instances {instances} needs Megatron's element-wise "
+                                     "distributed optimizer (AdamW, not replicated, not Megatron-FSDP); set it to 1")
+        if o.optimizer_cpu_offload and o.kind != "adamw":
+            raise UserInputError("optimizer_cpu_offload runs AdamW on the host (Megatron's hybrid device optimizer); "
+                                 "it needs optimizer adamw")
 
     def _validate_cpu_offloading(self) -> None:
         """Megatron-Core's rules for activation CPU offloading (TransformerConfig.__post_init__)."""

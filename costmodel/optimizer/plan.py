@@ -81,7 +81,8 @@ def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads
 
     p = scenario.par
     placement = placement_for(scenario)
-    grid = Grid(dp=scenario.dp * p.cp, expert_dp=scenario.expert_dp, tp=p.tp, etp=p.expert_tp, ep=p.ep)
+    grid = Grid(dp=scenario.dp * p.cp, expert_dp=scenario.expert_dp, tp=p.tp, etp=p.expert_tp, ep=p.ep,
+                instances=scenario.optimizer.num_distributed_optimizer_instances)
     plan = plan_from_inventory(cached_inventory(scenario), scenario.optimizer, grid, scenario.system, placement.shape,
                                fsdp=p.fsdp > 0)
     _CACHE[key] = plan

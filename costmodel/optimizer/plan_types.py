@@ -40,6 +40,22 @@ class Bucket:
     order: int = 0  # position in backprop order within the stage (0 = reduced first)
     used_numel: int = 0  # parameter elements (numel minus padding)
     kind: Literal["element_wise", "layer_wise", "ddp"] = "element_wise"
+    instances: int = 1  # distributed-optimizer instances: reduce and gather within one, all-reduce across
+
+    @property
+    def reduce_group(self) -> str:
+        """Group kind of the reduction and the gather: the dp group, or one instance of it."""
+        return self.dp_group if self.instances == 1 else f"{self.dp_group}_instance"
+
+    @property
+    def across_group(self) -> str:
+        """Group kind across the instances (the all-reduce of each rank's reduced shard)."""
+        return f"{self.dp_group}_across"
+
+    @property
+    def across_bytes(self) -> int:
+        """Bytes of the all-reduce across instances: one rank's reduced shard (nccl-tests size)."""
+        return self.grad_bytes // self.group_size if self.instances > 1 else 0
 
 
 @dataclass(frozen=True)

@@ -60,13 +60,15 @@ class Grid:
     tp: int = 1
     etp: int = 1
     ep: int = 1
+    instances: int = 1  # distributed-optimizer instances: the optimizer shards over dp / instances ranks
 
     @property
     def gpus_per_stage(self) -> int:
         return self.tp * self.dp
 
     def size(self, group: str) -> int:
-        return self.dp if group == "dp" else self.expert_dp
+        """Ranks the optimizer of ``group`` ('dp' or 'expert_dp') shards over (one instance's share)."""
+        return (self.dp if group == "dp" else self.expert_dp) // self.instances
 
 
 class Timer:
@@ -222,6 +224,7 @@ class StageBuilder:
         self.roles = {g: _Role(g, grid.size(g)) for g in GROUPS}
         self.buckets: list[tuple[tuple[int, int], dict]] = []  # (sort key, Bucket kwargs)
         self.gb = spec.grad_bytes
+        self.adam = ks.AdamBytes.of(spec)
         self.grad_dtype = "fp32" if self.gb == 4 else "bf16"
         self._muon_memo: dict[int, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}
         self._buffer_memo: dict[int, tuple[_Buffer, np.ndarray, list[tuple[CollectiveCall, ...]]]] = {}
@@ -240,7 +243,7 @@ class StageBuilder:
         self.buckets.append(((-buf.chunk, ready), dict(
             stage=self.stage, chunk=buf.chunk, dp_group=buf.group, group_size=gs, numel=numel,
             grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * PARAM_BYTES,
-            reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind)))
+            reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind, instances=self.grid.instances)))
 
     def muon_item(self, t: TensorSpec) -> tuple[np.ndarray, tuple[CollectiveCall, ...]]:
         """(row of :data:`COLUMNS`, TP calls) of stepping one copy of Muon tensor ``t``: its kernel
@@ -262,8 +265,8 @@ class StageBuilder:
         """Row of :data:`COLUMNS` of a whole non-Muon parameter stepped by one rank's fused Adam:
         one shard piece of the multi-tensor launches, its main -> model copy (and gradient cast)."""
         n = t.local_numel
-        per_kernel = 1 + (self.gb != 4)
-        ew_s = per_kernel * float(self.timer.floored_s(1, ks.COPY_BYTES_PER_ELEMENT * n))
+        per_kernel = len(self.adam.piece_kernels)
+        ew_s = sum(float(self.timer.floored_s(1, b * n)) for b in self.adam.piece_kernels)
         chunks = float(ks.chunks_of(n))
         return np.array([n, 0, 0, 0, ew_s, per_kernel, 0, 0, 1, chunks, n, 1, chunks, 1], dtype=np.float64)
 
@@ -314,11 +317,11 @@ class StageBuilder:
         gs, role = self.grid.size(group), self.roles[group]
         per_rank = lay.shard_param_numel(span, numel, gs).astype(np.float64)
         pieces, chunks = ks.element_wise_shard_pieces(span.starts, numel[span.first:span.stop], span.numel, gs)
-        per_kernel = 1 + (self.gb != 4)
+        per_kernel = len(self.adam.piece_kernels)
+        piece_s = sum((self.timer.floored_s(pieces, b * per_rank) for b in self.adam.piece_kernels), np.zeros(len(pieces)))
         for name, values in (("owned", per_rank), ("adam_numel", per_rank), ("adam_pieces", pieces),
                              ("adam_chunks", chunks), ("norm_pieces", pieces), ("norm_chunks", chunks),
-                             ("kernels", per_kernel * pieces),
-                             ("ew_s", per_kernel * self.timer.floored_s(pieces, ks.COPY_BYTES_PER_ELEMENT * per_rank))):
+                             ("kernels", per_kernel * pieces), ("ew_s", piece_s)):
             role.col(name)[:] += values
 
     def element_wise(self, buf: _Buffer, sel: np.ndarray) -> None:
@@ -357,10 +360,13 @@ class StageBuilder:
         bucket_calls = []
         for b in buckets:
             phase_r = "grad_reduce"
-            bucket_calls.append(CollectiveCall(b.reduce_op, b.dp_group, b.group_size, self.grad_dtype,  # type: ignore[arg-type]
+            bucket_calls.append(CollectiveCall(b.reduce_op, b.reduce_group, b.group_size, self.grad_dtype,  # type: ignore[arg-type]
                                                b.grad_bytes, 1, phase_r))
+            if b.instances > 1:  # the instances all-reduce each rank's reduced shard
+                bucket_calls.append(CollectiveCall("all_reduce", b.across_group, b.instances, self.grad_dtype,  # type: ignore[arg-type]
+                                                   b.across_bytes, 1, "grad_reduce_across"))
             if b.gather_op:
-                bucket_calls.append(CollectiveCall(b.gather_op, b.dp_group, b.group_size, "bf16",  # type: ignore[arg-type]
+                bucket_calls.append(CollectiveCall(b.gather_op, b.reduce_group, b.group_size, "bf16",  # type: ignore[arg-type]
                                                    b.param_bytes, 1, "param_gather"))
         used = sum(b.used_numel for b in buckets)
         padding = sum(b.numel for b in buckets) / used - 1 if used else 0.0
@@ -382,11 +388,13 @@ class StageBuilder:
             tp=g.tp, etp=g.etp, ep=g.ep, roles=roles, bucket_calls=proto.bucket_calls)
 
 
-def _role_extras(role: _Role, idx: np.ndarray, timer: Timer) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(fused-Adam launches, their GPU s, legacy gather-copy launches, their GPU s) of ranks ``idx`` of a role."""
+def _role_extras(role: _Role, idx: np.ndarray, timer: Timer,
+                 adam_bytes: float = ks.ADAM_BYTES_PER_ELEMENT) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(fused-Adam launches, their GPU s, legacy gather-copy launches, their GPU s) of ranks ``idx`` of a role
+    (``adam_bytes``: HBM bytes per element of the fused Adam kernel)."""
     col = {name: role.col(name)[idx] for name in ("adam_pieces", "adam_chunks", "adam_numel", "items", "owned")}
     adam = ks.multi_tensor_launches(col["adam_pieces"], col["adam_chunks"], 4)
-    adam_s = np.where(adam > 0, timer.floored_s(adam, ks.ADAM_BYTES_PER_ELEMENT * col["adam_numel"]), 0.0)
+    adam_s = np.where(adam > 0, timer.floored_s(adam, adam_bytes * col["adam_numel"]), 0.0)
     copies = np.zeros(len(idx))
     copy_s = np.zeros(len(idx))
     if role.gather_items:  # legacy: flatten the owned parameters, copy back every other one
@@ -395,6 +403,18 @@ def _role_extras(role: _Role, idx: np.ndarray, timer: Timer) -> tuple[np.ndarray
                   + timer.floored_s(1, 4.0 * col["owned"]))
         copies = copies + 1
     return adam, adam_s, copies, copy_s
+
+
+def host_adam_s(numel: np.ndarray, grad_bytes: int, system: SystemSpec | None) -> np.ndarray:
+    """Seconds of an AdamW step offloaded to the host (``optimizer_cpu_offload``) on ``numel`` elements:
+    the gradient shard down the host link (``grad_bytes`` each), Adam on the host's memory (the fp32
+    state traffic of the fused kernel, ``ADAM_BYTES_PER_ELEMENT``) and the bf16 parameters back up,
+    one after the other (Megatron's hybrid device optimizer pipelines them per parameter group; not
+    modelled: an upper bound)."""
+    if system is None:
+        return np.zeros(len(numel))
+    link, mem = system.gpu.host_link_Bps, system.gpu.host_memory_Bps
+    return numel * ((grad_bytes + PARAM_BYTES) / link + ks.ADAM_BYTES_PER_ELEMENT / mem)
 
 
 def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
@@ -407,7 +427,7 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
     """
     g, timer = b.grid, b.timer
     gpu = np.arange(g.gpus_per_stage)
-    d, e = gpu // g.tp, gpu // (g.etp * g.ep)
+    d, e = gpu // g.tp % g.size("dp"), gpu // (g.etp * g.ep) % g.size("expert_dp")  # instances work alike
     keys, first, counts = np.unique(d * g.expert_dp + e, return_index=True, return_counts=True)
     dd, ee = d[first], e[first]
     D, E = b.roles["dp"], b.roles["expert_dp"]  # noqa: N806
@@ -415,9 +435,9 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
     def both(name: str) -> np.ndarray:
         return D.col(name)[dd] + E.col(name)[ee]
 
-    owned, ns_kernels, copies_per_piece = both("owned"), both("ns_kernels"), 1 + (b.gb != 4)
-    adam_d, adam_d_s, gather_d, gather_d_s = _role_extras(D, dd, timer)
-    adam_e, adam_e_s, gather_e, gather_e_s = _role_extras(E, ee, timer)
+    owned, ns_kernels, copies_per_piece = both("owned"), both("ns_kernels"), len(b.adam.piece_kernels)
+    adam_d, adam_d_s, gather_d, gather_d_s = _role_extras(D, dd, timer, b.adam.fused)
+    adam_e, adam_e_s, gather_e, gather_e_s = _role_extras(E, ee, timer, b.adam.fused)
     norm_pieces = both("norm_pieces")
     norm = ks.multi_tensor_launches(norm_pieces, both("norm_chunks"), 1)
     norm_s = np.where(norm > 0, timer.floored_s(norm, ks.NORM_BYTES_PER_ELEMENT * owned)
@@ -429,6 +449,10 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
              "gather_copy": gather_d + gather_e}
     kernels = sum(parts.values())
     ew_s = both("ew_s") + adam_d_s + adam_e_s + norm_s + gather_d_s + gather_e_s
+    if b.spec.optimizer_cpu_offload:  # AdamW on the host: its GPU kernels give way to the copies and host time
+        ew_s = norm_s + gather_d_s + gather_e_s + host_adam_s(both("adam_numel"), b.gb, timer.system)
+        kernels = kernels - parts["adam_multi_tensor"] - parts["adam_param_copy"]
+        parts["adam_multi_tensor"] = parts["adam_param_copy"] = np.zeros(len(keys))
     flops, ns_s, tp_s, muon_items = both("flops"), both("ns_s"), both("tp_s"), both("muon_items")
     return tuple(
         RankWork(rank=int(first[i]), owned_numel=int(owned[i]), newton_schulz_flops=float(flops[i]),

@@ -1,0 +1,96 @@
+"""Data-parallel recipe settings in the optimizer plan and the step: hand calculations.
+
+Distributed-optimizer instances (collectives and their bytes), the precision-aware optimizer's
+step bytes, and the optimizer CPU offload's host time.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodel.compute import memory_time_s
+from costmodel.optimizer import kernel_sequence as ks
+from costmodel.optimizer.plan import build_optimizer_plan
+from topologies.inputs import UserInputError
+from topologies.placement import placement_for
+from workloads.inventory import inventory_for
+from workloads.scenario import DEFAULT_SCENARIO, OptimizerSpec, build_config
+
+
+def _llama(gpus: int = 16, **flags: object):
+    base = dict(model="llama3-8b", gpus=gpus, tp=1, pp=1, vpp=1, ep=1, cp=1, micro_batch_size=1,
+                global_batch_size=8 * gpus, seq_length=1024, optimizer="adamw", grad_reduce_dtype="bf16",
+                precision="bf16", system="gb300-nvl72")
+    return build_config(DEFAULT_SCENARIO.model_dump(), base | flags).resolve()
+
+
+# ------------------------------------------------------------------ distributed-optimizer instances
+@pytest.mark.parametrize("k", [2, 4])
+def test_instances_reduce_within_all_reduce_across_gather_within(k: int) -> None:
+    one, many = build_optimizer_plan(_llama()), build_optimizer_plan(_llama(num_distributed_optimizer_instances=k))
+    calls = list(many.stages[0].collectives)
+    rs = [c for c in calls if c.op == "reduce_scatter"]
+    ar = [c for c in calls if c.op == "all_reduce"]
+    ag = [c for c in calls if c.op == "all_gather"]
+    assert {(c.group, c.group_size) for c in rs} == {("dp_instance", 16 // k)}
+    assert {(c.group, c.group_size) for c in ag} == {("dp_instance", 16 // k)}
+    assert {(c.group, c.group_size, c.phase) for c in ar} == {("dp_across", k, "grad_reduce_across")}
+    # per bucket: the all-reduce carries one rank's reduced shard of the bucket (bytes / instance size)
+    assert sorted(c.bytes * 16 // k for c in ar) == sorted(c.bytes for c in rs)
+    assert [c.count for c in sorted(ar, key=lambda c: c.bytes)] == [c.count for c in sorted(rs, key=lambda c: c.bytes)]
+    # every rank steps 1/(dp/k) of the parameters instead of 1/dp
+    n = inventory_for(_llama()).rank_numel(0)
+    assert sum(r.owned_numel * r.multiplicity for r in one.stages[0].ranks) == pytest.approx(n, rel=1e-3)
+    assert sum(r.owned_numel * r.multiplicity for r in many.stages[0].ranks) == pytest.approx(k * n, rel=1e-3)
+
+
+def test_instance_groups_in_megatron_rank_order() -> None:
+    pl = placement_for(_llama(64, tp=2, num_distributed_optimizer_instances=4))  # dp 32 -> 4 instances of 8
+    assert pl.group_ranks("dp_instance", 0) == [0, 2, 4, 6, 8, 10, 12, 14]  # consecutive dp ranks
+    assert pl.group_ranks("dp_across", 0) == [0, 16, 32, 48]  # the same position in every instance
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ({"optimizer": "muon"}, "element-wise distributed optimizer"),
+    ({"distribution": "replicated"}, "element-wise distributed optimizer"),
+    ({"fsdp": 16}, "element-wise distributed optimizer"),
+])
+def test_instances_need_the_element_wise_optimizer(flags: dict, message: str) -> None:
+    with pytest.raises(UserInputError, match=message):
+        _llama(num_distributed_optimizer_instances=2, **flags)
+
+
+# ------------------------------------------------------------------ precision-aware optimizer step bytes
+def test_adam_step_bytes_by_dtype() -> None:
+    plain = ks.AdamBytes.of(OptimizerSpec(kind="adamw", grad_reduce_dtype="bf16"))
+    # fused Adam: fp32 grad 4 + master, m, v read+write 24; per piece: main -> model copy 4 + 2, grad cast 2 + 4
+    assert (plain.fused, plain.piece_kernels) == (28.0, (6.0, 6.0))
+    aware = ks.AdamBytes.of(OptimizerSpec(kind="adamw", grad_reduce_dtype="bf16", use_precision_aware_optimizer=True,
+                                          main_grads_dtype="bf16", exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16"))
+    # bf16 grad 2 + fp32 master r/w 8 + bf16 m, v r/w 8 + bf16 parameter write 2; no copy, no cast
+    assert (aware.fused, aware.piece_kernels) == (20.0, ())
+    cast = ks.AdamBytes.of(OptimizerSpec(kind="adamw", grad_reduce_dtype="bf16", use_precision_aware_optimizer=True))
+    assert (cast.fused, cast.piece_kernels) == (4 + 2 * 12 + 2.0, (6.0,))  # fp32 main grads cast from bf16
+
+
+def test_precision_aware_step_is_faster_by_the_bytes_it_saves() -> None:
+    sc = _llama(8)
+    aware = _llama(8, use_precision_aware_optimizer=True, main_grads_dtype="bf16", exp_avg_dtype="bf16",
+                   exp_avg_sq_dtype="bf16")
+    r0, r1 = build_optimizer_plan(sc).stages[0].ranks[0], build_optimizer_plan(aware).stages[0].ranks[0]
+    s_per_byte = memory_time_s(1e9, sc.system) / 1e9
+    saved = r0.owned_numel * ((28 + 6 + 6) - 20) * s_per_byte
+    assert r0.elementwise_s - r1.elementwise_s == pytest.approx(saved, rel=1e-3)
+
+
+def test_optimizer_cpu_offload_moves_the_step_to_the_host() -> None:
+    sc, off = _llama(8), _llama(8, optimizer_cpu_offload=True)
+    r0, r1 = build_optimizer_plan(sc).stages[0].ranks[0], build_optimizer_plan(off).stages[0].ranks[0]
+    gpu = sc.system.gpu
+    host = r0.owned_numel * ((2 + 2) / gpu.host_link_Bps + 28 / gpu.host_memory_Bps)  # grads down, Adam, params up
+    s_per_byte = memory_time_s(1e9, sc.system) / 1e9
+    on_gpu = r0.owned_numel * (28 + 6 + 6) * s_per_byte  # fused Adam, copies, casts no longer on the GPU
+    assert r1.elementwise_s - r0.elementwise_s == pytest.approx(host - on_gpu, rel=1e-3)
+    assert dict(r1.kernel_counts)["adam_multi_tensor"] == 0 < dict(r0.kernel_counts)["adam_multi_tensor"]
+    with pytest.raises(UserInputError, match="needs optimizer adamw"):
+        _llama(8, optimizer="muon", optimizer_cpu_offload=True)
