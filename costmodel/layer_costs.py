@@ -10,7 +10,7 @@ structure and the planner's bound cache them by it). Times in seconds, sizes in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -110,6 +110,18 @@ def layer_ops(model: ModelSpec, shape: RankShape, kind: str, recompute: str, mod
     if kind == "mtp":
         return mtp_operations(model, shape, recompute, modules)
     return layer_operations(model, shape, kind == "moe", recompute, modules)
+
+
+BF16_SUFFIX = ":bf16"  # a layer kind kept in BF16 (first_last_layers_bf16): e.g. "dense:bf16"
+
+
+def split_kind(kind: str, shape: RankShape) -> tuple[str, RankShape]:
+    """(the layer kind without a BF16 mark, the rank shape its operations run at): a layer kept in
+    BF16 by ``first_last_layers_bf16`` runs its GEMMs in BF16 (no quantization casts) whatever the
+    scenario's precision; its activations and collectives are the same bf16 tensors."""
+    if kind.endswith(BF16_SUFFIX):
+        return kind[:-len(BF16_SUFFIX)], replace(shape, precision="bf16")
+    return kind, shape
 
 
 COLL_CACHE: dict[tuple, tuple[SystemSpec, tuple[float, float, str]]] = {}

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 from costmodel.cuda_graphs import GraphCapture
 from costmodel.grad_finalize import embedding_grad_call, embedding_group_shape
 from costmodel.layer_costs import (
+    BF16_SUFFIX,
     CACHE_LIMIT,
     LAYER_GROUP_KINDS,
     NO_COMM,
@@ -49,6 +50,7 @@ from costmodel.layer_costs import (
     layer_ops,
     ops_time,
     rank_shape,
+    split_kind,
 )
 from costmodel.optimizer.plan_types import OptimizerPlan
 from topologies.groups import GroupShape
@@ -183,17 +185,25 @@ def _merge(blocks: list[CommBlock]) -> tuple[CommBlock, ...]:
 
 
 def _chunk_items(scenario: Scenario) -> list[list[str]]:
-    """Layer kinds of every virtual stage (index chunk * pp + stage)."""
+    """Layer kinds of every virtual stage (index chunk * pp + stage); layers kept in BF16 by
+    ``first_last_layers_bf16`` in a low-precision run are marked (``dense:bf16``, :func:`split_kind`)."""
+    from workloads.weight_memory import layer_in_bf16
+
     model, p = scenario.model, scenario.par
     counts = scenario.virtual_stage_layers
     first_moe = model.moe.first_dense_layers if model.moe is not None else model.num_layers
+    lowp = scenario.precision.tensor_core_class != "bf16"
+
+    def mark(kind: str, layer: int) -> str:
+        return kind + BF16_SUFFIX if lowp and layer_in_bf16(scenario, layer) else kind
+
     items: list[list[str]] = []
     layer = 0
     for n in counts:
-        items.append(["moe" if i >= first_moe else "dense" for i in range(layer, layer + n)])
+        items.append([mark("moe" if i >= first_moe else "dense", i) for i in range(layer, layer + n)])
         layer += n
     items[0].insert(0, "embedding")
-    items[-1].extend(["mtp"] * model.mtp_layers)
+    items[-1].extend([mark("mtp", model.num_layers)] * model.mtp_layers)
     items[-1].append("output")
     assert len(items) == p.pp * p.vpp
     return items
@@ -215,7 +225,7 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
         shape = group_shapes[b.reduce_group]
         if shape.size != b.group_size:
             shape = GroupShape.single_domain(b.group_size) if b.group_size <= shape.ranks_per_domain else shape
-        red = collective_s(b.reduce_op, b.grad_bytes, shape, system)
+        red = collective_s(b.reduce_op, b.grad_bytes, shape, system) if b.reduce_op else NO_COMM
         if b.instances > 1:  # then the instances all-reduce each rank's reduced shard
             across = collective_s("all_reduce", b.across_bytes, group_shapes[b.across_group], system)
             red = (red[0] + across[0], red[1] + across[1], red[2] if red[0] >= across[0] else across[2])
@@ -277,14 +287,15 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     items = _chunk_items(scenario)
     per_kind: dict[str, tuple[float, float, tuple[CommBlock, ...], tuple[CommBlock, ...]]] = {}
     for kind in sorted({k for kinds in items for k in kinds}):
-        key = (*layer_cache_key(scenario, shape, kind, shapes), overlap)
+        base, kshape = split_kind(kind, shape)
+        key = (*layer_cache_key(scenario, kshape, base, shapes), overlap)
         hit = _KIND_CACHE.get(key)
         if hit is not None and hit[0] is model and hit[1] is system:
             per_kind[kind] = hit[2]
             continue
-        ops = layer_ops(model, shape, kind, recompute, modules)
-        f, b, fa, ba = ops_time(ops, system, GraphCapture.of(scenario.runtime), kind)
-        cf, cb = layer_comm(scenario, shape, kind, shapes, (fa, ba), overlap, (f, b))
+        ops = layer_ops(model, kshape, base, recompute, modules)
+        f, b, fa, ba = ops_time(ops, system, GraphCapture.of(scenario.runtime), base)
+        cf, cb = layer_comm(scenario, kshape, base, shapes, (fa, ba), overlap, (f, b))
         per_kind[kind] = (f, b, cf, cb)
         if len(_KIND_CACHE) > CACHE_LIMIT:
             _KIND_CACHE.clear()
@@ -304,7 +315,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
                 b = sum(per_kind[k][1] for k in kinds)
                 cf = _merge([blk for k in kinds for blk in per_kind[k][2]])
                 cb = _merge([blk for k in kinds for blk in per_kind[k][3]])
-                layers = sum(1 for k in kinds if k in ("dense", "moe", "mtp"))
+                layers = sum(1 for k in kinds if k.removesuffix(BF16_SUFFIX) in ("dense", "moe", "mtp"))
                 shared = passes[kinds] = (layers, PassCost(f, cf), PassCost(b, cb))
             chunks.append(ChunkCost(s, c, *shared))
         buckets, opt_compute_s, opt_tp_s = _stage_optimizer(plan, s, scenario, placement, overlap)

@@ -94,3 +94,77 @@ def test_optimizer_cpu_offload_moves_the_step_to_the_host() -> None:
     assert dict(r1.kernel_counts)["adam_multi_tensor"] == 0 < dict(r0.kernel_counts)["adam_multi_tensor"]
     with pytest.raises(UserInputError, match="needs optimizer adamw"):
         _llama(8, optimizer="muon", optimizer_cpu_offload=True)
+
+
+# ------------------------------------------------------------------ Megatron-FSDP sharding strategies
+def _fsdp(strategy: str, **flags: object):
+    return _llama(8, fsdp=8, data_parallel_sharding_strategy=strategy, **flags)
+
+
+def _unit_calls(sc):  # noqa: ANN001, ANN202
+    from costmodel.fsdp import fsdp_layer_blocks, fsdp_units
+    from costmodel.optimizer.plan import cached_inventory
+
+    unit = fsdp_units(cached_inventory(sc), sc)["dense"]
+    strategy = sc.optimizer.data_parallel_sharding_strategy
+    calls = unit.calls(8, 1, sc.optimizer.grad_bytes, gather=strategy == "optim_grads_params",
+                       reduce=strategy in ("optim_grads", "optim_grads_params"))
+    shapes = {g: placement_for(sc).shape(g) for g in ("dp", "expert_dp")}
+    blocks = fsdp_layer_blocks(sc, fsdp_units(cached_inventory(sc), sc), "dense", shapes, (1.0, 1.0), True)
+    return unit, calls, blocks
+
+
+LAYER = (32 + 16) * 128 * 4096 + 4096 * 4096 + 2 * 14336 * 4096 + 4096 * 14336  # Llama 3 8B layer GEMM weights
+NORMS = 2 * 4096
+
+
+@pytest.mark.parametrize("strategy", ["no_shard", "optim", "optim_grads", "optim_grads_params"])
+def test_fsdp_strategy_collectives(strategy: str) -> None:
+    sc = _fsdp(strategy)
+    unit, (fwd, bwd), blocks = _unit_calls(sc)
+    assert unit.dense_numel == LAYER + NORMS
+    gathers = [c for c in fwd + bwd if c.op == "all_gather"]
+    reduces = [c for c in bwd if c.op == "reduce_scatter"]
+    assert [c.bytes for c in gathers] == ([2 * (LAYER + NORMS)] * 2 if strategy == "optim_grads_params" else [])
+    assert [c.bytes for c in reduces] == ([2 * (LAYER + NORMS)] if strategy in ("optim_grads", "optim_grads_params") else [])
+    assert bool(blocks[0] or blocks[1]) == (strategy in ("optim_grads", "optim_grads_params"))
+    plan = build_optimizer_plan(sc).stages[0]
+    ops = {(c.op, c.phase) for c in plan.collectives}
+    expected = {"no_shard": {("all_reduce", "grad_reduce")},
+                "optim": {("reduce_scatter", "grad_reduce"), ("all_gather", "param_gather")},
+                "optim_grads": {("all_gather", "param_gather")},
+                "optim_grads_params": set()}[strategy]
+    assert ops == expected
+    n = inventory_for(sc).rank_numel(0)
+    owned = max(r.owned_numel for r in plan.ranks)
+    assert owned == (n if strategy == "no_shard" else pytest.approx(n / 8, rel=1e-3))
+
+
+def test_fsdp_gathers_fp8_primary_weights_as_stored() -> None:
+    sc = _fsdp("optim_grads_params", precision="fp8-cs", fp8_param_gather=True)
+    _, (fwd, _), _ = _unit_calls(sc)
+    assert [(c.bytes, c.dtype) for c in fwd] == [(LAYER + 2 * NORMS, "fp8")]  # 1 B per GEMM weight, bf16 norms
+
+
+# ------------------------------------------------------------------ first/last layers in BF16
+def test_bf16_first_last_layers_run_their_gemms_in_bf16() -> None:
+    from costmodel.analytic import run_analytic
+    from costmodel.layer_costs import layer_ops, ops_time, rank_shape, split_kind
+
+    flags = dict(precision="mxfp8", micro_batch_size=1, global_batch_size=64)
+    low = _llama(8, **flags)
+    kept = _llama(8, first_last_layers_bf16=True, num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=2, **flags)
+    shape = rank_shape(low)
+    base, bf16_shape = split_kind("dense:bf16", shape)
+    assert (base, bf16_shape.precision) == ("dense", "bf16")
+    fp8_ops, bf16_ops = layer_ops(low.model, shape, "dense", "none", ()), layer_ops(low.model, bf16_shape, "dense", "none", ())
+    assert {o.tensor_class for o in bf16_ops.forward if o.kind == "gemm"} == {"bf16"}
+    assert not [o for o in bf16_ops.forward + bf16_ops.backward if o.kind == "quantize"]  # no casts
+    assert [o for o in fp8_ops.forward if o.kind == "quantize"]
+    f8, b8, _, _ = ops_time(fp8_ops, low.system)
+    f16, b16, _, _ = ops_time(bf16_ops, low.system)
+    assert f16 + b16 > f8 + b8  # BF16 GEMMs run at half the FP8 rate
+    # three layers (the first, the last two) per micro-batch, 8 micro-batches, one stage
+    extra = 3 * low.num_microbatches * ((f16 + b16) - (f8 + b8))
+    c0, c1 = run_analytic(low).breakdown_s.compute, run_analytic(kept).breakdown_s.compute
+    assert c1 - c0 == pytest.approx(extra, rel=1e-6)

@@ -119,20 +119,50 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
         layout=spec.layer_wise_layout if layer_wise else None,
         tp_mode=spec.tp_mode if kind == "muon" else None,
         load_balance=spec.resolved_load_balance if layer_wise else None,
-        stages=stages, notes=_notes(inventory, spec, grid, dist, st) + ((FSDP_NOTE,) if fsdp else ()),
+        stages=stages, notes=_notes(inventory, spec, grid, dist, st) + ((fsdp_note(spec),) if fsdp else ()),
         hide_param_gather=bool(spec.hide_param_gather and spec.overlap_grad_reduce and gathers),
     )
 
 
-FSDP_NOTE = ("Megatron-FSDP: parameters gathered and gradients reduce-scattered per layer and micro-batch "
-             "during forward/backward (exposed comm 'dp_fsdp'); the optimizer step is AdamW on the local shard")
+FSDP_NOTES = {
+    "optim_grads_params": "Megatron-FSDP (optim_grads_params): parameters gathered and gradients reduce-scattered per "
+                          "layer and micro-batch during forward/backward (exposed comm 'dp_fsdp'); the optimizer step "
+                          "is AdamW on the local shard",
+    "optim_grads": "Megatron-FSDP (optim_grads): gradients reduce-scattered per layer and micro-batch in backward "
+                   "(exposed comm 'dp_fsdp'); AdamW on the local shard; parameters all-gathered per bucket after the step",
+    "optim": "Megatron-FSDP (optim): gradients accumulate unsharded and are reduce-scattered per bucket after the "
+             "last micro-batch; AdamW on the local shard; parameters all-gathered per bucket after the step",
+    "no_shard": "Megatron-FSDP (no_shard): gradients all-reduced per bucket after the last micro-batch; every rank "
+                "steps every parameter",
+}
+
+
+def fsdp_note(spec) -> str:  # noqa: ANN001 - workloads.scenario.OptimizerSpec
+    """The plan note of Megatron-FSDP under ``spec``'s sharding strategy."""
+    return FSDP_NOTES[spec.data_parallel_sharding_strategy]
 
 
 def _fsdp_shards(b: StageBuilder, buf) -> None:  # noqa: ANN001 - stage_builder._Buffer
-    """Megatron-FSDP: each rank steps its equal shard of the (padded) buffer; no buckets."""
+    """Megatron-FSDP with sharded gradients: each rank steps its equal shard of the (padded) buffer;
+    no gradient buckets (the reduce-scatters are per layer, :mod:`costmodel.fsdp`)."""
     gs = b.grid.size(buf.group)
     for span in lay.ddp_buckets(buf.numel, gs, None, distributed_optimizer=True):
         b.adam_shards(buf.group, span, buf.numel)
+
+
+def _fsdp_stage(b: StageBuilder, buffers: list, strategy: str) -> None:
+    """The step's bucket work of Megatron-FSDP under ``strategy`` (see :mod:`costmodel.fsdp`)."""
+    for buf in buffers:
+        everything = np.arange(len(buf.numel))
+        if strategy == "optim_grads_params":
+            _fsdp_shards(b, buf)
+        elif strategy == "optim_grads":  # sharded gradients: only the parameter gather is per bucket
+            b.element_wise(buf, everything, reduce=False)
+        elif strategy == "optim":
+            b.element_wise(buf, everything)
+        else:  # no_shard: DDP all-reduce, every rank steps everything
+            b.ddp(buf, gather_op=None)
+            b.step_whole(buf, everything, np.full(len(buf.numel), -1, dtype=np.int64))
 
 
 def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings,  # noqa: ANN001
@@ -142,8 +172,7 @@ def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSetting
     buffers = [buf for c in range(inv.vpp) for buf in chunk_buffers([t for t in tensors if t.chunk == c], c, spec.kind)]
     dist = spec.resolved_distribution
     if fsdp:
-        for buf in buffers:
-            _fsdp_shards(b, buf)
+        _fsdp_stage(b, buffers, spec.data_parallel_sharding_strategy)
     elif dist == "element_wise":
         for buf in buffers:
             b.element_wise(buf, np.arange(len(buf.numel)))

@@ -35,7 +35,7 @@ class Bucket:
     numel: int  # padded elements in the bucket
     grad_bytes: int  # numel x grad element size (nccl-tests size of the reduce)
     param_bytes: int  # numel x param element size (nccl-tests size of the gather)
-    reduce_op: Literal["reduce_scatter", "all_reduce"]
+    reduce_op: Literal["reduce_scatter", "all_reduce"] | None  # None: reduced elsewhere (Megatron-FSDP per layer)
     gather_op: Literal["all_gather", "all_gather_v"] | None
     order: int = 0  # position in backprop order within the stage (0 = reduced first)
     used_numel: int = 0  # parameter elements (numel minus padding)

@@ -235,7 +235,7 @@ class StageBuilder:
             return None
         return self.spec.bucket_size_elements or lay.default_bucket_size(self.grid.dp)
 
-    def add_bucket(self, buf: _Buffer, idx: np.ndarray, numel: int, used: int, reduce_op: str,
+    def add_bucket(self, buf: _Buffer, idx: np.ndarray, numel: int, used: int, reduce_op: str | None,
                    gather_op: str | None, kind: str) -> None:
         ready = int(buf.position[idx].max())
         gs = self.grid.size(buf.group)
@@ -324,16 +324,17 @@ class StageBuilder:
                              ("kernels", per_kernel * pieces), ("ew_s", piece_s)):
             role.col(name)[:] += values
 
-    def element_wise(self, buf: _Buffer, sel: np.ndarray) -> None:
-        """AdamW on equal shards of padded DDP buckets (reduce-scatter + all-gather)."""
+    def element_wise(self, buf: _Buffer, sel: np.ndarray, reduce: bool = True) -> None:
+        """AdamW on equal shards of padded DDP buckets (reduce-scatter + all-gather; ``reduce`` False:
+        the gradients arrive reduce-scattered already, Megatron-FSDP optim_grads, so only the gather)."""
         if len(sel) == 0:
             return
         gs = self.grid.size(buf.group)
         numel = buf.numel[sel]
         for span in lay.ddp_buckets(numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=True):
             self.adam_shards(buf.group, span, numel)
-            self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used, "reduce_scatter", "all_gather",
-                            "element_wise")
+            self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used,
+                            "reduce_scatter" if reduce else None, "all_gather", "element_wise")
 
     def layer_wise_current(self, buf: _Buffer, sel: np.ndarray, strategy: str) -> None:
         """Muon parameters in shard-aligned layer-wise buckets (reduce-scatter + equal all-gather)."""
@@ -359,9 +360,9 @@ class StageBuilder:
         buckets = tuple(Bucket(order=i, **kw) for i, (_, kw) in enumerate(self.buckets))
         bucket_calls = []
         for b in buckets:
-            phase_r = "grad_reduce"
-            bucket_calls.append(CollectiveCall(b.reduce_op, b.reduce_group, b.group_size, self.grad_dtype,  # type: ignore[arg-type]
-                                               b.grad_bytes, 1, phase_r))
+            if b.reduce_op is not None:
+                bucket_calls.append(CollectiveCall(b.reduce_op, b.reduce_group, b.group_size, self.grad_dtype,  # type: ignore[arg-type]
+                                                   b.grad_bytes, 1, "grad_reduce"))
             if b.instances > 1:  # the instances all-reduce each rank's reduced shard
                 bucket_calls.append(CollectiveCall("all_reduce", b.across_group, b.instances, self.grad_dtype,  # type: ignore[arg-type]
                                                    b.across_bytes, 1, "grad_reduce_across"))

@@ -34,6 +34,7 @@ def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kind: st
 
     p, model, system = scenario.par, scenario.model, scenario.system
     modules = tuple(p.recompute_modules)
+    kind, shape = lc.split_kind(kind, shape)
     key = lc.layer_cache_key(scenario, shape, kind, shapes)
     hit = _KIND_COSTS.get(key)
     if hit is not None and hit[0] is model and hit[1] is system:
@@ -53,7 +54,8 @@ def _chunk_kinds(scenario: Scenario) -> tuple[tuple[tuple[str, int], ...], ...]:
     from costmodel import step_structure as ss
 
     p, model = scenario.par, scenario.model
-    key = (id(model), p.pp, p.vpp, p.pipeline_split)
+    key = (id(model), p.pp, p.vpp, p.pipeline_split, scenario.runtime.bf16_layers,
+           scenario.precision.tensor_core_class != "bf16")  # BF16 layers are their own kinds
     hit = _ITEMS.get(key)
     if hit is not None and hit[0] is model:
         return hit[1]
