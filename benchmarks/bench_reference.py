@@ -1,8 +1,8 @@
 """Reference backend figures on this machine: Newton–Schulz GFLOP/s and phase times of 2-rank runs.
 
-Usage: ``python benchmarks/bench_reference.py [--shapes small] [--steps 4] [--world-size 2]``.
-Prints one block per configuration: step time, per-phase times (mean per step over the timed
-steps, max over ranks) and Newton–Schulz FLOPs / GFLOP/s per rank. Gloo on loopback measures
+Usage: ``python benchmarks/bench_reference.py [--shapes small,many-small] [--steps 4] [--world-size 2]``.
+Prints one block per shape preset (or model file) and configuration: step time, per-phase times
+(mean per step over the timed steps, max over ranks) and Newton–Schulz FLOPs / GFLOP/s per rank. Gloo on loopback measures
 semantics and byte counts; its times say nothing about NVLink or InfiniBand.
 """
 
@@ -11,18 +11,35 @@ from __future__ import annotations
 import argparse
 import time
 
+
+def shape_list(text: str) -> list[str]:
+    """argparse type: comma-separated shape presets or model files (reference.workload.shape_names)."""
+    from reference.workload import shape_names
+    from topologies.inputs import UserInputError
+
+    try:
+        return shape_names(text)
+    except UserInputError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 CONFIGS = {
     "muon layer-wise current, bf16 NS": dict(optimizer="muon", layout="current", matmul_precision="bf16"),
     "muon layer-wise current, fp32 NS": dict(optimizer="muon", layout="current", matmul_precision="fp32"),
     "muon layer-wise legacy, bf16 NS": dict(optimizer="muon", layout="legacy", matmul_precision="bf16"),
     "adamw element-wise": dict(optimizer="adamw"),
+    # the parameter all-gather overlapped with the next forward: compare exposed_wait with the line above
+    "adamw element-wise, param gather hidden": dict(optimizer="adamw", hide_param_gather=True),
+    "muon layer-wise current, bf16 NS, param gather hidden": dict(optimizer="muon", layout="current",
+                                                                  hide_param_gather=True),
 }
 
 
 def main() -> None:
     """Run each configuration once and print its figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="small")
+    parser.add_argument("--shapes", type=shape_list, default="small",
+                        help="comma-separated presets (tiny, tiny-dense, small, many-small) or model files")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--forward-tokens", type=int, default=256)
@@ -30,12 +47,12 @@ def main() -> None:
 
     from reference.api import run_reference
 
-    for title, extra in CONFIGS.items():
+    for shapes, (title, extra) in ((s, c) for s in args.shapes for c in CONFIGS.items()):
         t = time.perf_counter()
-        r = run_reference(dict(world_size=args.world_size, shapes=args.shapes, steps=args.steps,
+        r = run_reference(dict(world_size=args.world_size, shapes=shapes, steps=args.steps,
                                forward_tokens=args.forward_tokens, check=False, **extra))
         wall = time.perf_counter() - t
-        print(f"== {title}: world {args.world_size}, shapes {args.shapes}, {args.steps} steps "
+        print(f"== {title}: world {args.world_size}, shapes {shapes}, {args.steps} steps "
               f"(first is warm-up), wall {wall:.1f} s")
         print(f"   step time            {r.step_time_s * 1e3:9.2f} ms")
         for phase, secs in r.phase_times_s.items():

@@ -1,6 +1,6 @@
 """Reference runs vs the cost model on this machine: collective lists and Newton-Schulz time.
 
-    python benchmarks/bench_reference_check.py [--repeats 2] [--shapes small]
+    python benchmarks/bench_reference_check.py [--repeats 2] [--shapes small,many-small]
 
 Measures the machine (`muonsim calibrate --microbench`), runs 2-rank reference configurations on
 local gloo processes and prints, per configuration and rank, whether the collective list equals
@@ -16,7 +16,16 @@ import statistics
 from costmodel.calibrate.microbench import measure_local
 from costmodel.calibrate.reference_check import check_reference_run
 from reference.api import run_reference
-from reference.workload import load_shapes
+from reference.workload import load_shapes, shape_names
+from topologies.inputs import UserInputError
+
+
+def _shape_list(text: str) -> list[str]:
+    try:
+        return shape_names(text)
+    except UserInputError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
 
 CONFIGS = {
     "layer_wise tp1": {},
@@ -31,20 +40,27 @@ CONFIGS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--shapes", default="small")
+    parser.add_argument("--shapes", type=_shape_list, default="small,many-small",
+                        help="comma-separated presets (tiny, tiny-dense, small, many-small) or model files")
     args = parser.parse_args()
     local = measure_local()
     ns = local.newton_schulz.get("bf16")
     print(f"machine: bf16 GEMM {local.gemm_flops_per_s['bf16'] / 1e9:.0f} GFLOP/s + "
           f"{local.gemm_overhead_s['bf16'] * 1e6:.1f} us/call; NS efficiency {ns.efficiency:.2f}, "
           f"{ns.call_overhead_s * 1e6:.0f} us/call" if ns else "machine: no NS fit")
-    model = load_shapes(args.shapes)
+    for shapes in args.shapes:
+        print(f"-- shapes {shapes}")
+        _check_shapes(shapes, local, args.repeats)
+
+
+def _check_shapes(shapes: str, local, repeats: int) -> None:  # noqa: ANN001 - LocalMeasurement
+    model = load_shapes(shapes)
     for name, extra in CONFIGS.items():
         errors: list[float] = []
         match = True
         flops_equal = True
-        for _ in range(args.repeats):
-            run = run_reference({"world_size": 2, "shapes": args.shapes, "steps": 5, "check": False, **extra})
+        for _ in range(repeats):
+            run = run_reference({"world_size": 2, "shapes": shapes, "steps": 5, "check": False, **extra})
             check = check_reference_run(run.to_measured_run(), local, model)
             match &= check.collectives_match
             flops_equal &= all(m == p for m, p in check.ns_flops.values())

@@ -30,7 +30,7 @@ from cli.common import (
     check_output_paths,
     check_release,
     print_json,
-    resolve_scenario,
+    resolve_release_scenario,
     user_errors,
     with_scenario_flags,
 )
@@ -196,15 +196,14 @@ def compare(
     check_engine(engine)
     check_output_paths(html)
     variants = expand_variants(scenario_flags)
+    check_release(None, release, "")
     scenarios = []
     for label, flags in variants:
         try:
-            scenarios.append(resolve_scenario(scenario_file, flags))
+            scenarios.append(resolve_release_scenario(scenario_file, flags, release)[0])
         except UserInputError as err:
             raise UserInputError(f"variant {label}: {err}") from None
     profile = load_calibration(calibration)
-    for sc in scenarios:
-        check_release(profile, release, sc.system.name)
     from costmodel.engine import predict
 
     labels = [label for label, _ in variants]

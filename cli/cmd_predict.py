@@ -18,7 +18,8 @@ from cli.common import (
     check_output_paths,
     check_release,
     print_json,
-    resolve_scenario,
+    release_settings_lines,
+    resolve_release_scenario,
     user_errors,
     with_scenario_flags,
     write_text_atomically,
@@ -50,9 +51,9 @@ def predict(
     if trace is not None and engine != "des":
         raise CliError("--trace needs the simulated timeline: add --engine des")
     check_output_paths(trace, html)
-    sc = resolve_scenario(scenario_file, scenario_flags)
+    check_release(None, release, "")
+    sc, chosen = resolve_release_scenario(scenario_file, scenario_flags, release)
     profile = load_calibration(calibration)
-    check_release(profile, release, sc.system.name)
     report = run_predict(sc, engine, profile, release)  # type: ignore[arg-type]
     from costmodel import exporters
 
@@ -64,11 +65,15 @@ def predict(
     for path, text in texts:  # only after the prediction (and every export) succeeded
         write_text_atomically(path, text)
     if json_out:
-        print_json(report.to_json_dict())
+        data = report.to_json_dict()
+        data["recipe_settings"] = chosen.to_json_dict() if chosen is not None else None
+        print_json(data)
         return
     from rich.console import Console
 
     console = Console()
     console.print(exporters.render_table(report))
+    for line in release_settings_lines(chosen):
+        console.print(line, markup=False, highlight=False)
     for path, _ in texts:
         console.print(f"wrote {path}")

@@ -2,56 +2,112 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from cli.common import CliError, fail, print_json, user_errors, write_text_atomically
 
-reference_app = typer.Typer(help="Run the real optimizer math on torch.distributed (local gloo processes).",
-                            no_args_is_help=True)
+if TYPE_CHECKING:
+    from reference.config import RunFlag
 
-# option name -> help; every value is passed as a string and validated by reference.config.RunConfig
-_FLAGS: dict[str, str] = {
-    "world_size": "processes (dp × tp)",
-    "tp": "tensor-parallel size",
-    "etp": "expert tensor-parallel size (1 or a divisor of tp)",
-    "optimizer": "adamw or muon",
-    "distribution": "replicated, element_wise (adamw) or layer_wise (muon)",
-    "layout": "layer-wise layout: legacy or current",
-    "tp_mode": "Muon TP Newton-Schulz mode: duplicated, distributed or blockwise",
-    "load_balance": "none, ping_pong or lpt (default: lpt for current, ping_pong for legacy)",
-    "hide_param_gather": "overlap the parameter all-gather with the next forward (on/off)",
-    "steps": "optimizer steps (the first is warm-up for timings)",
-    "shapes": "shape preset (tiny, tiny-dense, small) or a model YAML file",
-    "split_qkv": "orthogonalise Q, K, V separately (on/off)",
-    "matmul_precision": "Newton-Schulz matmuls: bf16, tf32 or fp32",
-    "ns_steps": "Newton-Schulz iterations",
-    "ns_coefficients": "simple, quintic, polar_express, cans, aol, deepseekv4, cubic5 or custom",
-    "custom_coefficients": "for custom: 'a,b,c;a,b,c;...' (cycled)",
-    "scale_mode": "update scale: shape_scaling, spectral or unit_rms_norm",
-    "extra_scale_factor": "extra factor on the Muon update scale",
-    "lr": "learning rate",
-    "momentum": "Muon momentum",
-    "nesterov": "Nesterov momentum (on/off)",
-    "weight_decay": "decoupled weight decay",
-    "param_dtype": "model parameter dtype: bf16 or fp32 (fp32 masters always)",
-    "grad_dtype": "gradient buffer / reduction dtype: fp32 or bf16",
-    "bucket_size": "bucket size in elements (default max(40e6, 1e6·dp))",
-    "forward_tokens": "activation rows of the stand-in forward/backward matmuls",
-    "seed": "seed of parameters and synthetic gradients",
-    "timeout_s": "wall-clock limit of the whole run in seconds",
-    "check": "compare with the single-process reference (on/off)",
-}
+_CLI_SKIPS = ("backend",)  # local runs are gloo; nccl runs go through torchrun (python -m reference.launch)
+_METAVARS = {"shapes": "<preset|file>", "custom_coefficients": "<a,b,c;...>", "inject_failure": "<rank[:step[:mode]]>"}
 
 
-def _run(out: Path | None, as_json: bool, inject_failure: str | None, values: dict[str, str | None]) -> None:
+def _on_off(value: object) -> bool:
+    from reference.config import on_off
+
+    try:
+        return on_off(value)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
+def _option(flag: RunFlag) -> inspect.Parameter:
+    """A typed typer option for a RunConfig field: its type, choices, default and help."""
+    default = flag.default
+    kwargs: dict[str, Any] = {"help": flag.help, "hidden": flag.name == "inject_failure"}
+    annotation: Any
+    if flag.kind == "bool":
+        annotation, kwargs["parser"], kwargs["metavar"] = Any, _on_off, "<on|off>"
+        default = None if default is None else ("on" if default else "off")
+    elif flag.kind == "choice":
+        annotation = Literal[flag.choices]  # type: ignore[valid-type]
+    else:
+        annotation = {"int": int, "float": float, "str": str}[flag.kind]
+        if flag.name in _METAVARS:
+            kwargs["metavar"] = _METAVARS[flag.name]
+    if default is None:
+        annotation = annotation | None
+    return inspect.Parameter(flag.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                             default=typer.Option(default, flag.flag, **kwargs))
+
+
+class _OneLineErrors(TyperCommand):
+    """A bad option value is one ``error:`` line and exit code 2, like every other user error."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D102
+        try:
+            return super().make_context(*args, **kwargs)
+        except typer.BadParameter as err:
+            fail(err.format_message().replace("Value error, ", ""))  # pydantic's prefix on choices
+
+
+def _run_command() -> Any:
+    """The ``reference run`` click command, its options generated from RunConfig's fields."""
+    from reference.config import run_flags
+
+    params = [
+        inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
+                          default=typer.Option(None, "--out", metavar="<file>", help="MeasuredRun JSON to write")),
+        inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                          default=typer.Option(False, "--json", help="print the MeasuredRun JSON")),
+    ]
+    params += [_option(f) for f in run_flags() if f.name not in _CLI_SKIPS]
+
+    def command(**kwargs: Any) -> None:
+        out, as_json = kwargs.pop("out"), kwargs.pop("as_json")
+        _run(out, bool(as_json), kwargs)
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__doc__ = "Run one configuration on local gloo processes and write a MeasuredRun JSON."
+    app = typer.Typer(add_completion=False)
+    app.command("run", cls=_OneLineErrors)(user_errors(command))
+    return typer.main.get_command(app)
+
+
+class _LazyRunGroup(TyperGroup):
+    """``muonsim reference``: builds ``run`` (which imports pydantic and RunConfig) only when it is
+    used, so that ``muonsim --help`` and the other verbs start fast."""
+
+    _run: Any = None
+
+    def list_commands(self, ctx: Any) -> list[str]:  # noqa: D102
+        return sorted({*super().list_commands(ctx), "run"})
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:  # noqa: D102
+        if cmd_name != "run":
+            return super().get_command(ctx, cmd_name)
+        if _LazyRunGroup._run is None:
+            _LazyRunGroup._run = _run_command()
+        return _LazyRunGroup._run
+
+
+reference_app = typer.Typer(cls=_LazyRunGroup, no_args_is_help=True,
+                            help="Run the real optimizer math on torch.distributed (local gloo processes).")
+
+
+def _run(out: Path | None, as_json: bool, values: dict[str, Any]) -> None:
     from reference.api import run_reference
     from reference.launch import ReferenceRunError, config_from_strings
 
     if out is not None and not Path(out).parent.exists():
         raise CliError(f"directory '{Path(out).parent}' does not exist")
-    cfg = config_from_strings({**values, "inject_failure": inject_failure})
+    cfg = config_from_strings(values)
     try:
         result = run_reference(cfg)
     except ReferenceRunError as err:
@@ -93,27 +149,4 @@ def _print_summary(result, out: Path | None) -> None:  # noqa: ANN001 - RunResul
 
 def register(app: typer.Typer) -> None:
     """Add the ``reference`` command group (``muonsim reference run ...``)."""
-    import inspect
-
-    params = [
-        inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
-                          default=typer.Option(None, "--out", help="MeasuredRun JSON to write")),
-        inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                          default=typer.Option(False, "--json", help="print the MeasuredRun JSON")),
-        inspect.Parameter("inject_failure", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
-                          default=typer.Option(None, "--inject-failure", hidden=True,
-                                               help="test hook: RANK[:STEP[:exit|hang|raise]]")),
-    ]
-    for name, help_text in _FLAGS.items():
-        flag = "--timeout" if name == "timeout_s" else f"--{name.replace('_', '-')}"
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
-                                        default=typer.Option(None, flag, help=help_text)))
-
-    def command(**kwargs: object) -> None:
-        out, as_json, inject = kwargs.pop("out"), kwargs.pop("as_json"), kwargs.pop("inject_failure")
-        _run(out, bool(as_json), inject, kwargs)  # type: ignore[arg-type]
-
-    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    command.__doc__ = "Run one configuration on local gloo processes and write a MeasuredRun JSON."
-    reference_app.command("run")(user_errors(command))
     app.add_typer(reference_app, name="reference")

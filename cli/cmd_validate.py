@@ -197,6 +197,8 @@ def calibrate(
     holdout: Annotated[str, typer.Option("--holdout", metavar="configuration|model",
                                          help="what is held out together: a configuration, or a whole model")] = "configuration",
     no_cv: Annotated[bool, typer.Option("--no-cv", help="skip the held-out evaluation")] = False,
+    release_residuals: Annotated[bool, typer.Option(
+        "--release-residuals", help="diagnostic: the held-out bias each release family leaves (not fitted)")] = False,
     loss: Annotated[str, typer.Option("--loss", help="soft_l1, huber or linear")] = "soft_l1",
     microbench: Annotated[bool, typer.Option(
         "--microbench", help="measure this machine (GEMM, gloo α-β) instead of fitting runs")] = False,
@@ -240,6 +242,8 @@ def calibrate(
         print_json(report.to_json_dict())
         return
     _print_calibration(report)
+    if release_residuals:
+        _print_release_residuals(report)
     typer.echo(f"wrote {out}")
 
 
@@ -295,6 +299,18 @@ def _print_unsupported(console: Any, unsupported: list[Any]) -> None:
     for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
         console.print(f"  {n:4d} x {reason}", markup=False)
     console.print("  (every run with its reason: --json)")
+
+
+def _print_release_residuals(report: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="diagnostic: held-out error per release family (what a release multiplier would absorb)")
+    for col in ("release", "n", "MAPE %", "bias %", "worst %"):
+        table.add_column(col, justify="left" if col == "release" else "right")
+    for family, m in report.release_residuals().items():
+        table.add_row(family or "-", str(m.n), _fmt(m.mape_pct), _fmt(m.bias_pct, "+.1f"), _fmt(m.max_ape_pct))
+    Console(width=max(Console().width, 100)).print(table)
 
 
 def _microbench(out: Path, name: str | None, json_out: bool) -> None:

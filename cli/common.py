@@ -143,7 +143,9 @@ CalibrationOpt = Annotated[Path | None, typer.Option(
     help="calibration profile YAML; default: the built-in profile; 'none': datasheet defaults")]
 ReleaseOpt = Annotated[str | None, typer.Option(
     "--release", metavar="TAG",
-    help="software release whose fitted factors to use, e.g. 26.04 (default: the profile's default release)")]
+    help="take the Megatron-Bridge recipe settings of release TAG for this model and system (e.g. 26.06; the "
+         "newest release's when TAG has none) under the settings you give; also the profile's factors for TAG "
+         "if it has any")]
 
 
 class CliError(Exception):
@@ -214,6 +216,54 @@ def resolve_scenario(scenario_file: Path | None, flags: dict[str, Any]):  # noqa
     return config.resolve()
 
 
+def resolve_release_scenario(scenario_file: Path | None, flags: dict[str, Any], release: str | None):  # noqa: ANN201
+    """(Scenario, ReleaseSettings or None): with ``release``, the published recipe settings of that
+    release for the scenario's model and system fill every setting the user did not give (flags or
+    scenario file); without, or when the model never ran on the system, muonsim's defaults."""
+    from topologies.inputs import UserInputError, load_yaml_file
+    from workloads.recipe_settings import recipe_for, release_settings
+
+    scenario = resolve_scenario(scenario_file, flags)
+    if release is None:
+        return scenario, None
+    choice = recipe_for(scenario.model.name, scenario.system.name, release, scenario.gpus, scenario.precision.value)
+    if choice is None:
+        return scenario, None
+    user = set(flags)
+    if scenario_file is not None:
+        data = load_yaml_file(scenario_file, "scenario file")
+        user |= {k for section in data.values() if isinstance(section, dict) for k in section} | set(data)
+    p = scenario.par
+    chosen = release_settings(choice, user, {"pp": p.pp, "vpp": p.vpp, "ep": p.ep})
+    try:
+        return resolve_scenario(scenario_file, {**chosen.applied, **flags}), chosen
+    except UserInputError as err:
+        raise UserInputError(f"with the recipe settings of release {choice.release} ({choice.run_id}): {err}") from None
+
+
+def release_settings_lines(chosen: Any) -> list[str]:
+    """What ``predict``/``compare`` print about the recipe settings they used (one item per line)."""
+    from workloads.scenario import setting_default
+
+    if chosen is None:
+        return []
+
+    def show(v: Any) -> str:
+        if isinstance(v, tuple):
+            return "+".join(str(getattr(x, "gemm", x)) for x in v) or "[]"
+        return str(v)
+
+    differ = {k: v for k, v in chosen.applied.items() if v != setting_default(k)}
+    lines = [f"recipe settings: {chosen.choice.source}",
+             "  applied, differing from muonsim's defaults: "
+             + (", ".join(f"{k}={show(v)}" for k, v in sorted(differ.items())) or "none"),
+             f"  applied, equal to muonsim's defaults: {len(chosen.applied) - len(differ)} settings (--json lists all)"]
+    if chosen.kept:
+        lines.append("  yours kept: " + ", ".join(chosen.kept))
+    lines += [f"  not applied: {k} ({why})" for k, why in chosen.skipped.items()]
+    return lines
+
+
 def load_calibration(path: Path | None, use_default: bool = True):  # noqa: ANN201
     """The calibration profile from ``--calibration`` or the built-in default (None if neither).
 
@@ -229,16 +279,14 @@ def load_calibration(path: Path | None, use_default: bool = True):  # noqa: ANN2
 
 
 def check_release(profile: Any, release: str | None, system_name: str) -> None:
-    """Raise CliError unless ``release`` (if given) has fitted factors for ``system_name`` in ``profile``."""
-    if release is None:
-        return
-    if profile is None:
-        raise CliError("--release needs a calibration profile (not --calibration none)")
-    cal = profile.systems.get(system_name)
-    if profile._release_entry(system_name, release) is None:
-        known = ", ".join(sorted(cal.releases)) if cal is not None and cal.releases else "none"
-        raise CliError(f"release '{release}' has no fitted factors for {system_name} in calibration "
-                       f"'{profile.name}'; known releases: {known}")
+    """Raise CliError for a malformed ``release`` tag (digits and dots, e.g. 26.04 or 26.04.01).
+
+    A release selects recipe settings (:func:`resolve_release_scenario`); the profile's factors for it
+    apply only when the profile has release entries (the built-in profile has none: it fits hardware)."""
+    import re
+
+    if release is not None and not re.fullmatch(r"\d+(\.\d+){1,2}", release):
+        raise CliError(f"--release '{release}' is not a release tag like 26.04 or 26.04.01")
 
 
 def print_json(data: Any) -> None:

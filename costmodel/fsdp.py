@@ -188,7 +188,7 @@ def fsdp_layer_blocks(scenario: Scenario, units: dict[str, FsdpUnit], kind: str,
     ``shapes`` must hold the ``dp`` and ``expert_dp`` placement shapes; ``compute_s`` is the unit's
     (forward, backward) compute in seconds.
     """
-    unit = units.get(kind)
+    unit = units.get(kind.partition(":")[0])  # 'moe:norc' (not recomputed) is a moe unit
     if unit is None:
         return (), ()
     strategy = scenario.optimizer.data_parallel_sharding_strategy
@@ -208,5 +208,5 @@ def add_fsdp_blocks(scenario: Scenario, placement, per_kind: dict, overlap: bool
     units = fsdp_units(cached_inventory(scenario), scenario)
     shapes = {g: placement.shape(g) for g in ("dp", "expert_dp")}
     for kind, (f, b, cf, cb) in per_kind.items():
-        ff, fb = fsdp_layer_blocks(scenario, units, kind.removesuffix(":bf16"), shapes, (f, b), overlap)
+        ff, fb = fsdp_layer_blocks(scenario, units, kind.partition(":")[0], shapes, (f, b), overlap)
         per_kind[kind] = (f, b, cf + ff, cb + fb)

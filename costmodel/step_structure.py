@@ -11,8 +11,10 @@ Which collectives are on the critical path (explicit, per Megatron-Core's defaul
 - **EP** (dispatch and combine per MoE layer, forward and backward: the flex/HybridEP dispatcher of
   the published recipes, de-duplicated per NVLink domain, :mod:`costmodel.moe_dispatch`; with
   etp > 1 an all-gather / reduce-scatter of the dispatched tokens over etp).
-- **PP** point-to-point: asynchronous sends of ``sp_tokens·h`` BF16 per micro-batch; they cost time
-  through the schedule's dependencies (see :mod:`costmodel.pipeline`).
+- **PP** point-to-point: sends of ``sp_tokens·h`` BF16 per micro-batch. With Megatron's
+  ``overlap_p2p_comm`` (or without interleaving) they are asynchronous and cost time
+  through the schedule's dependencies (see :mod:`costmodel.pipeline`); the interleaved schedule
+  without it blocks every pass on its batched send/receive (a ``pp`` block of one transfer per pass).
 - **DP**: gradient reduce-scatter per bucket (from the optimizer plan) overlapped with backward
   when ``overlap_grad_reduce``; parameter all-gather synchronous after the optimizer step or, with
   ``hide_param_gather``, per bucket in forward order ahead of the next step's first forward.
@@ -35,8 +37,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from costmodel.cuda_graphs import GraphCapture
 from costmodel.grad_finalize import embedding_grad_call, embedding_group_shape
+from costmodel.layer_comm import base_kind, layer_kind_costs
 from costmodel.layer_costs import (
     BF16_SUFFIX,
     CACHE_LIMIT,
@@ -46,11 +48,7 @@ from costmodel.layer_costs import (
     collective_s,
     domain_link,
     layer_cache_key,
-    layer_comm,
-    layer_ops,
-    ops_time,
     rank_shape,
-    split_kind,
 )
 from costmodel.optimizer.plan_types import OptimizerPlan
 from topologies.groups import GroupShape
@@ -186,24 +184,28 @@ def _merge(blocks: list[CommBlock]) -> tuple[CommBlock, ...]:
 
 def _chunk_items(scenario: Scenario) -> list[list[str]]:
     """Layer kinds of every virtual stage (index chunk * pp + stage); layers kept in BF16 by
-    ``first_last_layers_bf16`` in a low-precision run are marked (``dense:bf16``, :func:`split_kind`)."""
+    ``first_last_layers_bf16`` in a low-precision run are marked ``:bf16`` (``dense:bf16``, see
+    :func:`costmodel.layer_comm.layer_kind_costs`), layers full recompute leaves out ``:norc``."""
     from workloads.weight_memory import layer_in_bf16
 
     model, p = scenario.model, scenario.par
     counts = scenario.virtual_stage_layers
     first_moe = model.moe.first_dense_layers if model.moe is not None else model.num_layers
+    block = p.recompute_num_layers if p.recompute == "full" and p.recompute_method == "block" else None
     lowp = scenario.precision.tensor_core_class != "bf16"
 
-    def mark(kind: str, layer: int) -> str:
-        return kind + BF16_SUFFIX if lowp and layer_in_bf16(scenario, layer) else kind
+    def bf16(layer: int) -> str:
+        return BF16_SUFFIX if lowp and layer_in_bf16(scenario, layer) else ""
 
     items: list[list[str]] = []
     layer = 0
-    for n in counts:
-        items.append([mark("moe" if i >= first_moe else "dense", i) for i in range(layer, layer + n)])
+    for n in counts:  # full recompute, method block: only the first recompute_num_layers of each chunk
+        items.append([("moe" if i >= first_moe else "dense") + bf16(i)
+                      + (":norc" if block is not None and i - layer >= block else "")
+                      for i in range(layer, layer + n)])
         layer += n
     items[0].insert(0, "embedding")
-    items[-1].extend([mark("mtp", model.num_layers)] * model.mtp_layers)
+    items[-1].extend(["mtp" + bf16(model.num_layers)] * model.mtp_layers)
     items[-1].append("output")
     assert len(items) == p.pp * p.vpp
     return items
@@ -283,26 +285,28 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     shape = rank_shape(scenario)
     placement = placement_for(scenario)
     shapes = {k: placement.shape(k) for k in LAYER_GROUP_KINDS}
-    recompute, modules = p.recompute, tuple(p.recompute_modules)
     items = _chunk_items(scenario)
     per_kind: dict[str, tuple[float, float, tuple[CommBlock, ...], tuple[CommBlock, ...]]] = {}
     for kind in sorted({k for kinds in items for k in kinds}):
-        base, kshape = split_kind(kind, shape)
-        key = (*layer_cache_key(scenario, kshape, base, shapes), overlap)
+        key = (*layer_cache_key(scenario, shape, kind, shapes), overlap)
         hit = _KIND_CACHE.get(key)
         if hit is not None and hit[0] is model and hit[1] is system:
             per_kind[kind] = hit[2]
             continue
-        ops = layer_ops(model, kshape, base, recompute, modules)
-        f, b, fa, ba = ops_time(ops, system, GraphCapture.of(scenario.runtime), base)
-        cf, cb = layer_comm(scenario, kshape, base, shapes, (fa, ba), overlap, (f, b))
-        per_kind[kind] = (f, b, cf, cb)
+        per_kind[kind] = layer_kind_costs(scenario, shape, kind, shapes, overlap)
         if len(_KIND_CACHE) > CACHE_LIMIT:
             _KIND_CACHE.clear()
         _KIND_CACHE[key] = (model, system, per_kind[kind])  # identity-checked: ids cannot be reused
     if p.fsdp > 0:
         add_fsdp_blocks(scenario, placement, per_kind, overlap)
     plan = build_optimizer_plan(scenario) if plan is None else plan
+    pps = shapes["pp"]
+    p2p_bytes = float(shape.sp_tokens * model.hidden_size * ACT_BYTES)
+    pair = GroupShape(2, 2, 1) if pps.intra_domain else GroupShape(2, 1, 2)
+    p2p, p2p_lat, _ = collective_s("send_recv", p2p_bytes, pair, system) if p.pp > 1 else NO_COMM
+    # interleaved schedule without overlap_p2p_comm: every pass waits for its batched send/receive
+    blocking = (CommBlock("pp", p2p, p2p_lat, domain_link(pair)),) if p.pp > 1 and p.vpp > 1 \
+        and not scenario.runtime.overlap_p2p_comm else ()
     stages = []
     passes: dict[tuple[str, ...], tuple[int, PassCost, PassCost]] = {}  # chunks with the same layers share them
     for s in range(p.pp):
@@ -313,18 +317,16 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
             if shared is None:
                 f = sum(per_kind[k][0] for k in kinds)
                 b = sum(per_kind[k][1] for k in kinds)
-                cf = _merge([blk for k in kinds for blk in per_kind[k][2]])
-                cb = _merge([blk for k in kinds for blk in per_kind[k][3]])
-                layers = sum(1 for k in kinds if k.removesuffix(BF16_SUFFIX) in ("dense", "moe", "mtp"))
+                cf = _merge([blk for k in kinds for blk in per_kind[k][2]] + list(blocking))
+                cb = _merge([blk for k in kinds for blk in per_kind[k][3]] + list(blocking))
+                layers = sum(1 for k in kinds if base_kind(k) in ("dense", "moe", "mtp"))
                 shared = passes[kinds] = (layers, PassCost(f, cf), PassCost(b, cb))
             chunks.append(ChunkCost(s, c, *shared))
         buckets, opt_compute_s, opt_tp_s = _stage_optimizer(plan, s, scenario, placement, overlap)
         stages.append(StageCost(stage=s, chunks=tuple(chunks), buckets=buckets,
                                 optimizer_compute_s=opt_compute_s, optimizer_tp_s=opt_tp_s))
-    pps = shapes["pp"]
-    p2p_bytes = float(shape.sp_tokens * model.hidden_size * ACT_BYTES)
-    pair = GroupShape(2, 2, 1) if pps.intra_domain else GroupShape(2, 1, 2)
-    p2p, p2p_lat, _ = collective_s("send_recv", p2p_bytes, pair, system) if p.pp > 1 else NO_COMM
+    if blocking:  # the transfers sit in the passes: nothing left for the schedule to wait on
+        p2p, p2p_lat = 0.0, 0.0
     opt = scenario.optimizer
     emb = embedding_grad_call(scenario)
     emb_s = collective_s(emb.op, emb.bytes, embedding_group_shape(pps), system)[0] if emb else 0.0

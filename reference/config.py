@@ -7,7 +7,9 @@ through :func:`make_config`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -17,6 +19,7 @@ Optimizer = Literal["adamw", "muon"]
 Distribution = Literal["replicated", "element_wise", "layer_wise"]
 Layout = Literal["legacy", "current"]
 TpMode = Literal["duplicated", "distributed", "blockwise"]
+WeightDecayMethod = Literal["decoupled", "independent", "l2", "palm"]
 LoadBalance = Literal["none", "ping_pong", "lpt"]
 Precision = Literal["bf16", "tf32", "fp32"]
 CoefficientName = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4", "cubic5", "custom"]
@@ -40,46 +43,55 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    world_size: int = Field(2, gt=0, le=64, description="processes (dp · tp)")
+    world_size: int = Field(2, gt=0, le=64, description="processes (dp × tp)")
     tp: int = Field(1, gt=0, description="tensor-parallel size")
     etp: int = Field(1, gt=0, description="expert tensor-parallel size (1 or a divisor of tp)")
-    optimizer: Optimizer = "muon"
-    distribution: Distribution | None = Field(None, description="default: element_wise (adamw), layer_wise (muon)")
-    layout: Layout = Field("current", description="layer-wise layout: legacy or current")
-    tp_mode: TpMode = "duplicated"
-    load_balance: LoadBalance | None = Field(None, description="default: lpt (current), ping_pong (legacy)")
-    hide_param_gather: bool = True
-    steps: int = Field(3, gt=0, le=1000)
+    optimizer: Optimizer = Field("muon", description="optimizer of the 2-D matrices (AdamW for the rest)")
+    distribution: Distribution | None = Field(
+        None, description="optimizer distribution (default: element_wise for adamw, layer_wise for muon)")
+    layout: Layout = Field("current", description="layer-wise layout")
+    tp_mode: TpMode = Field("duplicated", description="Muon tensor-parallel Newton-Schulz mode")
+    load_balance: LoadBalance | None = Field(
+        None, description="layer-wise load balance (default: lpt for current, ping_pong for legacy)")
+    hide_param_gather: bool = Field(
+        False, description="overlap the parameter all-gather with the next forward (Megatron's "
+        "overlap_param_gather; off by default there)")
+    steps: int = Field(3, gt=0, le=1000, description="optimizer steps (the first is warm-up for timings)")
     shapes: str = Field("tiny", description="shape preset (tiny, tiny-dense, small, many-small) or model YAML file")
-    split_qkv: bool = True
+    split_qkv: bool = Field(True, description="orthogonalise Q, K, V separately")
     # Muon
-    lr: float = Field(0.02, gt=0)
-    momentum: float = Field(0.95, ge=0, lt=1)
-    nesterov: bool = False
-    weight_decay: float = Field(0.01, ge=0)
-    ns_steps: int = Field(5, gt=0, lt=100)
-    ns_coefficients: CoefficientName = "quintic"
-    custom_coefficients: list[tuple[float, float, float]] | None = None
-    matmul_precision: Precision = "bf16"
-    ns_eps: float = Field(1e-7, gt=0)
-    scale_mode: ScaleMode = "spectral"
-    extra_scale_factor: float = Field(1.0, gt=0)
+    lr: float = Field(0.02, gt=0, description="learning rate")
+    momentum: float = Field(0.95, ge=0, lt=1, description="Muon momentum (EMA)")
+    nesterov: bool = Field(False, description="Nesterov momentum")
+    weight_decay: float = Field(0.01, ge=0, description="weight decay (Muon and AdamW)")
+    weight_decay_method: WeightDecayMethod = Field(
+        "decoupled", description="Muon weight decay as Emerging-Optimizers: decoupled p-=lr·wd·p, independent "
+        "p-=wd·p, l2 g+=wd·p, palm p-=lr²·wd·p (AdamW: decoupled)")
+    ns_steps: int = Field(5, gt=0, lt=100, description="Newton-Schulz iterations")
+    ns_coefficients: CoefficientName = Field("quintic", description="Newton-Schulz coefficient schedule")
+    custom_coefficients: list[tuple[float, float, float]] | None = Field(
+        None, description="for custom: 'a,b,c;a,b,c;...' (cycled)")
+    matmul_precision: Precision = Field("bf16", description="Newton-Schulz matmul precision")
+    ns_eps: float = Field(1e-7, gt=0, description="Newton-Schulz normalisation epsilon")
+    scale_mode: ScaleMode = Field("spectral", description="Muon update scale")
+    extra_scale_factor: float = Field(1.0, gt=0, description="extra factor on the Muon update scale")
     # AdamW (also Muon's scalar optimizer)
-    adam_lr: float | None = Field(None, gt=0, description="default: lr")
-    adam_beta1: float = Field(0.9, ge=0, lt=1)
-    adam_beta2: float = Field(0.95, ge=0, lt=1)
-    adam_eps: float = Field(1e-8, gt=0)
+    adam_lr: float | None = Field(None, gt=0, description="AdamW learning rate (default: lr)")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
+    adam_beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
     # buffers and the stand-in model
-    param_dtype: DType = "bf16"
-    grad_dtype: DType = "fp32"
-    bucket_size: int | None = Field(None, gt=0, description="elements; default max(40e6, 1e6·dp)")
-    forward_tokens: int = Field(64, gt=0, description="rows of the stand-in activations per matmul")
-    seed: int = 1234
+    param_dtype: DType = Field("bf16", description="model parameter dtype (fp32 masters always)")
+    grad_dtype: DType = Field("fp32", description="gradient buffer and reduction dtype")
+    bucket_size: int | None = Field(None, gt=0, description="bucket size in elements (default: max(40e6, 1e6·dp))")
+    forward_tokens: int = Field(64, gt=0, description="activation rows of the stand-in forward/backward matmuls")
+    seed: int = Field(1234, description="seed of parameters and synthetic gradients")
     # process control
-    backend: Literal["gloo", "nccl"] = "gloo"
-    timeout_s: float = Field(120.0, gt=0)
-    check: bool = Field(True, description="compare against the single-process reference")
-    inject_failure: FailureInjection | None = None
+    backend: Literal["gloo", "nccl"] = Field("gloo", description="torch.distributed backend (nccl: torchrun only)")
+    timeout_s: float = Field(120.0, gt=0, description="wall-clock limit of the whole run in seconds")
+    check: bool = Field(True, description="compare with the single-process reference")
+    inject_failure: FailureInjection | None = Field(
+        None, description="test hook: RANK[:STEP[:exit|hang|raise]]")
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -137,6 +149,55 @@ class RunConfig(BaseModel):
         if self.bucket_size is not None:
             return self.bucket_size
         return max(40_000_000, 1_000_000 * self.dp)
+
+
+@dataclass(frozen=True)
+class RunFlag:
+    """A RunConfig field as a command-line option (the CLI and ``python -m reference.launch``).
+
+    ``kind`` is int, float, bool (on/off), choice (``choices``) or str; ``default`` is RunConfig's
+    (None: derived from other fields, as ``help`` says).
+    """
+
+    name: str
+    flag: str
+    kind: Literal["int", "float", "bool", "choice", "str"]
+    choices: tuple[str, ...]
+    default: Any
+    help: str
+
+
+FLAG_NAMES = {"timeout_s": "--timeout"}  # shorter flags than the field name
+_ON_OFF = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
+
+
+def on_off(value: object) -> bool:
+    """A bool option's value: on/off (also true/false, yes/no, 1/0); ValueError otherwise."""
+    if isinstance(value, bool):
+        return value
+    key = str(value).strip().lower()
+    if key not in _ON_OFF:
+        raise ValueError(f"'{value}' is not on or off")
+    return _ON_OFF[key]
+
+
+def run_flags() -> list[RunFlag]:
+    """Every RunConfig field as an option, in declaration order (lists and nested models as str)."""
+    out = []
+    for name, field in RunConfig.model_fields.items():
+        annotation = field.annotation
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if get_origin(annotation) in (UnionType, Union) and len(args) == 1:
+            annotation = args[0]  # X | None
+        choices: tuple[str, ...] = ()
+        kind: Literal["int", "float", "bool", "choice", "str"] = "str"
+        if get_origin(annotation) is Literal:
+            kind, choices = "choice", tuple(str(c) for c in get_args(annotation))
+        elif annotation in (int, float, bool):
+            kind = annotation.__name__  # type: ignore[union-attr,assignment]
+        flag = FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+        out.append(RunFlag(name, flag, kind, choices, field.default, field.description or ""))
+    return out
 
 
 def make_config(**values: Any) -> RunConfig:

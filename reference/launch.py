@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from reference.processes import ReferenceRunError, free_port, launch_local
 from topologies.inputs import UserInputError
@@ -47,8 +47,9 @@ def _parse_custom(text: str) -> list[list[float]]:
     return tuples
 
 
-def config_from_strings(values: dict[str, str | None]) -> Any:
-    """Build a RunConfig from flag strings (CLI / argparse); one-line UserInputError on problems."""
+def config_from_strings(values: dict[str, Any]) -> Any:
+    """Build a RunConfig from flag values (CLI / argparse; strings or already typed, None = not
+    given); one-line UserInputError on problems."""
     from reference.config import make_config
 
     data: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
@@ -59,13 +60,30 @@ def config_from_strings(values: dict[str, str | None]) -> Any:
     return make_config(**data)
 
 
-def _argparser() -> argparse.ArgumentParser:
-    from reference.config import RunConfig
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one ``error:`` line and exit code 2 (no usage block)."""
 
-    parser = argparse.ArgumentParser(prog="python -m reference.launch",
-                                     description="Run the muonsim reference backend (local or under torchrun).")
-    for name, field in RunConfig.model_fields.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=field.description)
+    def error(self, message: str) -> NoReturn:  # noqa: D102
+        print(f"error: {' '.join(message.split())}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _argparser() -> argparse.ArgumentParser:
+    """Options generated from RunConfig's fields (types, choices, defaults, help); values the
+    user does not give stay None so that RunConfig (or torchrun's WORLD_SIZE) decides."""
+    from reference.config import on_off, run_flags
+
+    parser = _OneLineParser(prog="python -m reference.launch",
+                            description="Run the muonsim reference backend (local or under torchrun).")
+    types: dict[str, Any] = {"int": int, "float": float, "bool": on_off, "str": str}
+    for f in run_flags():
+        shown = {True: "on", False: "off"}.get(f.default, f.default) if f.kind == "bool" else f.default
+        names = dict.fromkeys([f.flag, f"--{f.name.replace('_', '-')}"])  # --timeout and --timeout-s
+        extra: dict[str, Any] = {"choices": f.choices} if f.kind == "choice" else {"type": types[f.kind]}
+        if f.kind == "bool":
+            extra["metavar"] = "{on,off}"
+        parser.add_argument(*names, dest=f.name, default=None, **extra,
+                            help=f.help + ("" if f.default is None else f" (default: {shown})"))
     parser.add_argument("--out", required=True, help="MeasuredRun JSON to write")
     return parser
 

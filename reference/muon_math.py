@@ -1,12 +1,16 @@
 """The per-parameter optimizer math: Muon (EO step order) and AdamW (torch's formula).
 
-Muon, per 2-D parameter, in the order of §1.1 of the spec:
+Muon, per 2-D parameter, in the order of §1.1 of the spec, with Emerging-Optimizers 0.3.0's exact
+expressions (``OrthogonalizedOptimizer.step``, ``WeightDecayMixin``, ``Muon``; Megatron-Core's
+``TensorParallelMuon`` uses the same), so the result is bitwise equal to EO's
+(``tests/test_reference_eo_oracle.py`` runs EO itself):
 
-1. decoupled weight decay ``p ← p·(1 − lr·λ)``;
-2. EMA momentum ``M ← lerp(M, g, 1 − μ)``;
-3. Nesterov ``U = lerp(g, M, μ)`` (else ``U = M``);
-4. ``O = NS(U) · scale(global shape) · extra`` — with the fused QKV split per component (§1.5);
-5. ``p ← p − lr·O``.
+1. weight decay ``p.add_(p, alpha=-wd·lr)`` (decoupled; also ``independent``, ``l2``, ``palm``);
+2. EMA momentum ``M.lerp_(g, 1 − μ)``;
+3. Nesterov ``U = g.lerp(M, μ)`` (else ``U = M``);
+4. ``O = NS(U) * scale * extra`` — two fp32 products in this order, scale from the global shape
+   (``get_muon_scale_factor``), with the fused QKV split per component (§1.5);
+5. ``p.add_(O, alpha=-lr)``.
 
 The orthogonalisation of one matrix is delegated to an :class:`Orthogonalizer` so that the same
 code runs the single-process full-matrix math and the three tensor-parallel modes.
@@ -15,12 +19,14 @@ code runs the single-process full-matrix math and the three tensor-parallel mode
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import torch
 
 from reference.newton_schulz import CoefficientSchedule, MatmulPrecision, ScaleMode, scale_factor
+
+WeightDecayMethod = Literal["decoupled", "independent", "l2", "palm"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class MuonHyper:
     scale_mode: ScaleMode
     extra_scale: float
     normalize_in: Literal["fp32", "work_dtype"] = "fp32"  # fp32: EO/Megatron; work_dtype: torch.optim.Muon
+    weight_decay_method: WeightDecayMethod = "decoupled"
 
 
 @dataclass(frozen=True)
@@ -116,15 +123,37 @@ def orthogonalize_param(u_local: torch.Tensor, info: MatrixInfo, ortho: Orthogon
     return merge_qkv(outs, groups_local, info.qkv_split)
 
 
-def muon_scale(rows: int, cols: int, hyper: MuonHyper) -> float:
-    """``scale(rows, cols) × extra_scale_factor`` (dimensionless)."""
-    return scale_factor(rows, cols, hyper.scale_mode) * hyper.extra_scale
+def scale_update(orth: torch.Tensor, rows: int, cols: int, hyper: MuonHyper) -> torch.Tensor:
+    """``orth * scale(rows, cols) * extra_scale_factor``: EO's expression and order (two fp32 products;
+    folding the two factors into one would round differently)."""
+    return orth * scale_factor(rows, cols, hyper.scale_mode) * hyper.extra_scale
+
+
+def apply_weight_decay(p: torch.Tensor, g: torch.Tensor, hyper: MuonHyper) -> torch.Tensor:
+    """EO's ``WeightDecayMixin``: decay ``p`` in place, or (``l2``) return ``g + wd·p``; returns the gradient.
+
+    ``l2`` adds into a new tensor where EO adds into ``p.grad`` in place: the same values, and the
+    gradient buffer is left as the collectives wrote it.
+    """
+    wd, lr, method = hyper.weight_decay, hyper.lr, hyper.weight_decay_method
+    if wd == 0.0:
+        return g
+    if method == "decoupled":
+        p.add_(p, alpha=(-wd * lr))
+    elif method == "independent":
+        p.add_(p, alpha=-wd)
+    elif method == "l2":
+        return g.add(p, alpha=wd)
+    elif method == "palm":
+        p.add_(p, alpha=(-(wd * lr * lr)))
+    else:
+        raise ValueError(f"unknown weight_decay_method '{method}'")
+    return g
 
 
 def muon_prepare(p: torch.Tensor, g: torch.Tensor, buf: torch.Tensor, hyper: MuonHyper) -> torch.Tensor:
-    """Steps 1–3: weight decay on ``p`` and momentum ``buf`` in place; returns the NS input U (fp32)."""
-    if hyper.weight_decay:
-        p.mul_(1 - hyper.lr * hyper.weight_decay)
+    """Steps 1–3: weight decay and momentum ``buf`` in place; returns the NS input U (fp32)."""
+    g = apply_weight_decay(p, g, hyper)
     buf.lerp_(g, 1 - hyper.momentum)
     return g.lerp(buf, hyper.momentum) if hyper.nesterov else buf.clone()
 
@@ -135,9 +164,15 @@ def muon_apply(p: torch.Tensor, update: torch.Tensor, hyper: MuonHyper) -> None:
 
 
 def adamw_step(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int,
-               hyper: AdamHyper) -> None:
-    """One AdamW step in place on fp32 tensors (``step`` counts from 1), torch's formula."""
-    if hyper.weight_decay:
+               hyper: AdamHyper, decay_factor: torch.Tensor | None = None) -> None:
+    """One AdamW step in place on fp32 tensors (``step`` counts from 1), torch's formula.
+
+    ``decay_factor`` (same shape as ``p``) replaces the scalar ``1 − lr·wd`` per element: 1 where
+    no weight decay applies, for a flat shard that spans several parameters.
+    """
+    if decay_factor is not None:
+        p.mul_(decay_factor)
+    elif hyper.weight_decay:
         p.mul_(1 - hyper.lr * hyper.weight_decay)
     m.lerp_(g, 1 - hyper.beta1)
     v.mul_(hyper.beta2).addcmul_(g, g, value=1 - hyper.beta2)
@@ -145,3 +180,8 @@ def adamw_step(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tenso
     bias2_sqrt = math.sqrt(1 - hyper.beta2 ** step)
     denom = (v.sqrt() / bias2_sqrt).add_(hyper.eps)
     p.addcdiv_(m, denom, value=-hyper.lr / bias1)
+
+
+def without_weight_decay(hyper: AdamHyper) -> AdamHyper:
+    """The same AdamW with weight decay 0 (Megatron's group for biases and 1-D parameters)."""
+    return replace(hyper, weight_decay=0.0)

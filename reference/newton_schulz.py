@@ -3,8 +3,11 @@
 Spec: ``../shared/reference/muon-and-distributed-optimizers.md`` §1.2–§1.3 (Emerging-Optimizers
 ``newton_schulz``). Input is an fp32 matrix; it is transposed when rows > cols (unless the caller
 forces the orientation), divided by its Frobenius norm clamped to ``eps``, cast to the matmul
-precision (bf16, tf32 or fp32) and iterated ``X ← aX + (bA + cA²)X`` with ``A = XXᵀ`` (or
-``X ← aX + bAX`` when ``c = 0``); the result is cast back to fp32 and un-transposed.
+precision (bf16, tf32 or fp32) and iterated ``X ← aX + (bA + cA²)X`` with ``A = XXᵀ``; the result
+is cast back to fp32 and un-transposed. The normalisation (``F.normalize``), the ``addmm`` calls and
+the torch matmul-precision setting are EO 0.3.0's, so the result is bitwise EO's. Schedules with
+``c = 0`` (cubic5, which needs EO >= 0.4) take EO 0.4's shortcut ``X ← aX + bAX``; EO 0.3.0 forms
+``B = bA + 0·A²`` for such tuples (a custom set with c = 0 rounds differently there).
 
 The distributed (tensor-parallel) variant reuses :func:`newton_schulz_iterations` with two
 reduction hooks: one for the squared Frobenius norm and one for the Gram matrix (§5).
@@ -12,7 +15,6 @@ reduction hooks: one for the squared Frobenius norm and one for the Gram matrix 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -92,16 +94,19 @@ def coefficient_schedule(name: str, custom: Sequence[Sequence[float]] | None = N
 
 def scale_factor(rows: int, cols: int, mode: ScaleMode) -> float:
     """Muon update scale for an (out=rows) × (in=cols) matrix (dimensionless, §1.3)."""
+    # EO's get_muon_scale_factor expressions, verbatim (``** 0.5``)
     if mode == "shape_scaling":
-        return math.sqrt(max(1.0, rows / cols))
+        return float(max(1, rows / cols) ** 0.5)
     if mode == "spectral":
-        return math.sqrt(max(rows, cols))
+        return float(max(rows, cols) ** 0.5)
     if mode == "unit_rms_norm":
-        return math.sqrt(rows / cols)
+        return float((rows / cols) ** 0.5)
     raise ValueError(f"unknown scale mode '{mode}'")
 
 
 _WORK_DTYPE = {"bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}
+# Emerging-Optimizers' fp32_matmul_prec names: "medium" (bf16), "high" (TF32), "highest" (fp32)
+EO_PRECISION = {"bf16": "medium", "tf32": "high", "fp32": "highest"}
 
 
 def work_dtype(precision: MatmulPrecision) -> torch.dtype:
@@ -111,12 +116,13 @@ def work_dtype(precision: MatmulPrecision) -> torch.dtype:
 
 @contextmanager
 def matmul_precision(precision: MatmulPrecision) -> Iterator[None]:
-    """fp32 matmul precision for the block: 'high' (TF32) for tf32, 'highest' otherwise.
+    """torch's fp32 matmul precision for the block, as EO's ``fp32_matmul_precision`` sets it around
+    the orthogonalisation: 'medium' for bf16, 'high' (TF32) for tf32, 'highest' for fp32.
 
     On CPU torch has no TF32 kernels, so tf32 runs as fp32 there; on GPUs it enables TF32.
     """
     previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    torch.set_float32_matmul_precision(EO_PRECISION[precision])
     try:
         yield
     finally:
@@ -167,10 +173,13 @@ def newton_schulz(
         transpose = x.shape[0] > x.shape[1]
     if transpose:
         x = x.mT
-    if normalize_in == "work_dtype":
-        x = x.to(work_dtype(precision))
-    x = x / x.norm().clamp(min=eps)
-    out = newton_schulz_iterations(x, schedule.for_steps(steps), precision)
+    with matmul_precision(precision):
+        if normalize_in == "work_dtype":
+            x = x.to(work_dtype(precision))
+            x = x / x.norm().clamp(min=eps)  # torch.optim.Muon
+        else:
+            x = torch.nn.functional.normalize(x, p=2, dim=(-2, -1), eps=eps)  # type: ignore[arg-type]  # EO
+        out = newton_schulz_iterations(x, schedule.for_steps(steps), precision)
     return out.mT if transpose else out
 
 

@@ -8,6 +8,8 @@
   equal all-gather), the other parameters on an element-wise AdamW.
 * :class:`Replicated` — DDP all-reduce and the full optimizer on every rank (no gather).
 
+AdamW skips weight decay on biases and 1-D parameters (Megatron-Core's default parameter groups);
+in an element-wise shard spanning several parameters that is a per-element decay factor.
 Master weights and optimizer state are fp32 and exist only for what a rank updates; model
 parameters live in the bucket buffers in the model dtype. Dense parameters reduce over ``dp``,
 expert parameters over ``expert_dp``; Muon's tensor-parallel Newton–Schulz runs through the
@@ -43,6 +45,7 @@ from reference.muon_math import (
     muon_apply,
     muon_prepare,
     orthogonalize_param,
+    without_weight_decay,
 )
 from reference.workload import ParamSpec
 
@@ -74,6 +77,7 @@ class _State:
     buf: torch.Tensor | None = None  # Muon momentum
     m: torch.Tensor | None = None  # Adam first moment
     v: torch.Tensor | None = None  # Adam second moment
+    decay: torch.Tensor | None = None  # flat shards: per-element 1 − lr·wd (1 where no weight decay applies)
 
 
 class DistOptimizer:
@@ -184,7 +188,8 @@ class DistOptimizer:
             muon_apply(st.master, o, self.muon)
         else:
             assert st.m is not None and st.v is not None
-            adamw_step(st.master, g, st.m, st.v, step, self.adam)
+            adam = self.adam if self.specs[name].weight_decay else without_weight_decay(self.adam)
+            adamw_step(st.master, g, st.m, st.v, step, adam)
         bucket.param(name).copy_(st.master)
 
     def update_shard(self, bucket: FlatBucket, step: int) -> None:
@@ -192,11 +197,24 @@ class DistOptimizer:
         lo, hi = bucket.layout.shard_range(self.group_rank(bucket.group))
         if bucket.uid not in self.flat_state:
             master = bucket.pbuf[lo:hi].to(torch.float32).clone()
-            self.flat_state[bucket.uid] = _State(master, m=torch.zeros_like(master), v=torch.zeros_like(master))
+            self.flat_state[bucket.uid] = _State(master, m=torch.zeros_like(master), v=torch.zeros_like(master),
+                                                 decay=self._decay_factor(bucket, lo, hi))
         st = self.flat_state[bucket.uid]
         assert st.m is not None and st.v is not None
-        adamw_step(st.master, bucket.gbuf[lo:hi].to(torch.float32), st.m, st.v, step, self.adam)
+        adamw_step(st.master, bucket.gbuf[lo:hi].to(torch.float32), st.m, st.v, step, self.adam, st.decay)
         bucket.pbuf[lo:hi].copy_(st.master)
+
+    def _decay_factor(self, bucket: FlatBucket, lo: int, hi: int) -> torch.Tensor | None:
+        """``1 − lr·wd`` per element of the shard [lo, hi), 1 on parameters without weight decay; None
+        when the scalar does (every parameter decays, or none has weight decay)."""
+        exempt = [s for s in bucket.layout.slots if not self.specs[s.name].weight_decay and s.start < hi and s.end > lo]
+        if not self.adam.weight_decay or not exempt:
+            return None
+        factor = torch.full((hi - lo,), 1 - self.adam.lr * self.adam.weight_decay, dtype=torch.float32,
+                            device=self.device)
+        for s in exempt:
+            factor[max(s.start, lo) - lo: min(s.end, hi) - lo] = 1.0
+        return factor
 
     def for_each_owned(self, fn: Callable[[FlatBucket, str], None], owned: Callable[[FlatBucket, str], bool]) -> None:
         """Apply ``fn`` to owned parameters in definition order (identical on all TP peers)."""

@@ -4,14 +4,20 @@
 needs once the parent has used OpenMP), supervises them, and on any failure — a rank that raises,
 dies or outlives ``timeout_s`` — terminates every child and raises :class:`ReferenceRunError` with
 one line. Nothing hangs: process-group init and collectives carry the same timeout, and the parent
-kills what is left.
+kills what is left. Workers also die with the parent: if it is killed (even by SIGKILL, which
+runs no clean-up), each worker ends at once on Linux (``PR_SET_PDEATHSIG``) and within half a second
+elsewhere (a thread polling ``os.getppid()``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +44,45 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[:400]}"
 
 
-def _child(cfg: Any, rank: int, init_method: str, outdir: str) -> None:
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _parent_death_signal(sig: int) -> bool:
+    """Linux: have the kernel send ``sig`` to this process when its parent (thread) dies. False elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)  # the C library is already loaded: its symbols
+        return libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def watch_parent(parent_pid: int, poll_s: float = 0.5) -> None:
+    """Portable fallback: a daemon thread that ends this process once ``os.getppid()`` is no longer
+    ``parent_pid`` (the parent died and the process was re-parented)."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="muonsim-parent-watchdog", daemon=True).start()
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """End this forked worker when its parent ``parent_pid`` dies, however it dies.
+
+    Linux: ``PR_SET_PDEATHSIG`` (SIGKILL, immediate); elsewhere the polling watchdog. Both check the
+    parent once more afterwards, in case it died between the fork and the call.
+    """
+    if not _parent_death_signal(signal.SIGKILL):
+        watch_parent(parent_pid)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _child(cfg: Any, rank: int, init_method: str, outdir: str, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
     import torch
 
     torch.set_num_threads(1)
@@ -129,7 +173,8 @@ def _launch_once(cfg: Any) -> list[Any]:
     ctx = mp.get_context("fork")
     init_method = f"tcp://127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="muonsim-ref-") as outdir:
-        procs = [ctx.Process(target=_child, args=(cfg, r, init_method, outdir)) for r in range(cfg.world_size)]
+        args = (init_method, outdir, os.getpid())
+        procs = [ctx.Process(target=_child, args=(cfg, r, *args)) for r in range(cfg.world_size)]
         try:
             for p in procs:
                 p.start()

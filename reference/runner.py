@@ -65,7 +65,7 @@ def hypers(cfg: RunConfig) -> tuple[MuonHyper, AdamHyper]:
     """Muon and AdamW hyper-parameters of a run."""
     schedule = coefficient_schedule(cfg.ns_coefficients, cfg.custom_coefficients)
     muon = MuonHyper(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
-                     schedule=schedule, ns_steps=cfg.ns_steps, precision=cfg.matmul_precision, eps=cfg.ns_eps,
+                     weight_decay_method=cfg.weight_decay_method, schedule=schedule, ns_steps=cfg.ns_steps, precision=cfg.matmul_precision, eps=cfg.ns_eps,
                      scale_mode=cfg.scale_mode, extra_scale=cfg.extra_scale_factor)
     adam = AdamHyper(lr=cfg.resolved_adam_lr, beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, eps=cfg.adam_eps,
                      weight_decay=cfg.weight_decay)

@@ -20,6 +20,7 @@ from reference.muon_math import (
     muon_apply,
     muon_prepare,
     orthogonalize_param,
+    without_weight_decay,
 )
 from reference.runner import hypers, run_specs
 from reference.tp_ns import BlockwiseNS, FullMatrixNS
@@ -62,7 +63,7 @@ def serial_reference(cfg: RunConfig, ns: SerialNS = "full") -> dict[str, torch.T
                 muon_apply(p, _orthogonalize(u, s, ns, full, blockwise), muon)
             else:
                 m, v = state.setdefault(s.name, [torch.zeros_like(p), torch.zeros_like(p)])
-                adamw_step(p, g, m, v, step + 1, adam)
+                adamw_step(p, g, m, v, step + 1, adam if s.weight_decay else without_weight_decay(adam))
             model[s.name] = p.to(dtype)
     return {n: t.to(torch.float32) for n, t in model.items()}
 

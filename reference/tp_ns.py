@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 
 from reference.instrument import Comm, NsCounter
-from reference.muon_math import MatrixInfo, MuonHyper, muon_scale
+from reference.muon_math import MatrixInfo, MuonHyper, scale_update
 from reference.newton_schulz import (
     distributed_flops,
     newton_schulz,
@@ -51,14 +51,14 @@ class FullMatrixNS:
         return out
 
     def __call__(self, u: torch.Tensor, global_shape: tuple[int, int], info: MatrixInfo) -> torch.Tensor:
-        return self._ns(u) * muon_scale(*global_shape, self.hyper)
+        return scale_update(self._ns(u), *global_shape, self.hyper)
 
 
 class BlockwiseNS(FullMatrixNS):
     """Newton–Schulz of the local shard only; the scale uses the local shape (no communication)."""
 
     def __call__(self, u: torch.Tensor, global_shape: tuple[int, int], info: MatrixInfo) -> torch.Tensor:
-        return self._ns(u) * muon_scale(u.shape[0], u.shape[1], self.hyper)
+        return scale_update(self._ns(u), u.shape[0], u.shape[1], self.hyper)
 
 
 class TensorParallelNS(FullMatrixNS):
@@ -78,7 +78,7 @@ class TensorParallelNS(FullMatrixNS):
             return self._blockwise(u, global_shape, info)
         if self.mode == "duplicated":
             return self._duplicated(u, global_shape, info)
-        return self._distributed(u, global_shape, info) * muon_scale(*global_shape, self.hyper)
+        return scale_update(self._distributed(u, global_shape, info), *global_shape, self.hyper)
 
     def _duplicated(self, u: torch.Tensor, global_shape: tuple[int, int], info: MatrixInfo) -> torch.Tensor:
         group = self.comm.groups[info.tp_group]
@@ -89,8 +89,8 @@ class TensorParallelNS(FullMatrixNS):
         self.comm.all_gather(flat, u.contiguous().view(-1), info.tp_group, "ns_gather")
         parts = flat.view(t, *u.shape).unbind(0)
         full = torch.cat(parts, dim=shard_dim)
-        out = self._ns(full) * muon_scale(*global_shape, self.hyper)
-        return out.chunk(t, dim=shard_dim)[group.rank].contiguous()
+        local = self._ns(full).chunk(t, dim=shard_dim)[group.rank]  # EO newton_schulz_tp, then Megatron scales
+        return scale_update(local, *global_shape, self.hyper).contiguous()
 
     def _distributed(self, u: torch.Tensor, global_shape: tuple[int, int], info: MatrixInfo) -> torch.Tensor:
         h = self.hyper

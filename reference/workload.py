@@ -45,7 +45,7 @@ SHAPE_PRESETS: dict[str, dict] = {
         moe=dict(num_experts=4, topk=2, expert_ffn_hidden_size=256, first_dense_layers=2),
     ),
     # hundreds of small matrices (7 MoE layers x 32 experts x 2, plus attention): launch-bound
-    # optimizer steps, where per-tensor kernel costs dominate the FLOPs (~1 M parameters)
+    # optimizer steps, where per-tensor kernel costs dominate the FLOPs (473 matrices, ~6 M parameters)
     "many-small": dict(
         name="reference-many-small", num_layers=8, hidden_size=128, ffn_hidden_size=256, vocab_size=1024,
         attention=dict(kind="gqa", num_heads=8, num_kv_heads=4, head_dim=16),
@@ -70,6 +70,17 @@ def load_shapes(name_or_path: str) -> ModelSpec:
             f"shapes '{name_or_path}' has {total:,} parameters; the reference backend runs at most "
             f"{MAX_PARAMS:,} (use a smaller model file)")
     return model
+
+
+def shape_names(text: str) -> list[str]:
+    """Comma-separated shape presets / model files (``small,many-small``), each checked with
+    :func:`load_shapes` (one-line UserInputError)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UserInputError(f"shapes '{text}': give at least one of {', '.join(SHAPE_PRESETS)} or a model file")
+    for name in names:
+        load_shapes(name)
+    return names
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,12 @@ class ParamSpec:
     optimizer = property(lambda self: self.tensor.optimizer)  # 'muon' or 'adamw'
     local_shape = property(lambda self: self.tensor.local_shape)  # this rank's tensor-parallel shard
     local_numel = property(lambda self: self.tensor.local_numel)
+
+    @property
+    def weight_decay(self) -> bool:
+        """Whether weight decay applies: Megatron-Core's default parameter groups exempt biases and
+        1-D parameters (norms) — ``no_wd = name.endswith(".bias") or len(param.shape) == 1``."""
+        return not (self.name.endswith(".bias") or len(self.global_shape) == 1)
 
     @property
     def is_expert(self) -> bool:

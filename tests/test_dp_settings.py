@@ -149,15 +149,16 @@ def test_fsdp_gathers_fp8_primary_weights_as_stored() -> None:
 # ------------------------------------------------------------------ first/last layers in BF16
 def test_bf16_first_last_layers_run_their_gemms_in_bf16() -> None:
     from costmodel.analytic import run_analytic
-    from costmodel.layer_costs import layer_ops, ops_time, rank_shape, split_kind
+    from costmodel.layer_comm import base_kind
+    from costmodel.layer_costs import bf16_shape, layer_ops, ops_time, rank_shape
 
     flags = dict(precision="mxfp8", micro_batch_size=1, global_batch_size=64)
     low = _llama(8, **flags)
     kept = _llama(8, first_last_layers_bf16=True, num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=2, **flags)
     shape = rank_shape(low)
-    base, bf16_shape = split_kind("dense:bf16", shape)
-    assert (base, bf16_shape.precision) == ("dense", "bf16")
-    fp8_ops, bf16_ops = layer_ops(low.model, shape, "dense", "none", ()), layer_ops(low.model, bf16_shape, "dense", "none", ())
+    kept_shape = bf16_shape("dense:bf16", shape)
+    assert (base_kind("dense:bf16"), kept_shape.precision, bf16_shape("dense", shape)) == ("dense", "bf16", shape)
+    fp8_ops, bf16_ops = layer_ops(low.model, shape, "dense", "none", ()), layer_ops(low.model, kept_shape, "dense", "none", ())
     assert {o.tensor_class for o in bf16_ops.forward if o.kind == "gemm"} == {"bf16"}
     assert not [o for o in bf16_ops.forward + bf16_ops.backward if o.kind == "quantize"]  # no casts
     assert [o for o in fp8_ops.forward if o.kind == "quantize"]

@@ -26,7 +26,11 @@ def test_run_writes_a_measured_run(run_cli, tmp_path):
 def test_bad_arguments_exit_2_with_one_line(run_cli, tmp_path):
     out = tmp_path / "run.json"
     for args, expect in ((("--world-size", "3", "--tp", "2"), "world_size 3 is not divisible by tp 2"),
-                         (("--tp-mode", "sideways"), "tp_mode"),
+                         (("--tp-mode", "sideways"), "'--tp-mode': 'sideways' is not one of 'duplicated'"),
+                         (("--world-size", "two"), "'--world-size': Input should be a valid integer"),
+                         (("--lr", "fast"), "'--lr': Input should be a valid number"),
+                         (("--nesterov", "maybe"), "'--nesterov': 'maybe' is not on or off"),
+                         (("--steps", "0"), "steps: Input should be greater than 0"),
                          (("--optimizer", "muon", "--distribution", "element_wise"), "element_wise needs optimizer adamw"),
                          (("--shapes", "nope"), "unknown shapes 'nope'"),
                          (("--world-size", "4", "--tp", "4", "--etp", "3"), "etp 3 must divide tp 4"),
@@ -36,6 +40,49 @@ def test_bad_arguments_exit_2_with_one_line(run_cli, tmp_path):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error:") and expect in lines[0], lines
         assert not out.exists()
+
+
+def test_help_shows_every_runconfig_field_typed_with_its_default():
+    """The options are generated from RunConfig: each field's flag, type (or choices) and default."""
+    from typer.testing import CliRunner
+
+    from cli.app import app
+    from reference.config import run_flags
+
+    text = CliRunner().invoke(app, ["reference", "run", "--help"], env={"COLUMNS": "300"}).output
+    rows = {line.split()[1]: line for line in text.splitlines() if line.startswith("│ --")}
+    assert "<str>" not in text
+    for f in run_flags():
+        if f.name in ("backend", "inject_failure"):  # local runs are gloo; the test hook is hidden
+            assert f.flag not in rows
+            continue
+        row = rows[f.flag]
+        kind = {"int": "<int>", "float": "<float>", "bool": "<on|off>"}.get(f.kind, "<" + "|".join(f.choices) + ">")
+        assert f.kind == "str" or kind in row, (f.flag, row)
+        if f.default is not None:
+            shown = {True: "on", False: "off"}.get(f.default, f.default) if f.kind == "bool" else f.default
+            assert f"[default: {shown}]" in row, (f.flag, row)
+        assert f.help.split("(")[0].strip() in row
+
+
+def test_defaults_are_megatrons():
+    """Megatron-Core's defaults where the reference has the setting (issue 13: overlap_param_gather off)."""
+    from reference.config import make_config
+
+    cfg = make_config()
+    assert cfg.hide_param_gather is False
+    assert (cfg.tp_mode, cfg.split_qkv, cfg.ns_coefficients, cfg.ns_steps, cfg.scale_mode) == (
+        "duplicated", True, "quintic", 5, "spectral")
+    assert (cfg.momentum, cfg.nesterov, cfg.weight_decay_method, cfg.matmul_precision, cfg.extra_scale_factor) == (
+        0.95, False, "decoupled", "bf16", 1.0)
+
+
+def test_bool_and_typed_values_reach_the_run_config():
+    from reference.launch import config_from_strings
+
+    cfg = config_from_strings({"nesterov": True, "hide_param_gather": "off", "world_size": 4, "lr": 0.5,
+                               "tp_mode": "blockwise", "tp": None})
+    assert cfg.nesterov and not cfg.hide_param_gather and cfg.world_size == 4 and cfg.lr == 0.5 and cfg.tp == 1
 
 
 def test_failed_run_exits_1_with_one_line_and_writes_nothing(run_cli, tmp_path):

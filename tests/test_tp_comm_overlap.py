@@ -19,15 +19,17 @@ def _scenario(**flags: object):  # noqa: ANN202
     return build_config({}, {**LLAMA_TP4, **flags}).resolve()
 
 
-def test_overlap_hides_the_named_fraction_of_tp_comm_in_both_engines() -> None:
+def test_overlap_hides_tp_comm_in_both_engines_alike() -> None:
     off, on = _scenario(), _scenario(tp_comm_overlap=True)
-    hidden = on.system.efficiency.tp_comm_overlap
+    exposed = {}
     for engine in (run_analytic, run_des):
         tp_off = engine(off).breakdown_s.exposed_comm["tp"]
-        tp_on = engine(on).breakdown_s.exposed_comm["tp"]
+        tp_on = engine(on).breakdown_s.exposed_comm.get("tp", 0.0)
         assert tp_off > 1.0  # seconds: TP=4 sequence-parallel collectives of a 405B model are visible
-        assert tp_on == pytest.approx((1 - hidden) * tp_off, rel=0.02)
+        assert tp_on < 0.5 * tp_off  # the per-GEMM overlap (costmodel.tp_overlap) hides most of it
         assert engine(on).step_time_s < engine(off).step_time_s
+        exposed[engine] = tp_on
+    assert exposed[run_des] == pytest.approx(exposed[run_analytic], rel=0.05, abs=0.05)
 
 
 def test_overlap_needs_sequence_parallelism() -> None:

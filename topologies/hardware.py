@@ -143,8 +143,7 @@ class EfficiencyFactors(_Strict):
     newton_schulz_gemm: float = Field(default=0.65, gt=0, le=1, description="large Newton-Schulz GEMM (torch matmul/addmm, as Emerging-Optimizers runs them) fraction of dense peak of its matmul class; §6.1: torch BF16 matmul on B200 3072^3 67 %, 8192^3 63 % [S59]. Its own factor: NS GEMMs are eager torch calls, not the fitted Megatron GEMM efficiency")
     newton_schulz_half_efficiency_flops: float = Field(default=5e9, gt=0, description="NS GEMM size (FLOPs) reaching half of newton_schulz_gemm (scaled by the class's peak ratio to BF16, as for gemm_half_efficiency_flops); §6.1: torch BF16 2048^3 (17 GFLOP) reaches 50 % where 8192^3 reaches 63 % on B200 [S59] -> 0.65 x F/(F + 5e9)")
     quantize_bandwidth: float = Field(default=0.75, gt=0, le=1, description="achieved fraction of HBM bandwidth for FP8/MXFP8/NVFP4 cast kernels; §6.1: MXFP8 casts run at 5.4-6.5 TB/s of 8 TB/s on B200 [S61]")
-    tp_comm_overlap: float = Field(default=0.8, ge=0, le=1, description="fraction of the TP/SP all-gather/reduce-scatter time hidden behind the GEMMs when the scenario turns tp_comm_overlap on (TE userbuffers: ring-exchange all-gathers overlap all but nothing, pipelined reduce-scatters leave their last split exposed; 0.8 is an assumption, not a measurement); fitted by calibrate")
-    ep_comm_overlap: float = Field(default=0.84, ge=0, le=1, description="share of the paired micro-batch's layer compute under which EP dispatch/combine can hide when the scenario turns ep_comm_overlap on: 1 - 24/148, the dispatch/combine kernels take ~24 of 148 SMs (DeepEP/HybridEP on GB200 [S58]); an assumption until calibrated")
+    host_sync_s: float = Field(default=1.0e-5, ge=0, description="seconds one host synchronisation costs the compute stream (a D2H copy of a few bytes, cudaStreamSynchronize, the host waking up) before the host can issue again; the MoE dispatchers that need token counts on the host pay it once per MoE layer forward (costmodel.layer_costs.pass_time_s). Assumption: ~10 us, not measured here")
     # --- kernels (costmodel.kernels) ---
     kernel_issue_s: float = Field(default=5.0e-6, gt=0, description="host seconds to issue one kernel from eager PyTorch (Python + ATen dispatcher + cudaLaunchKernel); a stream of eager kernels takes at least the sum of these (CUDA graphs remove them for captured work). Assumption: the dispatcher part measured on CPU tensors by 'muonsim calibrate --microbench' (1-6 us/op on a 2-core VM) plus the launch call, 1.78 us for an empty kernel on B300 [S9]; fitted by calibrate")
     kernel_min_s: float = Field(default=1.78e-6, gt=0, description="minimum GPU time of one kernel (launch latency, ramp-up and tail of a tiny grid): an empty <<<1,1>>> kernel launch takes 1.78 us on B300 [S9]")
@@ -210,6 +209,16 @@ class SystemSpec(_Strict):
         """A copy with some efficiency factors replaced (how calibration is applied)."""
         eff = self.efficiency.model_copy(update=overrides)
         return self.model_copy(update={"efficiency": EfficiencyFactors.model_validate(eff.model_dump())})
+
+    def without_nvls(self) -> SystemSpec:
+        """The system as NCCL sees it with ``NCCL_NVLS_ENABLE=0``: no NVLink SHARP algorithms (the
+        tuner picks ring / tree / PAT instead); itself when it has no NVLS."""
+        return _without_nvls(self) if self.nvlink.nvls else self
+
+
+@cache
+def _without_nvls(system: SystemSpec) -> SystemSpec:
+    return system.model_copy(update={"nvlink": system.nvlink.model_copy(update={"nvls": False})})
 
 
 def system_names() -> list[str]:

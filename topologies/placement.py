@@ -1,7 +1,8 @@
 """Placement of Megatron's process groups onto GPUs, NVLink domains and fabric tiers.
 
 Rank order (Megatron-Core ``RankGenerator``, order "tp-cp-ep-dp-pp" [S47]): tp fastest, then cp,
-then dp, then pp; expert layers re-view the same ranks as etp fastest, then ep, then expert-dp,
+then dp, then pp (with ``--use-tp-pp-dp-mapping``, order "tp-cp-ep-pp-dp": pp stride tp·cp, dp
+stride tp·pp, expert-dp stride etp·ep·pp; :func:`place_job`); expert layers re-view the same ranks as etp fastest, then ep, then expert-dp,
 then pp. A group kind is therefore a set of ranks ``base + k * stride`` (k = 0..size-1):
 
 =========== ============================ =========================
@@ -91,6 +92,7 @@ class JobPlacement:
     etp: int
     pp: int
     layout: FabricLayout | None = None
+    tp_pp_dp: bool = False  # Megatron --use-tp-pp-dp-mapping: order tp-cp-ep-pp-dp (pp inside dp)
     instances: int = 1  # distributed-optimizer instances (1: the optimizer shards over the whole dp group)
 
     @property
@@ -118,13 +120,16 @@ class JobPlacement:
             "ep": (self.ep, self.etp),
             "etp_ep": (self.etp * self.ep, 1),  # the allgather MoE dispatcher's group (Megatron tp_ep)
             "expert_dp": (self.expert_dp, self.etp * self.ep),
-            "dp_instance": (self.dp * self.cp // self.instances, self.tp),
-            "dp_across": (self.instances, self.tp * self.dp * self.cp // self.instances),
-            "expert_dp_instance": (self.expert_dp // self.instances, self.etp * self.ep),
-            "expert_dp_across": (self.instances, self.etp * self.ep * self.expert_dp // self.instances),
             "pp": (self.pp, self.gpus // self.pp),
             "world": (self.gpus, 1),
         }
+        if self.tp_pp_dp:  # pipeline stages adjacent (stride tp·cp), data-parallel replicas outermost
+            table |= {"pp": (self.pp, self.tp * self.cp), "dp": (self.dp, self.tp * self.pp),
+                      "expert_dp": (self.expert_dp, self.etp * self.ep * self.pp)}
+        for group in ("dp", "expert_dp"):  # k instances of consecutive dp ranks, and the groups across them
+            size, stride = table[group]
+            table[f"{group}_instance"] = (size // self.instances, stride)
+            table[f"{group}_across"] = (self.instances, stride * (size // self.instances))
         if kind not in table:
             raise UserInputError(f"unknown group '{kind}'; valid: {', '.join(table)}")
         return table[kind]
@@ -230,9 +235,23 @@ def _check_divisible(gpus: int, tp: int, cp: int, ep: int, etp: int, pp: int) ->
         raise UserInputError(f"gpus {gpus} is not divisible by etp*ep*pp = {etp * ep * pp}")
 
 
+def check_tp_pp_dp_mapping(tp: int, cp: int, ep: int, etp: int) -> None:
+    """Raise UserInputError unless ``--use-tp-pp-dp-mapping`` can place these sizes (see :func:`place_job`)."""
+    if cp > 1:
+        raise UserInputError("use_tp_pp_dp_mapping with cp > 1 is not modelled (the dp×cp group is not strided)")
+    if ep * etp > 1 and ep * etp != tp * cp:
+        raise UserInputError(f"use_tp_pp_dp_mapping needs etp·ep = tp·cp (got {etp * ep} and {tp * cp}) so that "
+                             "dense and expert ranks share pipeline stages")
+
+
 def place_job(system: SystemSpec, gpus: int, tp: int = 1, cp: int = 1, ep: int = 1, etp: int = 1, pp: int = 1,
-              gpus_per_domain: int | None = None) -> JobPlacement:
-    """Place a job on ``system``; raise UserInputError (one line) when the placement is impossible."""
+              gpus_per_domain: int | None = None, tp_pp_dp: bool = False) -> JobPlacement:
+    """Place a job on ``system``; raise UserInputError (one line) when the placement is impossible.
+
+    ``tp_pp_dp``: Megatron's ``--use-tp-pp-dp-mapping`` (rank order tp-cp-ep-pp-dp); it needs cp 1
+    (the combined dp×cp gradient group is then not a strided group) and, with experts, etp·ep =
+    tp·cp so that a rank's pipeline stage is the same in the dense and the expert view (our reading
+    of Megatron's RankGenerator)."""
     if gpus < 1:
         raise UserInputError(f"gpus must be >= 1, got {gpus}")
     if gpus > system.max_gpus:
@@ -244,14 +263,18 @@ def place_job(system: SystemSpec, gpus: int, tp: int = 1, cp: int = 1, ep: int =
         raise UserInputError(f"gpus_per_domain {g} exceeds the NVLink domain size {system.nvlink.domain_size}")
     if gpus % g:
         raise UserInputError(f"gpus {gpus} is not a multiple of gpus_per_domain {g}")
+    if tp_pp_dp:
+        check_tp_pp_dp_mapping(tp, cp, ep, etp)
     layout = fabric_layout(system, gpus, g)
-    return JobPlacement(gpus=gpus, gpus_per_domain=g, tp=tp, cp=cp, ep=ep, etp=etp, pp=pp, layout=layout)
+    return JobPlacement(gpus=gpus, gpus_per_domain=g, tp=tp, cp=cp, ep=ep, etp=etp, pp=pp, layout=layout,
+                        tp_pp_dp=tp_pp_dp)
 
 
 def placement_for(scenario) -> JobPlacement:  # noqa: ANN001 - avoids importing workloads here
     """Placement of a resolved scenario (workloads.scenario.Scenario)."""
     p = scenario.par
     job = place_job(scenario.system, scenario.gpus, tp=p.tp, cp=p.cp, ep=p.ep, etp=p.expert_tp, pp=p.pp,
-                    gpus_per_domain=scenario.config.placement.gpus_per_domain)
+                    gpus_per_domain=scenario.config.placement.gpus_per_domain,
+                    tp_pp_dp=scenario.config.placement.use_tp_pp_dp_mapping)
     instances = scenario.optimizer.num_distributed_optimizer_instances
     return job if instances == 1 else replace(job, instances=instances)

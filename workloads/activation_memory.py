@@ -97,7 +97,7 @@ def _chunk_layers(scenario: Scenario, stage: int) -> list[list[int]]:
     """Layer indices of each virtual chunk of ``stage``, forward order (MTP layers on the last chunk)."""
     p, model = scenario.par, scenario.model
     chunks: list[list[int]] = [[] for _ in range(p.vpp)]
-    for i, (s, chunk) in enumerate(layer_placement(model.num_layers, p.pp, p.vpp, p.pipeline_split)):
+    for i, (s, chunk) in enumerate(layer_placement(model.num_layers, p.pp, p.vpp, p.stage_split, model.mtp_layers)):
         if s == stage:
             chunks[chunk].append(i)
     if stage == p.pp - 1:

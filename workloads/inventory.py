@@ -30,7 +30,7 @@ from functools import cached_property
 from typing import Literal
 
 from workloads.models import GqaAttention, MlaAttention, ModelSpec
-from workloads.pipeline_layout import virtual_stage_layer_counts
+from workloads.pipeline_layout import StageSplit, virtual_stage_layer_counts
 
 ShardGroup = Literal["tp", "etp"]
 DpGroup = Literal["dp", "expert_dp"]
@@ -157,10 +157,10 @@ class Inventory:
 
 def build_inventory(
     model: ModelSpec, tp: int = 1, pp: int = 1, vpp: int = 1, ep: int = 1, etp: int = 1,
-    split_qkv: bool = True, pipeline_split: str = "auto",
+    split_qkv: bool = True, pipeline_split: str | StageSplit = "auto",
 ) -> Inventory:
     """Every tensor of ``model`` under the given sizes (assumed valid; see Scenario.validate)."""
-    counts = virtual_stage_layer_counts(model.num_layers, pp, vpp, pipeline_split)  # type: ignore[arg-type]
+    counts = virtual_stage_layer_counts(model.num_layers, pp, vpp, pipeline_split, model.mtp_layers)  # type: ignore[arg-type]
     where: list[tuple[int, int]] = []
     for v, n in enumerate(counts):
         chunk, stage = divmod(v, pp)
@@ -303,7 +303,7 @@ def inventory_for(scenario) -> Inventory:  # noqa: ANN001 - Scenario import woul
     p = scenario.par
     return build_inventory(
         scenario.model, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep, etp=p.expert_tp,
-        split_qkv=scenario.optimizer.split_qkv, pipeline_split=p.pipeline_split,
+        split_qkv=scenario.optimizer.split_qkv, pipeline_split=p.stage_split,
     )
 
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from topologies.hardware import Precision
 from workloads.models import ModelSpec
+from workloads.recipe_columns import PartialLayout
 from workloads.recipe_settings import RecipeResolution, normalise_cell, resolve_recipe_cells
 
 _DEFAULT_CELL = re.compile(r"^default\((.*);[^;]*\)$", re.DOTALL)
@@ -106,13 +107,45 @@ class MeasuredRun(BaseModel):
         """The run's recipe settings as scenario overrides, with the source of each."""
         return resolve_recipe_cells(self.recipe_settings or {})
 
+    def mtp_layers(self, recipe_mtp: int | None = None) -> int:
+        """The run's MTP layers: its ``mtp`` column; when the recipe says otherwise and the run has
+        the published model TFLOP/s and tokens/s, the one whose FLOPs per token (Megatron's
+        convention, :mod:`workloads.flops`) matches them (the DeepSeek-V3 26.02 rows: table 0, recipe
+        1, published 260 GFLOP/token = with MTP)."""
+        if recipe_mtp is None or recipe_mtp == self.mtp:
+            return self.mtp if "mtp" in self.model_fields_set or recipe_mtp is None else recipe_mtp
+        if "mtp" not in self.model_fields_set:
+            return recipe_mtp
+        if not (self.model_tflops_per_gpu and self.tokens_per_s_per_gpu):
+            return self.mtp
+        from workloads.flops import model_flops_per_token
+        from workloads.models import load_model
+
+        measured = self.model_tflops_per_gpu * 1e12 / self.tokens_per_s_per_gpu
+        model = load_model(self.model)
+
+        def mismatch(mtp: int) -> float:
+            return abs(model_flops_per_token(model.model_copy(update={"mtp_layers": mtp}), self.seq_length) - measured)
+
+        return min((self.mtp, recipe_mtp), key=mismatch)
+
     def scenario_overrides(self) -> dict[str, Any]:
         """Flat overrides (CLI-style keys) that describe this run's scenario: its recipe settings, then
-        its own columns on top (``fsdp`` and ``mtp`` only when given: the settings' Megatron-FSDP
-        switch and MTP layers apply otherwise)."""
+        its own columns on top (``fsdp`` only when given: the settings' Megatron-FSDP switch applies
+        otherwise; MTP layers by :meth:`mtp_layers`)."""
         resolved = self.recipe_resolution()
         recipe = dict(resolved.overrides)
         given = self.model_fields_set
+        recipe["mtp_layers"] = self.mtp_layers(recipe.get("mtp_layers"))
+        layout = recipe.get("pipeline_model_parallel_layout")
+        if isinstance(layout, PartialLayout):
+            from workloads.models import load_model
+
+            full = layout.complete(load_model(self.model).num_layers, self.pp * self.vpp, recipe["mtp_layers"])
+            if full is None:
+                recipe.pop("pipeline_model_parallel_layout")
+            else:
+                recipe["pipeline_model_parallel_layout"] = full
         if resolved.use_megatron_fsdp and "fsdp" not in given:
             recipe["fsdp"] = self.num_gpus // (self.tp * self.pp)  # Megatron-FSDP shards over dp·cp
         out: dict[str, Any] = {
@@ -123,8 +156,6 @@ class MeasuredRun(BaseModel):
         }
         if "fsdp" in given or "fsdp" not in recipe:
             out["fsdp"] = self.fsdp
-        if "mtp" in given or "mtp_layers" not in recipe:
-            out["mtp_layers"] = self.mtp
         if self.optimizer_distribution:
             out["distribution"] = self.optimizer_distribution
         if self.muon_tp_mode:

@@ -54,11 +54,32 @@ marked an assumption:
   unpermute (scale by probs, scatter-add) 3 / 3.
 - Embedding lookup 1 / 3 (dense embedding backward: sort and segment reduction); vocabulary-parallel
   cross-entropy, unfused, 6 / 3 (assumption).
+
+Recipe settings that change the kernels (:class:`KernelOptions`, from the scenario's runtime
+settings; each our reading of Megatron-Core / Transformer Engine, marked assumption where not profiled):
+
+- ``moe_router_fusion``: TE's fused top-k with score function and the fused aux-loss scores and
+  loss: 3 forward / 3 backward launches instead of 8 / 4 (same bytes);
+- ``moe_permute_fusion``: TE ``moe_permute_with_probs`` / ``moe_unpermute``: permute 2 / 1 (row-id
+  map, permute) and unpermute 1 / 1 instead of 5 / 2 and 3 / 3 (same bytes);
+- ``moe_router_dtype`` fp32 (or fp64): Megatron's ``RouterGatingLinearFunction`` casts the input and
+  the router weight to fp32 and calls ``torch.mm``; PyTorch's default float32 matmul precision is
+  'highest' (no TF32), so the router GEMM runs on the FP32 (non-tensor) peak, plus the cast of its
+  input (read 2 B, write 4 B per element); fp64 is priced as fp32 (optimistic);
+- ``moe_grouped_gemm`` off: one dense GEMM per local expert (dense efficiency, no grouped factor);
+- ``gradient_accumulation_fusion`` off: each weight-gradient GEMM writes a BF16 gradient and a
+  separate kernel adds it into the fp32 ``main_grad`` (read 2 + read 4 + write 4 B per weight element;
+  one launch per GEMM, per expert for grouped GEMMs);
+- ``cross_entropy_loss_fusion`` on: TE's fused vocabulary-parallel cross-entropy, 2 forward /
+  1 backward launches instead of 6 / 3 (same bytes);
+- a dispatcher that needs the token counts on the host (``alltoall``, ``flex`` with DeepEP; Megatron's
+  ``cuda_sync_point`` before the all-to-all) marks the permute as a host synchronisation: the host
+  cannot run ahead of the GPU across it (:func:`costmodel.layer_costs.pass_time_s`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from topologies.hardware import TENSOR_CORE_CLASS
@@ -103,6 +124,20 @@ class Operation:
     k: int = 0
     groups: int = 1  # grouped GEMM: number of experts sharing the total M
     kernels: float = 1.0  # kernel launches per micro-batch (fractional when amortised over micro-batches)
+    host_sync: bool = False  # the host waits for the GPU before issuing this operation (D2H of token counts)
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """Recipe settings that change a layer's kernels (see the module docstring)."""
+
+    router_fusion: bool = True
+    permute_fusion: bool = True
+    router_dtype: str = "bf16"  # bf16 (the activation dtype), fp32 or fp64
+    grouped_gemm: bool = True
+    gradient_accumulation_fusion: bool = True
+    cross_entropy_fusion: bool = True
+    dispatcher_host_sync: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,6 +154,7 @@ class RankShape:
     precision: str = "bf16"  # Precision value: bf16, fp16, fp8-cs, fp8-delayed, fp8-blockwise, mxfp8, nvfp4
     microbatches: int = 1  # micro-batches per step (weight casts are amortised over them)
     moe_dispatcher: str = "flex"  # allgather permutes the tokens gathered over etp·ep (costmodel.moe_dispatch)
+    options: KernelOptions = KernelOptions()
 
     @property
     def tokens(self) -> int:
@@ -162,11 +198,11 @@ class _Builder:
         self.cast = CAST_BYTES_PER_ELEMENT[shape.precision]
 
     def gemm(self, name: str, module: str, m: int, n: int, k: int, low_precision: bool = True,
-             groups: int = 1) -> None:
+             groups: int = 1, tensor_class: str | None = None) -> None:
         """A (grouped) GEMM [m x k] @ [k x n]: forward, dgrad and wgrad, plus quantisation casts."""
         low = low_precision and self.low
-        tclass = TENSOR_CLASS[self.shape.precision] if low else "bf16"
-        kind: OpKind = "grouped_gemm" if groups > 1 else "gemm"
+        tclass = (TENSOR_CLASS[self.shape.precision] if low else "bf16") if tensor_class is None else tensor_class
+        kind: OpKind = "grouped_gemm" if groups > 1 and self.shape.options.grouped_gemm else "gemm"
         flops = 2.0 * m * n * k
         in_b = 1 if low else ACT_BYTES
         io = (m * k + k * n * groups) * in_b + m * n * ACT_BYTES
@@ -174,6 +210,9 @@ class _Builder:
         self.bwd.append(Operation(name + ".dgrad", kind, "bwd", module, flops, io, tclass, m, k, n, groups, groups))
         self.bwd.append(Operation(name + ".wgrad", kind, "bwd", module, flops, io, tclass, k * groups, n, m, groups,
                                   groups))
+        if not self.shape.options.gradient_accumulation_fusion:  # bf16 wgrad, then main_grad += wgrad (fp32)
+            self.bwd.append(Operation(name + ".grad_accumulate", "elementwise", "bwd", module, 0.0,
+                                      k * n * groups * (ACT_BYTES + 4 + 4), kernels=groups))
         if low:
             per_step = 1 / max(self.shape.microbatches, 1)
             casts = CAST_KERNELS[self.shape.precision] * groups
@@ -277,23 +316,33 @@ def _moe_mlp(b: _Builder, model: ModelSpec) -> None:
     s, moe, h = b.shape, model.moe, model.hidden_size
     assert moe is not None
     tsp = s.sp_tokens
-    b.gemm("router", "moe_router", tsp, moe.num_experts, h, low_precision=False)
-    b.elementwise("router_topk", "moe_router", 3.0 * tsp * moe.num_experts * 4, kernels=(8, 4))
+    opt = s.options
+    if opt.router_dtype == "bf16":
+        b.gemm("router", "moe_router", tsp, moe.num_experts, h, low_precision=False)
+    else:  # fp32 / fp64 router: cast the input, then an fp32 torch.mm (no TF32 by default)
+        b.elementwise("router.cast", "moe_router", tsp * h * (ACT_BYTES + 4), bwd_factor=1.0)
+        b.gemm("router", "moe_router", tsp, moe.num_experts, h, low_precision=False, tensor_class="fp32")
+    b.elementwise("router_topk", "moe_router", 3.0 * tsp * moe.num_experts * 4,
+                  kernels=(3, 3) if opt.router_fusion else (8, 4))
     b.elementwise("dispatch_preprocess", "moe_preprocess", 2.0 * tsp * moe.num_experts, 0.0, kernels=(4, 0))
     pairs = tsp * moe.topk * s.etp
+    permute_kernels = (2.0, 1.0) if opt.permute_fusion else (5.0, 2.0)
     if s.moe_dispatcher == "allgather":  # select the local pairs among the tokens gathered over etp·ep
-        b.elementwise("permute", "moe", 2.0 * pairs * h * ACT_BYTES, kernels=(5, 2))
+        b.elementwise("permute", "moe", 2.0 * pairs * h * ACT_BYTES, kernels=permute_kernels)
     else:
-        b.elementwise("permute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES, kernels=(5, 2))
+        b.elementwise("permute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES, kernels=permute_kernels)
+    if opt.dispatcher_host_sync:  # the host waits for the token counts before the permutation / all-to-all
+        b.fwd[-1] = replace(b.fwd[-1], host_sync=True)
     local_experts = max(moe.num_experts // s.ep, 1)
     fe = moe.expert_ffn_hidden_size // s.etp
     b.gemm("experts.linear_fc1", "moe", pairs, model.fc1_factor * fe, h, groups=local_experts)
     _activation(b, model, "experts", "moe_act", pairs, fe)
     b.gemm("experts.linear_fc2", "moe", pairs, h, fe, groups=local_experts)
+    unpermute_kernels = (1.0, 1.0) if opt.permute_fusion else (3.0, 3.0)
     if s.moe_dispatcher == "allgather":  # zero the gathered output buffer, scatter-add the pairs into it
-        b.elementwise("unpermute", "moe", (tsp * s.ep * s.etp + 2.0 * pairs) * h * ACT_BYTES, kernels=(3, 3))
+        b.elementwise("unpermute", "moe", (tsp * s.ep * s.etp + 2.0 * pairs) * h * ACT_BYTES, kernels=unpermute_kernels)
     else:
-        b.elementwise("unpermute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES, kernels=(3, 3))
+        b.elementwise("unpermute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES, kernels=unpermute_kernels)
     if moe.shared_expert_ffn_hidden_size:
         _dense_mlp(b, model, moe.shared_expert_ffn_hidden_size, "shared_experts", "shared_experts")
 
@@ -333,7 +382,8 @@ def output_operations(model: ModelSpec, shape: RankShape) -> LayerOps:
     h, v = model.hidden_size, model.padded_vocab_size(shape.tp) // shape.tp
     b.norm("final_layernorm", shape.sp_tokens, h)
     b.gemm("output_layer", "output", shape.tokens, v, h, low_precision=False)
-    b.elementwise("cross_entropy", "output", 4.0 * shape.tokens * v * ACT_BYTES, bwd_factor=0.5, kernels=(6, 3))
+    b.elementwise("cross_entropy", "output", 4.0 * shape.tokens * v * ACT_BYTES, bwd_factor=0.5,
+                  kernels=(2, 1) if shape.options.cross_entropy_fusion else (6, 3))
     return b.build("none", ())
 
 

@@ -15,6 +15,7 @@ run's own columns; the run's columns win (the published table is what was measur
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -121,11 +122,45 @@ def _tp_cfg(value: str | None) -> Any:
     return None if value is None else parse_tp_overlap_cfg(value)
 
 
+@dataclass(frozen=True)
+class PartialLayout:
+    """A list-form pipeline layout cut short in the settings file: its complete leading stages.
+
+    :meth:`complete` reconstructs the rest (a documented reconstruction, not a source): the stages
+    after the visible ones repeat the last visible stage's width, and the last virtual stage holds
+    the remaining transformer layers, the MTP layers and the loss. For DeepSeek-V3 on 16 virtual
+    stages this gives ``Et*4|(t*4|)*14tmL``, the layout the GB300 recipe of the same model writes.
+    """
+
+    stages: tuple[str, ...]
+
+    def complete(self, num_layers: int, virtual_stages: int, mtp_layers: int) -> str | None:
+        """The whole layout as a string, or None when the visible part cannot be continued."""
+        if len(self.stages) < 2 or len(self.stages) >= virtual_stages:
+            return None
+        out = list(self.stages)
+        width = out[-1].count("t")
+        while len(out) < virtual_stages - 1:
+            out.append("t" * width)
+        rest = num_layers - sum(st.count("t") for st in out)
+        if rest < 0:
+            return None
+        return "|".join([*out, "t" * rest + "m" * mtp_layers + "L"])
+
+
+_NAMES = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}
+
+
 def _layout(value: str | None) -> Any:
     if value is None:
         return None
     text = value.strip()
     if text.count("[") != text.count("]") or text.count("(") != text.count(")"):
+        if text.startswith("[["):
+            stages = tuple("".join(_NAMES.get(x.strip().strip("'\""), "?") for x in inner.split(","))
+                           for inner in re.findall(r"\[([^\[\]]*)\]", text))
+            if stages and all("?" not in st for st in stages):
+                return PartialLayout(stages)
         raise Unreadable("truncated cell (unbalanced brackets)")
     return text
 

@@ -39,7 +39,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from workloads.recipe_columns import COLUMNS, RUN_COLUMNS, SKIP, Column, Unreadable
+from workloads.recipe_columns import COLUMNS, RUN_COLUMNS, SKIP, Column, PartialLayout, Unreadable
 
 MEASURED_DIR = Path(__file__).parent / "data" / "measured"
 SETTINGS_FILE = MEASURED_DIR / "megatron_bridge_recipe_settings.csv"
@@ -111,6 +111,8 @@ def resolve_cell(column: str, cell: str) -> tuple[Any, str]:
         value = spec.parse(None if text == "None" else text)
     except Unreadable as err:
         return SKIP, f"unknown ({err}): muonsim default"
+    if isinstance(value, PartialLayout):
+        return value, "truncated cell: reconstructed (the visible stages' width repeats; the last stage takes the rest)"
     return value, ("None" if text == "None" and how == "recipe" else how)
 
 
@@ -224,3 +226,51 @@ def recipe_for(model: str, system: str, release: str | None = None, gpus: int | 
     if cells is None:
         return None
     return RecipeChoice(best["run_id"], best["release"], cells, reason)
+
+
+# keys whose recipe value only applies to the recipe run's own pipeline sizes
+_LAYOUT_KEYS = ("pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
+                "account_for_loss_in_pipeline_split")
+
+
+@dataclass(frozen=True)
+class ReleaseSettings:
+    """Recipe settings a prediction took from a published run (``--release``), and what it left."""
+
+    choice: RecipeChoice
+    applied: dict[str, Any]  # scenario key -> value taken from the recipe
+    kept: tuple[str, ...]  # keys the user set (their value wins)
+    skipped: dict[str, str]  # key -> why the recipe's value was not applied
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """Plain dict for ``--json``: source, applied settings (JSON-friendly), kept and skipped keys."""
+        def plain(v: Any) -> Any:
+            if isinstance(v, tuple):
+                return [x.model_dump() if hasattr(x, "model_dump") else x for x in v]
+            return v
+
+        return {"source": self.choice.source, "run_id": self.choice.run_id, "release": self.choice.release,
+                "applied": {k: plain(v) for k, v in self.applied.items()}, "kept_from_user": list(self.kept),
+                "skipped": self.skipped}
+
+
+def release_settings(choice: RecipeChoice, user_keys: set[str], sizes: dict[str, int]) -> ReleaseSettings:
+    """The recipe overrides of ``choice`` a scenario takes: not the keys the user set (``user_keys``);
+    the pipeline layout keys only when the scenario's pp and vpp are the recipe run's; EP overlap only
+    when the scenario has EP and (with pp > 1) interleaving, as Megatron requires."""
+    resolution = resolve_recipe_cells(choice.cells)
+    run = next((r for r in _summary_rows() if r["run_id"] == choice.run_id), {})
+    applied: dict[str, Any] = {}
+    kept: list[str] = []
+    skipped: dict[str, str] = {}
+    for key, value in resolution.overrides.items():
+        if key in user_keys:
+            kept.append(key)
+        elif key in _LAYOUT_KEYS and (str(sizes.get("pp")) != run.get("pp") or str(sizes.get("vpp")) != run.get("vpp")):
+            skipped[key] = f"the recipe run has pp {run.get('pp')} vpp {run.get('vpp')}"
+        elif key in ("ep_comm_overlap", "delay_wgrad_compute") and value and (
+                sizes.get("ep", 1) == 1 or (sizes.get("pp", 1) > 1 and sizes.get("vpp", 1) == 1)):
+            skipped[key] = "needs ep > 1 and, with pp > 1, vpp > 1"
+        else:
+            applied[key] = value
+    return ReleaseSettings(choice, applied, tuple(sorted(kept)), skipped)

@@ -191,10 +191,13 @@ class RuntimeSettings(_Strict):
         None, description="Megatron-Bridge CommOverlapConfig.tp_comm_overlap_cfg: per GEMM, bulk / ring_exchange / "
                           "pipeline overlap and its SMs (None = Transformer Engine's defaults, te_default_tp_overlap)")
     # --- pipeline point-to-point and wgrad deferral ---
-    overlap_p2p_comm: bool = Field(False, description="Megatron --overlap-p2p-communication: pipeline sends/receives "
-                                   "run asynchronously under the next pass (interleaved schedule)")
+    overlap_p2p_comm: bool = Field(True, description="Megatron --overlap-p2p-communication: pipeline sends/receives "
+                                   "run asynchronously under the next pass (interleaved schedule); off, every "
+                                   "interleaved pass waits for its send/receive. muonsim default on, as every "
+                                   "Megatron-Bridge recipe with vpp > 1 (Megatron-Core's default is off)")
     batch_p2p_comm: bool = Field(True, description="Megatron batch_p2p_comm: sends and receives batched into one "
-                                 "NCCL group call (Megatron-Core default on; the recipes turn it off with overlap)")
+                                 "NCCL group call (Megatron-Core default on; the recipes turn it off with overlap); "
+                                 "no effect modelled: a pass's send and receive run concurrently either way")
     defer_embedding_wgrad_compute: bool = Field(False, description="Megatron --defer-embedding-wgrad-compute: the "
                                                 "output layer's weight-gradient GEMMs run in the pipeline drain")
     wgrad_deferral_limit: int = Field(0, ge=-1, description="Megatron --wgrad-deferral-limit: micro-batches whose "

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from topologies.hardware import Precision, SystemSpec, load_system
 from topologies.inputs import UserInputError, describe_validation_error, load_yaml_file
 from workloads.models import ModelSpec, resolve_model
-from workloads.pipeline_layout import PipelineSplit, virtual_stage_layer_counts
+from workloads.pipeline_layout import PipelineSplit, StageSplit, virtual_stage_layer_counts
 from workloads.runtime import RuntimeSettings, split_list
 
 OptimizerKind = Literal["adamw", "muon"]
@@ -84,6 +84,12 @@ class Parallelism(_Strict):
     def expert_tp(self) -> int:
         """Expert tensor-parallel size: ``etp`` when set, else 1."""
         return self.etp if self.etp is not None else 1
+
+    @property
+    def stage_split(self) -> StageSplit:
+        """How layers are split over virtual stages: layout, account-for flags, then pipeline_split."""
+        return StageSplit(self.pipeline_split, self.pipeline_model_parallel_layout,
+                          self.account_for_embedding_in_pipeline_split, self.account_for_loss_in_pipeline_split)
 
     @property
     def uses_sequence_parallel(self) -> bool:
@@ -191,6 +197,8 @@ class ScenarioConfig(_Strict):
         if self.mtp_layers is not None and self.mtp_layers != model.mtp_layers:
             model = model.model_copy(update={"mtp_layers": self.mtp_layers})
         system = load_system(self.system)
+        if not self.runtime.nccl_nvls_enable:  # NCCL_NVLS_ENABLE=0: NCCL uses no NVLink SHARP algorithm
+            system = system.without_nvls()
         scenario = Scenario(config=self, system=system, model=model)
         scenario.validate()
         return scenario
@@ -224,6 +232,21 @@ _SECTION_OF = {name: "parallelism" for name in Parallelism.model_fields} | {
     name: "optimizer" for name in OptimizerSpec.model_fields if name != "kind"
 } | {name: "placement" for name in Placement.model_fields} | {name: "runtime" for name in RuntimeSettings.model_fields}
 _TOP_LEVEL = set(ScenarioConfig.model_fields)
+_SECTION_MODELS: dict[str, type[BaseModel]] = {"parallelism": Parallelism, "optimizer": OptimizerSpec,
+                                               "placement": Placement, "runtime": RuntimeSettings}
+
+
+def section_of(key: str) -> str | None:
+    """The scenario section ('parallelism', 'optimizer', 'placement', 'runtime') of a flat key, or None."""
+    return _SECTION_OF.get(key)
+
+
+def setting_default(key: str) -> Any:
+    """muonsim's default of a flat scenario key (None when the key has no plain default)."""
+    section = _SECTION_OF.get(key)
+    model = _SECTION_MODELS.get(section or "", ScenarioConfig)
+    field = model.model_fields.get(key)
+    return None if field is None else field.default
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -310,7 +333,8 @@ class Scenario:
     @cached_property
     def virtual_stage_layers(self) -> list[int]:
         """Layers per virtual stage (index chunk * pp + stage)."""
-        return virtual_stage_layer_counts(self.model.num_layers, self.par.pp, self.par.vpp, self.par.pipeline_split)
+        return virtual_stage_layer_counts(self.model.num_layers, self.par.pp, self.par.vpp, self.par.stage_split,
+                                          self.model.mtp_layers)
 
     def with_updates(self, **overrides: Any) -> Scenario:
         """A new validated scenario with flat overrides (same keys as the CLI flags)."""
@@ -410,6 +434,10 @@ class Scenario:
                                  f"layers of {self.model.name}")
         if rt.cpu_offloading:
             self._validate_cpu_offloading()
+        if self.config.placement.use_tp_pp_dp_mapping:
+            from topologies.placement import check_tp_pp_dp_mapping
+
+            check_tp_pp_dp_mapping(p.tp, p.cp, p.ep, p.expert_tp)
         instances = o.num_distributed_optimizer_instances
         if (self.dp * p.cp) % instances:
             raise UserInputError(f"num_distributed_optimizer_instances {instances} does not divide the data-parallel "

@@ -12,11 +12,12 @@ The fit is a robust, bounded, regularised least-squares problem on **log step ti
 * factors whose step-time sensitivity ``max |∂ log t / ∂ log f|`` over the runs is below
   ``min_sensitivity`` are not fitted at all (they are not identifiable from these runs).
 
-Factors are fitted per system. A software release changes kernels on every system at once, so
-releases are modelled as **multipliers** of a few factors (``release_factors``), one per release
-family (``26.04`` and its patch ``26.04.01`` are one family), pooled over all systems and fitted
-where a family has at least ``min_release_runs`` runs, with a tight prior at 1
-(``release_prior_sigma_log``). All systems and multipliers are fitted jointly.
+Factors are fitted per system: physical quantities of the hardware (and its host), shared by every
+software release; a release's differences are the recipe settings its runs carry. Optionally
+(``release_factors``, empty by default and in the built-in profile) releases can also be modelled as
+**multipliers** of a few factors, one per release family (``26.04`` and its patch ``26.04.01`` are
+one family), pooled over all systems and fitted where a family has at least ``min_release_runs``
+runs, with a tight prior at 1 (``release_prior_sigma_log``); all are then fitted jointly.
 
 The engine is expensive (milliseconds per run) and the fit needs many evaluations, so the
 optimiser works on a surrogate (:mod:`costmodel.calibrate.fit_surrogate`): each run's step time linearised
@@ -58,7 +59,10 @@ from topologies.hardware import EfficiencyFactors
 # all-to-all efficiency.
 DEFAULT_FACTORS = ("gemm_bf16", "gemm_fp8", "gemm_fp4", "grouped_gemm", "attention",
                    "gemm_half_efficiency_flops", "alltoall_bandwidth")
-DEFAULT_RELEASE_FACTORS = ("gemm_bf16", "gemm_fp8", "gemm_fp4", "grouped_gemm")
+# No per-release multipliers by default: a release changes what runs (the recipe settings each run
+# carries), not the hardware. ``--release-factors`` still fits them for a custom profile, and
+# ``--release-residuals`` reports what residual each release family leaves (a diagnostic).
+DEFAULT_RELEASE_FACTORS: tuple[str, ...] = ()
 
 # (lower, upper) for each fittable factor: physically meaningful ranges, tighter than the schema's
 FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
@@ -71,8 +75,7 @@ FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
     "network_bandwidth": (0.2, 1.0), "alltoall_bandwidth": (0.05, 1.0),
     "nvlink_step_latency_s": (1e-7, 1e-4), "network_step_latency_s": (1e-7, 1e-3),
     "collective_base_latency_s": (1e-7, 1e-3), "nvls_latency_s": (1e-7, 1e-3),
-    "overlap_compute_slowdown": (1e-3, 1.0), "tp_comm_overlap": (0.2, 1.0),
-    "ep_comm_overlap": (0.2, 1.0),
+    "overlap_compute_slowdown": (1e-3, 1.0), "host_sync_s": (1e-6, 1e-4),
 }
 MULTIPLIER_BOUNDS = (0.5, 2.0)  # a release changes a factor by at most 2x either way
 # prior widths (1 sigma of log f) that differ from FitSettings.prior_sigma_log: the GEMM sizes at

@@ -88,6 +88,13 @@ class CalibrationReport:
                 out.setdefault(system, {})[kind] = m
         return out
 
+    def release_residuals(self) -> dict[str, Metrics]:
+        """Held-out error metrics per release family (a diagnostic: what each release leaves unexplained)."""
+        from costmodel.calibrate.fit import release_family
+
+        rows = self.heldout_rows or self.train_rows
+        return metrics_by(rows, lambda r: release_family(r.release))
+
     def to_json_dict(self) -> dict[str, Any]:
         """The ``--json`` form: profile, metrics table (NaN as null), held-out rows, unsupported runs."""
         table = {scope: {kind: _clean(m.to_json_dict()) for kind, m in kinds.items()}
@@ -96,6 +103,7 @@ class CalibrationReport:
             "profile": self.profile.model_dump(mode="json", exclude={"training_run_ids"}),
             "metrics": table,
             "heldout_rows": [r.to_json_dict() for r in self.heldout_rows],
+            "release_residuals": {fam: _clean(m.to_json_dict()) for fam, m in self.release_residuals().items()},
             "unsupported": [u.to_json_dict() for u in self.unsupported],
         }
 

@@ -41,7 +41,7 @@ def cached_inventory(scenario) -> Inventory:  # noqa: ANN001 - workloads.scenari
     from workloads.inventory import inventory_for
 
     p = scenario.par
-    key = (scenario.model, p.tp, p.pp, p.vpp, p.ep, p.expert_tp, scenario.optimizer.split_qkv, p.pipeline_split)
+    key = (scenario.model, p.tp, p.pp, p.vpp, p.ep, p.expert_tp, scenario.optimizer.split_qkv, p.stage_split)
     inv = _INVENTORIES.get(key)
     if inv is None:
         inv = inventory_for(scenario)

@@ -60,7 +60,7 @@ class FastAnalytic:
         shapes = tuple(placement.shape(k) for k in PLAN_GROUPS)
         spec = c.optimizer.model_copy(update={"hide_param_gather": False})
         return (scenario.model, scenario.system, c.gpus, c.placement, p.tp, p.pp, p.vpp, p.ep, p.expert_tp,
-                scenario.dp * p.cp, scenario.expert_dp, p.pipeline_split, spec, shapes)
+                scenario.dp * p.cp, scenario.expert_dp, p.stage_split, spec, shapes)
 
     def plan(self, scenario: Scenario) -> OptimizerPlan:
         """The optimizer plan of ``scenario`` (shared with every candidate of the same key)."""
