@@ -58,6 +58,14 @@ def test_fp8_primary_weights_replace_the_bf16_copy(system: str, weight_bytes: in
     assert m.weight_buffers_bytes == 0
 
 
+@pytest.mark.parametrize("flags", [{"optimizer": "muon"}, {"distribution": "replicated"}, {"precision": "nvfp4"}])
+def test_fp8_param_gather_without_fp8_primary_weights(flags: dict) -> None:
+    # Muon's layer-wise and the replicated optimizer keep bf16 parameters; Megatron has no FP4 ones
+    sc = _llama(system="dgx-b200", **({"precision": "fp8-cs"} | flags), fp8_param_gather=True)
+    gemm, other = _split(sc)
+    assert memory_breakdown(sc).weights_bytes == 2 * (gemm + other)
+
+
 def test_mxfp8_primary_weights_and_the_bf16_gather_buffer() -> None:
     mx = 2 * (1 + 1 / 32)  # rowwise + columnwise data, an E8M0 scale per 32 each
     cached = _llama(system="dgx-b200", precision="mxfp8")

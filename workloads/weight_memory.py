@@ -14,9 +14,10 @@ experts, MLA projections, MTP's ``eh_proj``) in an FP8/FP4 run:
   the first micro-batch of the step and keeps the quantized copy (``_fp8_workspaces``) for the other
   micro-batches: :func:`quantized_weight_bytes_per_element` per element.
 - **FP8 primary weights** (``fp8_param_gather`` on: Megatron ``--fp8-param-gather``, TE
-  ``fp8_model_init``): the weight is stored quantized, without a bf16 copy; the distributed
-  optimizer's parameter buffer holds the FP8 data (FP8 current/delayed/blockwise scaling: 1 B, plus
-  the transposed copy on GPUs whose FP8 GEMMs are TN only). MXFP8 weights keep their rowwise and
+  ``fp8_model_init``; fp8-cs or mxfp8 with AdamW on the element-wise distributed optimizer or on
+  Megatron-FSDP, :func:`fp8_primary_weights`): the weight is stored quantized, without a bf16 copy;
+  the distributed optimizer's parameter buffer holds the FP8 data (fp8-cs: 1 B, plus the transposed
+  copy on GPUs whose FP8 GEMMs are TN only). MXFP8 weights keep their rowwise and
   columnwise data, and the optimizer all-gathers the updated parameters in bf16 into a **bf16
   parameter-gather buffer** (2 B per element) before re-quantizing them, unless
   ``reuse_grad_buf_for_mxfp8_param_ag`` lets that gather land in the gradient buffer (free after the
@@ -114,16 +115,31 @@ class WeightStorage:
         return self.param_bytes
 
 
+FP8_PARAM_RECIPES = ("fp8-cs", "mxfp8")
+
+
+def fp8_primary_weights(scenario: Scenario) -> bool:
+    """Whether ``fp8_param_gather`` makes the TE GEMM weights FP8 primary weights: an fp8-cs or mxfp8
+    run with AdamW on Megatron's element-wise distributed optimizer or on Megatron-FSDP (the
+    layer-wise Muon optimizer and the replicated one keep bf16 parameters; Megatron has no FP4
+    primary weights). The same rule as the FP8 parameter gather of the optimizer plan
+    (``workloads.fp8_params.fp8_gather_active``), extended to Megatron-FSDP, whose published runs
+    gather FP8 parameters."""
+    opt = scenario.optimizer
+    if not opt.fp8_param_gather or scenario.precision.value not in FP8_PARAM_RECIPES or opt.kind != "adamw":
+        return False
+    return scenario.par.fsdp > 0 or opt.resolved_distribution == "element_wise"
+
+
 def weight_storage(scenario: Scenario, t: TensorSpec) -> WeightStorage:
     """How one element of ``t`` is stored on a GPU (see the module docstring)."""
     if not low_precision_gemm(scenario, t):
         return WeightStorage(float(BF16_BYTES))
     opt = scenario.optimizer
     q = quantized_weight_bytes_per_element(scenario.precision, scenario.system.gpu.fp8_gemm_any_layout)
-    precision = scenario.precision.value
-    if opt.fp8_param_gather and precision != "nvfp4":
-        reuse = precision == "mxfp8" and opt.reuse_grad_buf_for_mxfp8_param_ag
-        gather = float(BF16_BYTES) if precision == "mxfp8" and not reuse else 0.0
+    if fp8_primary_weights(scenario):
+        mxfp8 = scenario.precision.value == "mxfp8"
+        gather = float(BF16_BYTES) if mxfp8 and not opt.reuse_grad_buf_for_mxfp8_param_ag else 0.0
         return WeightStorage(q, 0.0, gather)
     return WeightStorage(float(BF16_BYTES), q)
 
@@ -131,9 +147,9 @@ def weight_storage(scenario: Scenario, t: TensorSpec) -> WeightStorage:
 def min_weight_bytes_per_element(scenario: Scenario) -> float:
     """The fewest bytes any parameter of ``scenario`` takes on a GPU (bf16 2, or an FP8 primary weight's
     quantized bytes): a per-parameter floor for the planner's memory screen, whatever the layout."""
-    opt, precision = scenario.optimizer, scenario.precision.value
-    if opt.fp8_param_gather and scenario.precision.tensor_core_class != "bf16" and precision != "nvfp4":
-        return min(float(BF16_BYTES), quantized_weight_bytes_per_element(precision, scenario.system.gpu.fp8_gemm_any_layout))
+    if fp8_primary_weights(scenario):
+        q = quantized_weight_bytes_per_element(scenario.precision, scenario.system.gpu.fp8_gemm_any_layout)
+        return min(float(BF16_BYTES), q)
     return float(BF16_BYTES)
 
 
