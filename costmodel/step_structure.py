@@ -20,6 +20,9 @@ Which collectives are on the critical path (explicit, per Megatron-Core's defaul
   ``hide_param_gather``, per bucket in forward order ahead of the next step's first forward.
 - **Tied embeddings** (pp > 1): the word-embedding gradient all-reduce between the first and the
   last stage after their DP reduction, before the gradient-norm barrier (:mod:`costmodel.grad_finalize`).
+- **Activation offloading** (``cpu_offloading``, fine-grained ``offload_modules``): the copies to
+  and from host memory per layer, kind ``offload``, exposed beyond the layer's compute
+  (:mod:`costmodel.offload`).
 - **Megatron-FSDP** (``fsdp = dp·cp``): per layer and micro-batch, parameter all-gathers (forward
   and backward) and gradient reduce-scatters (backward) over the dp groups, kind ``dp_fsdp``,
   exposed beyond the layer's compute; no DP buckets (:mod:`costmodel.fsdp`).
@@ -274,6 +277,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     """
     from costmodel.errors import UnsupportedScenario
     from costmodel.fsdp import add_fsdp_blocks, fsdp_unsupported_reason
+    from costmodel.offload import add_offload_blocks
     from costmodel.optimizer.plan import build_optimizer_plan
     from topologies.placement import placement_for
 
@@ -299,6 +303,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
         _KIND_CACHE[key] = (model, system, per_kind[kind])  # identity-checked: ids cannot be reused
     if p.fsdp > 0:
         add_fsdp_blocks(scenario, placement, per_kind, overlap)
+    add_offload_blocks(scenario, per_kind, overlap)
     plan = build_optimizer_plan(scenario) if plan is None else plan
     pps = shapes["pp"]
     p2p_bytes = float(shape.sp_tokens * model.hidden_size * ACT_BYTES)

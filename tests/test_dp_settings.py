@@ -169,3 +169,27 @@ def test_bf16_first_last_layers_run_their_gemms_in_bf16() -> None:
     extra = 3 * low.num_microbatches * ((f16 + b16) - (f8 + b8))
     c0, c1 = run_analytic(low).breakdown_s.compute, run_analytic(kept).breakdown_s.compute
     assert c1 - c0 == pytest.approx(extra, rel=1e-6)
+
+
+# ------------------------------------------------------------------ activation offloading traffic
+def test_cpu_offloading_copies_over_the_host_link() -> None:
+    from costmodel.analytic import run_analytic
+    from costmodel.layer_comm import layer_kind_costs
+    from costmodel.layer_costs import LAYER_GROUP_KINDS, rank_shape
+    from workloads.activation_memory import full_layer_bytes
+
+    flags = dict(system="dgx-b200", micro_batch_size=2, global_batch_size=32)
+    sc = _llama(8, cpu_offloading=True, cpu_offloading_num_layers=20, **flags)
+    pl = placement_for(sc)
+    f, b, _, _ = layer_kind_costs(sc, rank_shape(sc), "dense", {k: pl.shape(k) for k in LAYER_GROUP_KINDS}, True)
+    t = full_layer_bytes(sc, 0, False) / 64e9  # one layer's saved tensors over PCIe Gen5 x16
+    assert t > f  # the copy outlasts the next layer's forward on PCIe ...
+    exposed = sc.num_microbatches * 20 * (max(0.0, t - f) + max(0.0, t - b))  # 20 layers out and back
+    report = run_analytic(sc)
+    assert report.breakdown_s.exposed_comm["offload"] == pytest.approx(exposed, rel=1e-9)
+    plain = run_analytic(_llama(8, **flags))
+    # the step grows by it, less what of the gradient reduction the longer backward now hides
+    assert 0.98 * exposed < report.step_time_s - plain.step_time_s <= exposed
+    # ... and hides behind it on NVLink-C2C (225 GB/s per GPU and direction)
+    gb = _llama(8, cpu_offloading=True, cpu_offloading_num_layers=20, **(flags | {"system": "gb200-nvl72"}))
+    assert run_analytic(gb).breakdown_s.exposed_comm.get("offload", 0.0) < exposed / 3

@@ -35,7 +35,7 @@ from costmodel.pipeline import schedule_order
 from costmodel.step_structure import BucketCost, PassCost, StepStructure
 
 Ev = Generator[simpy.Event, Any, None]
-LINK_PREFIX = {"nvlink": "nvl", "network": "net"}
+LINK_PREFIX = {"nvlink": "nvl", "network": "net", "host": "host"}  # host: the GPU's link to host memory (offloading)
 
 
 @dataclass(frozen=True)

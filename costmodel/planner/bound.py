@@ -75,8 +75,9 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
     from topologies.groups import GroupShape
     from topologies.placement import placement_for
 
-    p = scenario.par
-    if p.fsdp > 0:  # per-layer FSDP collectives: the engine's own phase (the planner never generates fsdp)
+    p, rt = scenario.par, scenario.runtime
+    offloading = rt.cpu_offloading or rt.fine_grained_activation_offloading
+    if p.fsdp > 0 or offloading:  # per-layer FSDP / offload copies: the engine's own phase (rare in plans)
         from costmodel.analytic import analytic_timing
         from costmodel.optimizer.plan_types import EMPTY_PLAN
 
