@@ -53,7 +53,7 @@ from costmodel.layer_costs import (
     layer_cache_key,
     rank_shape,
 )
-from costmodel.optimizer.plan_types import OptimizerPlan
+from costmodel.optimizer.plan_types import Bucket, OptimizerPlan
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from workloads.operations import ACT_BYTES
@@ -118,6 +118,7 @@ class BucketCost:
     bwd_ready_fraction: float  # fraction of the chunk's backward after which the grads are complete
     reduce_latency_s: float = 0.0
     gather_latency_s: float = 0.0
+    prescale_s: float = 0.0  # compute-stream seconds scaling this bucket by 1/dp before its reduction
 
     @property
     def fwd_need_fraction(self) -> float:
@@ -134,6 +135,7 @@ class StageCost:
     buckets: tuple[BucketCost, ...]  # backprop order
     optimizer_compute_s: float
     optimizer_tp_s: float
+    grad_prescale_s: float = 0.0  # compute-stream seconds scaling the gradient buckets by 1/dp (end of backward)
 
     @cached_property
     def work_s(self) -> float:
@@ -170,6 +172,7 @@ class StepStructure:
     plan: OptimizerPlan
     warnings: tuple[str, ...] = field(default=())
     embedding_sync_s: float = 0.0  # tied word-embedding grad all-reduce, first and last stage (costmodel.grad_finalize)
+    align_param_gather: bool = True  # every stage starts its hidden parameter gathers with the step (not at its first forward)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,8 +242,23 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
         seen[key] = seen.get(key, 0) + b.numel
         frac = seen[key] / groups[key] if groups[key] else 1.0
         out.append(BucketCost(b.chunk, b.dp_group, red[0], gat[0], red[2], frac if overlap else 1.0,
-                              red[1], gat[1]))
+                              red[1], gat[1], _prescale_s(b, scenario)))
     return tuple(out)
+
+
+def _prescale_s(b: Bucket, scenario: Scenario) -> float:
+    """Seconds of the 1/dp pre-scaling kernel of bucket ``b`` (0 when its factor is 1, see
+    :func:`grad_prescale_s`)."""
+    from costmodel.compute import kernel_gpu_s
+    from costmodel.optimizer.kernel_sequence import grad_prescale_kernels
+
+    if b.reduce_op is None or b.group_size * b.instances <= 1:
+        return 0.0
+    if scenario.optimizer.average_in_collective and (
+            b.dp_group == "dp" or b.group_size * b.instances == scenario.dp * scenario.par.cp):
+        return 0.0
+    return sum(k.count * kernel_gpu_s(k, scenario.system)
+               for k in grad_prescale_kernels(1, float(b.numel), scenario.optimizer.grad_bytes))
 
 
 _STAGE_CACHE_LIMIT = 2048  # entries keep their plans alive: bounded like the planner's plan cache
@@ -267,6 +285,18 @@ def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placem
         _STAGE_CACHE.clear()
     _STAGE_CACHE[key] = (plan, system, out)  # identity-checked: the entry keeps plan and system alive
     return out
+
+
+def grad_prescale_s(buckets: tuple[BucketCost, ...]) -> float:
+    """Seconds the compute stream spends scaling a stage's gradient buckets before their reduction.
+
+    Megatron-Core's ``start_grad_sync`` multiplies each bucket by its ``gradient_scaling_factor``
+    (one read-write kernel per bucket, :func:`kernel_sequence.grad_prescale_kernels`) unless the
+    factor is 1: with ``average_in_collective`` the reduction averages (NCCL avg) and dense buckets
+    need no scaling; expert buckets still do when the expert-data-parallel group differs from the
+    dense one. Buckets reduced elsewhere (Megatron-FSDP per layer) or over one rank are not scaled.
+    """
+    return sum(b.prescale_s for b in buckets)
 
 
 def build_step_structure(scenario: Scenario, overlap: bool = True, plan: OptimizerPlan | None = None) -> StepStructure:
@@ -329,7 +359,8 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
             chunks.append(ChunkCost(s, c, *shared))
         buckets, opt_compute_s, opt_tp_s = _stage_optimizer(plan, s, scenario, placement, overlap)
         stages.append(StageCost(stage=s, chunks=tuple(chunks), buckets=buckets,
-                                optimizer_compute_s=opt_compute_s, optimizer_tp_s=opt_tp_s))
+                                optimizer_compute_s=opt_compute_s, optimizer_tp_s=opt_tp_s,
+                                grad_prescale_s=grad_prescale_s(buckets)))
     if blocking:  # the transfers sit in the passes: nothing left for the schedule to wait on
         p2p, p2p_lat = 0.0, 0.0
     opt = scenario.optimizer
@@ -340,6 +371,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
         p2p_s=p2p, p2p_latency_s=p2p_lat, p2p_bytes=p2p_bytes, p2p_link=domain_link(pair), overlap=overlap,
         overlap_grad_reduce=overlap and opt.overlap_grad_reduce,
         hide_param_gather=overlap and opt.hide_param_gather,
+        align_param_gather=opt.align_param_gather or opt.overlap_param_gather_with_optimizer_step,
         compute_slowdown=system.efficiency.overlap_compute_slowdown if overlap else 0.0,
         plan=plan, embedding_sync_s=emb_s,
     )

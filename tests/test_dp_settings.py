@@ -193,3 +193,49 @@ def test_cpu_offloading_copies_over_the_host_link() -> None:
     # ... and hides behind it on NVLink-C2C (225 GB/s per GPU and direction)
     gb = _llama(8, cpu_offloading=True, cpu_offloading_num_layers=20, **(flags | {"system": "gb200-nvl72"}))
     assert run_analytic(gb).breakdown_s.exposed_comm.get("offload", 0.0) < exposed / 3
+
+
+# ------------------------------------------------------------------ parameter-gather alignment
+def test_unaligned_parameter_gathers_add_up_along_the_pipeline_fill() -> None:
+    from costmodel.analytic import analytic_timing
+    from costmodel.des import run_des
+    from costmodel.step_structure import build_step_structure
+
+    flags = dict(gpus=32, pp=2, hide_param_gather=True, micro_batch_size=1, global_batch_size=256)
+    aligned, plain = _llama(align_param_gather=True, **flags), _llama(**flags)
+    st = build_step_structure(plain)
+
+    def own_delay(stage) -> float:  # noqa: ANN001 - the stage's wait when its gathers start with its first forward
+        arrive, worst = 0.0, 0.0
+        fwd = stage.chunks[0].fwd.time_s
+        for b in stage.forward_buckets:
+            arrive += b.gather_s
+            worst = max(worst, arrive - b.fwd_need_fraction * fwd)
+        return worst
+
+    d0, d1 = own_delay(st.stages[0]), own_delay(st.stages[1])
+    fill1 = st.stages[0].chunks[0].fwd.time_s + st.p2p_s
+    assert d0 > 0 and d1 > 0
+    t_plain = analytic_timing(st).breakdown.exposed_comm["dp_param"]
+    t_aligned = analytic_timing(build_step_structure(aligned)).breakdown.exposed_comm["dp_param"]
+    assert t_plain == pytest.approx(d0 + d1, rel=1e-9)  # stage 1 starts gathering only when its forward arrives
+    assert t_aligned == pytest.approx(max(d0, d1 - fill1), rel=1e-9)  # stage 1 gathers during the fill
+    # the same direction in the discrete-event engine
+    assert run_des(aligned).step_time_s < run_des(plain).step_time_s
+    # overlapping the gather with the optimizer step dispatches the first chunk's right after it: aligned
+    early = _llama(overlap_param_gather_with_optimizer_step=True, **flags)
+    assert analytic_timing(build_step_structure(early)).breakdown.exposed_comm["dp_param"] == pytest.approx(t_aligned)
+
+
+# ------------------------------------------------------------------ average_in_collective
+def test_gradient_prescaling_unless_averaged_in_the_collective() -> None:
+    from costmodel.analytic import run_analytic
+    from costmodel.step_structure import build_step_structure
+
+    sc, avg = _llama(8), _llama(8, average_in_collective=True)
+    plan = build_optimizer_plan(sc).stages[0]
+    # one read + write pass over every bf16 gradient bucket at the HBM rate
+    expected = sum(memory_time_s(2 * 2 * b.numel, sc.system) for b in plan.buckets)
+    assert build_step_structure(sc).stages[0].grad_prescale_s == pytest.approx(expected, rel=1e-9)
+    assert build_step_structure(avg).stages[0].grad_prescale_s == 0.0
+    assert run_analytic(sc).step_time_s - run_analytic(avg).step_time_s == pytest.approx(expected, rel=1e-6)

@@ -124,6 +124,9 @@ class OptimizerSpec(_Strict):
                                                            "optimizer-step: the first chunk's gather overlaps the step")
     align_param_gather: bool = Field(False, description="Megatron --align-param-gather: the virtual chunks' parameter "
                                      "all-gathers are issued together after the optimizer step")
+    average_in_collective: bool = Field(False, description="Megatron DDP average_in_collective: the reduction "
+                                        "averages (NCCL avg) instead of every rank first scaling its gradient buckets "
+                                        "by 1/dp (a read-write pass over the buckets in the backward pass)")
     num_distributed_optimizer_instances: int = Field(1, ge=1, description="Megatron --num-distributed-optimizer-"
                                                      "instances: the data-parallel group is split into this many "
                                                      "optimizer-sharding groups (partial sharding)")

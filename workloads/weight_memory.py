@@ -33,7 +33,9 @@ parallel group): ``no_shard`` nothing, ``optim`` the optimizer state, ``optim_gr
 gradients, ``optim_grads_params`` (full sharding) also the parameters. Sharded parameters are
 all-gathered one FSDP unit at a time: the unit being computed and the one being prefetched are
 unsharded (2 units, in the gathered dtype); sharded gradients are reduce-scattered one unit at a
-time from an unsharded unit buffer (1 unit). A unit is one transformer layer, or as many whole
+time from an unsharded unit buffer (1 unit). With ``keep_fp8_transpose_cache`` on a GPU whose FP8
+GEMMs are TN only (Hopper), the transposed FP8 copy of every gathered weight is kept, unsharded
+(1 B per GEMM weight element). A unit is one transformer layer, or as many whole
 layers as reach ``suggested_communication_unit_size`` elements (our reading of Megatron-FSDP's
 bucketing hint; an assumption). ``fsdp_double_buffer`` makes the two gather buffers persistent
 (same peak, no allocator churn): no change here.
@@ -197,6 +199,7 @@ def _unit_layers(scenario: Scenario, layer_numel: int) -> int:
 def stage_weights(scenario: Scenario, inventory: Inventory, stage: int) -> StageWeights:
     """Weights, weight buffers and gradients per GPU on ``stage`` (bytes; see the module docstring)."""
     g = scenario.optimizer.grad_bytes
+    keep_transposes = scenario.optimizer.keep_fp8_transpose_cache and not scenario.system.gpu.fp8_gemm_any_layout
     params = buffers = grads = 0.0
     unit_gather: dict[int | str, float] = {}  # per unit: unsharded bytes of its sharded parameters
     unit_grads: dict[int | str, float] = {}
@@ -208,6 +211,8 @@ def stage_weights(scenario: Scenario, inventory: Inventory, stage: int) -> Stage
         sh = fsdp_shards(scenario, t.dp_group)
         params += w.param_bytes * n / sh.params
         buffers += (w.cache_bytes if sh.params == 1 else 0.0) * n + w.gather_buffer_bytes * n / sh.params
+        if sh.params > 1 and keep_transposes and low_precision_gemm(scenario, t):
+            buffers += n  # Megatron-FSDP keep_fp8_transpose_cache: every gathered FP8 weight's transpose stays
         if sh.params > 1:
             unit_gather[unit] = unit_gather.get(unit, 0.0) + w.gathered_bytes * n
             unit_numel[unit] = unit_numel.get(unit, 0) + t.rank_numel
