@@ -33,16 +33,17 @@ decides which of them stay on the GPU and for how many micro-batches:
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from topologies.hardware import Precision
 from workloads.activations import (
-    ActivationTerm,
     LayerShape,
     inflight_chunk_microbatches,
     layer_activation_terms,
     output_activation_bytes,
 )
+from workloads.models import ModelSpec
 from workloads.pipeline_layout import layer_placement
 from workloads.weight_memory import layer_in_bf16
 
@@ -63,27 +64,33 @@ def _offloaded_modules(scenario: Scenario) -> frozenset[str]:
     return frozenset(rt.offload_modules) if rt.fine_grained_activation_offloading else frozenset()
 
 
-def _kept_terms(scenario: Scenario, terms: list[ActivationTerm]) -> list[ActivationTerm]:
+@lru_cache(maxsize=4096)
+def _layer_bytes(model: ModelSpec, moe: bool, shape: LayerShape, selective: frozenset[str],
+                 offloaded: frozenset[str]) -> tuple[float, float, float, float]:
+    """(kept bytes without offloaded ones, layer input bytes, fine-grained offloaded bytes, every
+    saved tensor's bytes) of one layer and micro-batch (memoised: the planner asks for many layouts)."""
+    terms = layer_activation_terms(model, moe, shape)
+    kept = [x for x in terms if x.kept(selective)]
+    off = sum(x.size_bytes for x in kept if x.offload_module in offloaded)
+    return sum(x.size_bytes for x in kept) - off, terms[0].size_bytes, off, sum(x.size_bytes for x in terms)
+
+
+def _bytes_of(scenario: Scenario, layer: int, moe: bool) -> tuple[float, float, float, float]:
     p = scenario.par
-    modules = frozenset(p.recompute_modules) if p.recompute == "selective" else frozenset()
-    return [x for x in terms if x.kept(modules)]
+    selective = frozenset(p.recompute_modules) if p.recompute == "selective" else frozenset()
+    shape = activation_layer_shape(scenario, layer_in_bf16(scenario, layer))
+    return _layer_bytes(scenario.model, moe, shape, selective, _offloaded_modules(scenario))
 
 
 def layer_resident_bytes(scenario: Scenario, layer: int, moe: bool) -> tuple[float, float, float]:
     """(resident bytes without full recompute, layer input bytes, fine-grained offloaded bytes) of one
     layer for one micro-batch on one rank (selective recompute applied; offloaded bytes excluded)."""
-    shape = activation_layer_shape(scenario, layer_in_bf16(scenario, layer))
-    terms = layer_activation_terms(scenario.model, moe, shape)
-    off = _offloaded_modules(scenario)
-    kept = _kept_terms(scenario, terms)
-    offloaded = sum(x.size_bytes for x in kept if x.offload_module in off)
-    return sum(x.size_bytes for x in kept) - offloaded, terms[0].size_bytes, offloaded
+    return _bytes_of(scenario, layer, moe)[:3]
 
 
 def full_layer_bytes(scenario: Scenario, layer: int, moe: bool) -> float:
     """Every tensor one layer saves for one micro-batch (no recompute, no offloading), in bytes."""
-    shape = activation_layer_shape(scenario, layer_in_bf16(scenario, layer))
-    return sum(x.size_bytes for x in layer_activation_terms(scenario.model, moe, shape))
+    return _bytes_of(scenario, layer, moe)[3]
 
 
 def loss_activation_bytes(scenario: Scenario) -> float:
@@ -116,9 +123,8 @@ def _chunk_bytes(scenario: Scenario, layers: list[int], offload_first: int) -> t
     p = scenario.par
     per_layer, transit = [], 0.0
     for k, i in enumerate(layers):
-        moe = _is_moe(scenario, i)
-        kept, inp, off = layer_resident_bytes(scenario, i, moe)
-        per_layer.append((kept, inp, full_layer_bytes(scenario, i, moe)))
+        kept, inp, off, full = _bytes_of(scenario, i, _is_moe(scenario, i))
+        per_layer.append((kept, inp, full))
         if k >= offload_first:  # the first layers' saved tensors are in host memory at the peak
             transit = max(transit, off)  # fine-grained offloading: one layer's copy in transit
     if p.recompute != "full":

@@ -133,10 +133,16 @@ def fp8_primary_weights(scenario: Scenario) -> bool:
     return scenario.par.fsdp > 0 or opt.resolved_distribution == "element_wise"
 
 
+BF16_STORAGE = WeightStorage(float(BF16_BYTES))
+
+
 def weight_storage(scenario: Scenario, t: TensorSpec) -> WeightStorage:
     """How one element of ``t`` is stored on a GPU (see the module docstring)."""
-    if not low_precision_gemm(scenario, t):
-        return WeightStorage(float(BF16_BYTES))
+    return low_precision_storage(scenario) if low_precision_gemm(scenario, t) else BF16_STORAGE
+
+
+def low_precision_storage(scenario: Scenario) -> WeightStorage:
+    """How one element of a GEMM weight that runs in the scenario's FP8/FP4 precision is stored."""
     opt = scenario.optimizer
     q = quantized_weight_bytes_per_element(scenario.precision, scenario.system.gpu.fp8_gemm_any_layout)
     if fp8_primary_weights(scenario):
@@ -204,14 +210,16 @@ def stage_weights(scenario: Scenario, inventory: Inventory, stage: int) -> Stage
     unit_gather: dict[int | str, float] = {}  # per unit: unsharded bytes of its sharded parameters
     unit_grads: dict[int | str, float] = {}
     unit_numel: dict[int | str, int] = {}
+    lowp = low_precision_storage(scenario) if scenario.precision.tensor_core_class != "bf16" else BF16_STORAGE
+    shards = {g: fsdp_shards(scenario, g) for g in ("dp", "expert_dp")}
     for t in inventory.stage_tensors(stage):
         n = float(t.rank_numel)
         unit = t.layer if t.layer is not None else t.role  # a layer, or the embedding / output layer
-        w = weight_storage(scenario, t)
-        sh = fsdp_shards(scenario, t.dp_group)
+        w = lowp if lowp is not BF16_STORAGE and low_precision_gemm(scenario, t) else BF16_STORAGE
+        sh = shards[t.dp_group]
         params += w.param_bytes * n / sh.params
         buffers += (w.cache_bytes if sh.params == 1 else 0.0) * n + w.gather_buffer_bytes * n / sh.params
-        if sh.params > 1 and keep_transposes and low_precision_gemm(scenario, t):
+        if sh.params > 1 and keep_transposes and w is not BF16_STORAGE:
             buffers += n  # Megatron-FSDP keep_fp8_transpose_cache: every gathered FP8 weight's transpose stays
         if sh.params > 1:
             unit_gather[unit] = unit_gather.get(unit, 0.0) + w.gathered_bytes * n
