@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from costmodel.layer_costs import LAYER_GROUP_KINDS, collective_s, layer_comm, layer_ops, rank_shape
+from costmodel.layer_comm import layer_comm
+from costmodel.layer_costs import LAYER_GROUP_KINDS, collective_s, layer_ops, rank_shape
 from costmodel.moe_dispatch import allgather_dispatch_calls
 from topologies.placement import placement_for
 from workloads.models import GqaAttention, ModelSpec, MoeSpec
