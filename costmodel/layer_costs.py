@@ -335,3 +335,4 @@ def layer_cache_key(scenario: Scenario, shape: RankShape, kind: str, shapes: dic
             ep_paired_share(scenario), GraphCapture.of(rt), rt.tp_comm_overlap_cfg, rt.delay_wgrad_compute,
             rt.moe_shared_expert_overlap, rt.moe_flex_dispatcher_backend, rt.moe_hybridep_num_sms,
             rt.moe_deepep_num_sms, rt.num_of_hybrid_ep_ranks_per_nvlink_domain)
+
