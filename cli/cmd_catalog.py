@@ -182,7 +182,8 @@ def inventory(
     console = Console()
     console.print(st_t)
     mt = Table(title=f"memory per GPU, GB (capacity {sc.system.gpu.hbm_bytes / 1e9:.0f} GB; "
-                     f"recompute {sc.par.recompute})")
+                     f"recompute {sc.par.recompute}; total = peak: the activations and the optimizer "
+                     "workspace never coexist)")
     names = list(memory[0].components_bytes)
     for col in ("stage", *(n.replace("_", " ") for n in names), "total", "fits"):
         mt.add_column(col, justify="right")

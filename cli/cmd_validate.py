@@ -222,6 +222,9 @@ def calibrate(
     holdout: Annotated[str, typer.Option("--holdout", metavar="configuration|model",
                                          help="what is held out together: a configuration, or a whole model")] = "configuration",
     no_cv: Annotated[bool, typer.Option("--no-cv", help="skip the held-out evaluation")] = False,
+    skip_reconstructed: Annotated[bool, typer.Option(
+        "--skip-reconstructed", help="predict and score, but do not fit on, runs whose recipe settings are a "
+                                     "reconstruction (the settings file's match_status)")] = False,
     release_residuals: Annotated[bool, typer.Option(
         "--release-residuals", help="diagnostic: the held-out bias each release family leaves (not fitted)")] = False,
     loss: Annotated[str, typer.Option("--loss", help="soft_l1, huber or linear")] = "soft_l1",
@@ -250,7 +253,7 @@ def calibrate(
     per_release = _factor_list(release_factors, DEFAULT_RELEASE_FACTORS)
     try:
         settings = FitSettings(factors=fitted, release_factors=tuple(f for f in per_release if f in fitted),
-                               loss=loss, folds=folds, holdout=holdout,
+                               loss=loss, folds=folds, holdout=holdout, fit_reconstructed=not skip_reconstructed,
                                min_release_runs=min_release_runs)
     except ValueError as err:
         raise CliError(str(err)) from None

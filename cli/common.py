@@ -121,6 +121,7 @@ RECIPE_FLAGS: dict[str, tuple[str, str, str]] = {
     "align_param_gather": ("align_param_gather", "BOOL", "issue all chunks' parameter gathers together"),
     "num_distributed_optimizer_instances": ("num_distributed_optimizer_instances", "INT",
                                             "distributed-optimizer instances (partial sharding)"),
+    "average_in_collective": ("average_in_collective", "BOOL", "average in the reduction (no 1/dp pre-scaling pass)"),
     "data_parallel_sharding_strategy": ("data_parallel_sharding_strategy", "MODE",
                                         "Megatron-FSDP: no_shard, optim, optim_grads, optim_grads_params"),
     "fsdp_double_buffer": ("fsdp_double_buffer", "BOOL", "Megatron-FSDP double buffer"),

@@ -13,7 +13,9 @@ The EP dispatch follows the recipe's dispatcher (:mod:`costmodel.moe_dispatch`):
 domain when the variable is set: the group's domains are then those of at most that many ranks.
 
 Layer kinds may carry ``:norc`` (``dense:norc``, ``moe:norc``): a layer that full recompute with
-``recompute_method block`` leaves out (:func:`costmodel.step_structure._chunk_items`).
+``recompute_method block`` leaves out, and ``:bf16`` (``dense:bf16``, ``dense:bf16:norc``): a layer
+``first_last_layers_bf16`` keeps in BF16, whose GEMMs run in BF16 without quantization casts
+(:func:`costmodel.step_structure._chunk_items`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from costmodel.layer_costs import (
     CommAcc,
     CommBlock,
     LayerParts,
+    bf16_shape,
     collective_s,
     hide_under_host,
     host_slack_s,
@@ -71,6 +74,7 @@ def layer_kind_costs(scenario: Scenario, shape: RankShape, kind: str, shapes: di
     """(forward s, backward s, forward blocks, backward blocks) of one layer of ``kind``, one micro-batch."""
     p = scenario.par
     base = base_kind(kind)
+    shape = bf16_shape(kind, shape)
     recompute = "none" if kind.endswith(":norc") else p.recompute
     ops = layer_ops(scenario.model, shape, base, recompute, tuple(p.recompute_modules))
     capture = GraphCapture.of(scenario.runtime)

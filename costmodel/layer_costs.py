@@ -11,8 +11,7 @@ structure and the planner's bound cache them by it). Times in seconds, sizes in 
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -204,6 +203,16 @@ def layer_ops(model: ModelSpec, shape: RankShape, kind: str, recompute: str, mod
     return layer_operations(model, shape, kind == "moe", recompute, modules)
 
 
+BF16_SUFFIX = ":bf16"  # a layer kind kept in BF16 (first_last_layers_bf16): e.g. "dense:bf16"
+
+
+def bf16_shape(kind: str, shape: RankShape) -> RankShape:
+    """The rank shape a layer of ``kind`` runs its operations at: a layer kept in BF16 by
+    ``first_last_layers_bf16`` (kind marked ``:bf16``) runs its GEMMs in BF16 (no quantization casts)
+    whatever the scenario's precision; its activations and collectives are the same bf16 tensors."""
+    return replace(shape, precision="bf16") if BF16_SUFFIX in kind else shape
+
+
 @dataclass(frozen=True)
 class LayerParts:
     """GPU seconds of the parts of one layer the overlap mechanisms need (one micro-batch)."""
@@ -303,7 +312,7 @@ def hide_under_host(blocks: tuple[CommBlock, ...], slack_s: float) -> tuple[Comm
     if slack_s <= 0 or exposed <= 0:
         return blocks
     keep = max(0.0, exposed - slack_s) / exposed
-    return tuple(dataclasses.replace(b, exposed_fraction=b.exposed_fraction * keep) for b in blocks)
+    return tuple(replace(b, exposed_fraction=b.exposed_fraction * keep) for b in blocks)
 
 
 def host_slack_s(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
@@ -326,3 +335,4 @@ def layer_cache_key(scenario: Scenario, shape: RankShape, kind: str, shapes: dic
             ep_paired_share(scenario), GraphCapture.of(rt), rt.tp_comm_overlap_cfg, rt.delay_wgrad_compute,
             rt.moe_shared_expert_overlap, rt.moe_flex_dispatcher_backend, rt.moe_hybridep_num_sms,
             rt.moe_deepep_num_sms, rt.num_of_hybrid_ep_ranks_per_nvlink_domain)
+

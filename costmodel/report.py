@@ -25,7 +25,7 @@ class Breakdown(_Out):
 
     compute: float = 0.0
     pipeline_bubble: float = 0.0
-    exposed_comm: dict[str, float] = Field(default_factory=dict, description="by kind: tp, cp, ep, dp_fsdp (Megatron-FSDP per-layer gathers and reduce-scatters), pp, dp_grad, dp_param, optimizer_tp")
+    exposed_comm: dict[str, float] = Field(default_factory=dict, description="by kind: tp, cp, ep, dp_fsdp (Megatron-FSDP per-layer gathers and reduce-scatters), offload (activation copies to and from host memory), pp, dp_grad, dp_param, optimizer_tp")
     optimizer: float = 0.0
     other: float = 0.0
 

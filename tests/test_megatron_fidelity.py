@@ -56,14 +56,14 @@ def test_legacy_dp_cp_one_keeps_whole_expert_state_in_memory() -> None:
     experts over expert_dp 2, so the legacy layout holds 57,982,058,496 B more. Dense state is the
     same in both (dp·cp = 1).
     """
-    from workloads.memory import optimizer_state_bytes
+    from workloads.optimizer_memory import optimizer_bytes
     from workloads.scenario import ScenarioConfig
 
     def state(layout: str) -> float:
         sc = ScenarioConfig(model="qwen3-30b-a3b", gpus=4, parallelism=dict(
             tp=4, ep=2, global_batch_size=8, seq_length=4096), optimizer=dict(layer_wise_layout=layout)).resolve()
         assert (sc.dp * sc.par.cp, sc.expert_dp) == (1, 2)
-        return optimizer_state_bytes(sc, [t for t in build_inventory(sc.model, tp=4, ep=2).tensors])
+        return optimizer_bytes(sc, [t for t in build_inventory(sc.model, tp=4, ep=2).tensors]).persistent
 
     assert state("legacy") - state("current") == 57_982_058_496
 
@@ -223,10 +223,12 @@ def test_fp8_param_gather_bytes_and_memory() -> None:
       Weights per GPU: 33344·2 + 73728·1 = 140416 B (off: 107072·2 = 214144 B).
     - mxfp8 with reuse_grad_buf_for_mxfp8_param_ag: gathered in BF16 through the gradient buffer:
       98304, 66816 and 49152 B; weights 33344·2 + 73728·2·(1 + 1/32) = 218752 B; without reuse a
-      separate BF16 gather buffer on top: + 73728·2 = 366208 B.
+      separate BF16 gather buffer on top: + 73728·2 = 147456 B of weight buffers (366208 B in all).
+    - Off, the TE linear weights stay BF16 and Transformer Engine caches their FP8 copy (1 B per
+      element on GB300, whose FP8 GEMMs take any layout): 73728 B of weight buffers.
     """
     from costmodel.optimizer.plan import plan_from_inventory as plan_of
-    from workloads.memory import weights_bytes
+    from workloads.weight_memory import stage_weights
 
     inv = build_inventory(load_shapes("tiny"))
     grid = Grid(dp=2, expert_dp=2)
@@ -242,12 +244,14 @@ def test_fp8_param_gather_bytes_and_memory() -> None:
     assert gathers("mxfp8", fp8_param_gather=True, reuse_grad_buf_for_mxfp8_param_ag=True) == [
         ("dp", "bf16", 66816), ("dp", "bf16", 98304), ("expert_dp", "bf16", 49152)]
     assert gathers("bf16", fp8_param_gather=True) == gathers("bf16")  # no FP8 parameters: no effect
-    tensors = list(inv.tensors)
-    assert weights_bytes(_tiny_scenario("fp8-cs"), tensors) == 214144
-    assert weights_bytes(_tiny_scenario("fp8-cs", fp8_param_gather=True), tensors) == 140416
-    assert weights_bytes(_tiny_scenario("mxfp8", fp8_param_gather=True, reuse_grad_buf_for_mxfp8_param_ag=True),
-                         tensors) == 218752
-    assert weights_bytes(_tiny_scenario("mxfp8", fp8_param_gather=True), tensors) == 366208
+    def weights(precision: str, **opt) -> tuple[float, float]:  # noqa: ANN003 - (parameters, weight buffers) B
+        w = stage_weights(_tiny_scenario(precision, **opt), inv, 0)
+        return w.params_bytes, w.buffers_bytes
+
+    assert weights("fp8-cs") == (214144, 73728)
+    assert weights("fp8-cs", fp8_param_gather=True) == (140416, 0)
+    assert weights("mxfp8", fp8_param_gather=True, reuse_grad_buf_for_mxfp8_param_ag=True) == (218752, 0)
+    assert weights("mxfp8", fp8_param_gather=True) == (218752, 147456)
 
 
 def test_fp8_param_gather_is_bf16_for_muon_and_needs_it_for_reuse() -> None:
@@ -265,3 +269,36 @@ def test_fp8_param_gather_is_bf16_for_muon_and_needs_it_for_reuse() -> None:
     assert any(n.startswith("fp8_param_gather has no effect") for n in plan.notes)
     with pytest.raises(UserInputError, match="needs fp8_param_gather"):
         DEFAULT_SCENARIO.resolve().with_updates(reuse_grad_buf_for_mxfp8_param_ag=True)
+
+
+def test_fp8_parameters_leave_out_bf16_layers_and_follow_megatron_fsdp() -> None:
+    """One FP8-parameter rule for the plan and the memory (``workloads.fp8_params``), tiny shapes as in
+    :func:`test_fp8_param_gather_bytes_and_memory` (layer 0 dense, layer 1 MoE).
+
+    - ``first_last_layers_bf16`` with 1 layer at the start: layer 0's TE weights (QKV 8192, proj 4096,
+      fc1 16384, fc2 8192 = 36864) are built outside ``fp8_model_init`` and join the BF16 buffer:
+      33344 + 36864 = 70208 -> 70272 elements × 2 B = 140544 B; FP8: layer 1's QKV and proj 12288 ×
+      1 B; experts (layer 1) 24576 × 1 B.
+    - Megatron-FSDP with ``optim`` (per-bucket reduce-scatter and gather after the step): the same
+      FP8 buffers and gathers as the distributed optimizer (memory counts FP8 primary weights there).
+    - The planner's memory floor is 1 B per parameter with fp8-cs FP8 parameters on GB300 even for a
+      Muon base, since the search may pick AdamW element-wise; Hopper keeps a transposed FP8 copy (2 B).
+    """
+    from costmodel.optimizer.plan import plan_from_inventory as plan_of
+    from workloads.scenario import DEFAULT_SCENARIO
+    from workloads.weight_memory import min_weight_bytes_per_element
+
+    inv = build_inventory(load_shapes("tiny"))
+    grid = Grid(dp=2, expert_dp=2)
+
+    def gathers(fsdp: bool = False, bf16_layers: tuple[int, int] = (0, 0), **opt) -> list[tuple[str, str, int]]:  # noqa: ANN003
+        spec = OptimizerSpec(kind="adamw", fp8_param_gather=True, **opt)
+        calls = plan_of(inv, spec, grid, precision="fp8-cs", fsdp=fsdp, bf16_layers=bf16_layers).stages[0].gpu_collectives(0)
+        return sorted((c.group, c.dtype, c.bytes) for c in calls if c.phase == "param_gather")
+
+    assert gathers(bf16_layers=(1, 0)) == [("dp", "bf16", 140544), ("dp", "fp8", 12288), ("expert_dp", "fp8", 24576)]
+    assert gathers(fsdp=True, data_parallel_sharding_strategy="optim") == gathers()
+    muon = DEFAULT_SCENARIO.resolve().with_updates(precision="fp8-cs", fp8_param_gather=True)
+    assert muon.optimizer.kind == "muon" and min_weight_bytes_per_element(muon) == 1.0
+    assert min_weight_bytes_per_element(muon.with_updates(system="dgx-h100")) == 2.0
+    assert min_weight_bytes_per_element(muon.with_updates(fp8_param_gather=False)) == 2.0

@@ -6,7 +6,12 @@ Re-pinned when the model (not its speed) changed: kernel-level costs (every kern
 own size-dependent efficiency, the optimizer step as the kernel sequence of MCore/EO) moved every
 value once; collectives running in the GPU's wait of a launch-bound pass
 (``costmodel.layer_costs.hide_under_host``) moved the two host-bound Kimi K2 MoE layouts; re-pinned
-once more where the recipe mechanisms (issue 12) meet main's layer-wise fidelity rules.
+once more where the recipe mechanisms (issue 12) meet main's layer-wise fidelity rules. Re-pinned
+again after merging the data-parallel mechanisms (issue 12: the 1/dp pre-scaling of the gradient
+buckets runs on the compute stream without ``average_in_collective``, replacing the pre-scaling the
+kernel-level costs had folded into the bucket's reduction; hidden parameter gathers dispatched per
+stage without ``align_param_gather``): step times (+0.0-3.8 %) and structures moved, plans
+(checksums) and optimizer seconds did not.
 
 Covers every load balance of the current layer-wise layout (stage 0 closes chunks on the bucket
 size: the absorbable-padding walk), legacy, AdamW element-wise, tp/etp > 1 with each TP mode, cp,
@@ -31,19 +36,19 @@ from workloads.scenario import DEFAULT_SCENARIO
 # (overrides of the default scenario, analytic step s, sum over stages of the critical rank's optimizer s,
 #  integer checksum of buckets and owners, step-structure fingerprint s)
 CASES = [  # noqa: E501
-    ({}, 12.504112351915161, 1.2279600775985626, 778000501255, 564.8768767821089),
-    ({'load_balance': 'ping_pong'}, 12.481371742312158, 1.1887270486891226, 778000496861, 564.8376437531994),
-    ({'load_balance': 'none'}, 12.48634645101665, 1.210194176700052, 778000532624, 564.8591108812103),
-    ({'layer_wise_layout': 'legacy'}, 12.316567924437482, 1.1465604565107195, 173648572345, 404.2106789953822),
-    ({'optimizer': 'adamw'}, 12.039151758526412, 0.09525238456000001, 173647675392, 403.07425350016206),
-    ({'tp': 2, 'pp': 8, 'vpp': 1, 'ep': 8, 'tp_mode': 'distributed'}, 14.380043217153444, 2.242461817858989, 1686510705340, 1030.846209819292),
-    ({'tp': 4, 'pp': 2, 'vpp': 2, 'ep': 4, 'etp': 2, 'tp_mode': 'duplicated', 'load_balance': 'lpt'}, 21.06835366590253, 1.1615017883736374, 3457684297190, 1045.2124358912627),  # host-bound MoE passes hide their collectives (model change)
-    ({'tp': 1, 'pp': 8, 'vpp': 6, 'ep': 2, 'load_balance': 'none', 'recompute': 'full', 'micro_batch_size': 8}, 15.957274556841075, 2.5383302278305284, 5764690453800, 1599.6053461912725),
-    ({'tp': 8, 'pp': 8, 'vpp': 4, 'ep': 4, 'etp': 2, 'tp_mode': 'blockwise', 'recompute': 'full', 'micro_batch_size': 2}, 41.76890366809666, 1.3227272342286263, 846866828247, 1036.5044487373323),  # host-bound MoE passes hide their collectives (model change)
-    ({'tp': 1, 'pp': 2, 'vpp': 7, 'ep': 32, 'layer_wise_layout': 'legacy', 'load_balance': 'lpt', 'hide_param_gather': True}, 11.537795968868302, 0.6018980120430276, 399382687043, 390.61725654461736),
-    ({'tp': 2, 'pp': 4, 'vpp': 2, 'cp': 2, 'ep': 16, 'load_balance': 'ping_pong', 'recompute': 'selective'}, 14.360219920320295, 1.145946393712985, 862012518897, 642.2386631268411),  # selective core_attn recompute repeats the CP ring in backward (model change)
-    ({'tp': 1, 'pp': 2, 'vpp': 1, 'ep': 8, 'load_balance': 'ping_pong'}, 12.293615221556706, 0.57509045668034, 12392226265968, 1051.38241621051),
-    ({'tp': 1, 'pp': 16, 'vpp': 1, 'ep': 8, 'load_balance': 'lpt', 'hide_param_gather': True}, 14.58893388396252, 4.464190196926588, 921893664819, 963.7938461837449),
+    ({}, 12.517432328443158, 1.2279600775985626, 778000501255, 564.7823121181088),
+    ({'load_balance': 'ping_pong'}, 12.494691718840155, 1.1887270486891226, 778000496861, 564.7430790891995),
+    ({'load_balance': 'none'}, 12.499666427544648, 1.210194176700052, 778000532624, 564.7645462172104),
+    ({'layer_wise_layout': 'legacy'}, 12.319560963093481, 1.1465604565107195, 173648572345, 404.19602626322217),
+    ({'optimizer': 'adamw'}, 12.042144797182413, 0.09525238456000001, 173647675392, 403.05960076800204),
+    ({'tp': 2, 'pp': 8, 'vpp': 1, 'ep': 8, 'tp_mode': 'distributed'}, 14.3799978510553, 2.242461817858989, 1686510705340, 1030.6755850426516),
+    ({'tp': 4, 'pp': 2, 'vpp': 2, 'ep': 4, 'etp': 2, 'tp_mode': 'duplicated', 'load_balance': 'lpt'}, 21.071252463214627, 1.1615017883736374, 3457684297190, 1045.0462560048632),  # host-bound MoE passes hide their collectives (model change)
+    ({'tp': 1, 'pp': 8, 'vpp': 6, 'ep': 2, 'load_balance': 'none', 'recompute': 'full', 'micro_batch_size': 8}, 15.992555890681071, 2.5383302278305284, 5764690453800, 1598.8471857563925),
+    ({'tp': 8, 'pp': 8, 'vpp': 4, 'ep': 4, 'etp': 2, 'tp_mode': 'blockwise', 'recompute': 'full', 'micro_batch_size': 2}, 41.76890366809667, 1.3227272342286263, 846866828247, 1036.3421199594125),  # host-bound MoE passes hide their collectives (model change)
+    ({'tp': 1, 'pp': 2, 'vpp': 7, 'ep': 32, 'layer_wise_layout': 'legacy', 'load_balance': 'lpt', 'hide_param_gather': True}, 11.978254711023848, 0.6018980120430276, 399382687043, 390.56296763965736),
+    ({'tp': 2, 'pp': 4, 'vpp': 2, 'cp': 2, 'ep': 16, 'load_balance': 'ping_pong', 'recompute': 'selective'}, 14.36015281145632, 1.145946393712985, 862012518897, 642.1433549428411),  # selective core_attn recompute repeats the CP ring in backward (model change)
+    ({'tp': 1, 'pp': 2, 'vpp': 1, 'ep': 8, 'load_balance': 'ping_pong'}, 12.341270247306623, 0.57509045668034, 12392226265968, 1051.1681594181903),
+    ({'tp': 1, 'pp': 16, 'vpp': 1, 'ep': 8, 'load_balance': 'lpt', 'hide_param_gather': True}, 14.802425629495357, 4.464190196926588, 921893664819, 963.6088523255054),
 ]
 
 

@@ -137,6 +137,8 @@ def test_gradient_prescaling_runs_once_per_bucket_before_its_reduction() -> None
     assert _prescale_s(tiny, system) == pytest.approx(eff.kernel_min_s)
     alone = Bucket(0, 0, "dp", 1, 64, 256, 128, "all_reduce", None)
     assert _prescale_s(alone, system) == 0.0  # dp 1: no reduction, scaling factor 1
+    averaged = Bucket(0, 0, "dp", 8, 64, 256, 128, "reduce_scatter", "all_gather", averaged=True)
+    assert _prescale_s(averaged, system) == 0.0  # average_in_collective: the reduction averages
     assert ks.grad_prescale_kernels(3, 300.0, 4)[0].count == 3
 
 

@@ -86,6 +86,14 @@ class GpuSpec(_Strict):
         default=None, description="training precisions the tensor cores run natively; default: every precision whose "
         "peak class (bf16, fp8) the GPU has, plus the block-scaled mxfp8 and nvfp4 when the GPU has an FP4 peak (Blackwell's tensor cores brought "
         "both MX block scaling and FP4; Hopper runs FP8 with per-tensor scaling only)")
+    fp8_gemm_any_layout: bool = Field(True, description="tensor cores take FP8 operands in every layout (Blackwell); "
+                                      "False on Hopper, whose FP8 GEMMs are TN only, so Transformer Engine keeps a "
+                                      "transposed FP8 copy of every weight for the backward GEMMs")
+    host_link_Bps: float = Field(64e9, gt=0, description="GPU <-> host memory bandwidth per GPU per direction "
+                                 "(activation and optimizer offloading); default PCIe Gen5 x16 nominal")
+    host_memory_Bps: float = Field(100e9, gt=0, description="host (CPU) memory bandwidth available to one GPU's "
+                                   "offloaded optimizer step (the CPU's memory bandwidth / GPUs sharing it); the "
+                                   "default is an assumption")
 
     @property
     def supported_precisions(self) -> tuple[Precision, ...]:

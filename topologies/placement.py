@@ -15,6 +15,8 @@ etp         etp                          1
 ep          ep                           etp
 etp_ep      etp · ep                     1
 expert_dp   gpus / (etp · ep · pp)       etp · ep
+dp_instance dp × cp / k                  tp
+dp_across   k                            tp · dp × cp / k
 pp          pp                           gpus / pp
 embd        2 (1 when pp = 1)            (pp − 1) · gpus / pp
 world       gpus                         1
@@ -23,6 +25,12 @@ world       gpus                         1
 ``embd`` is Megatron's embedding group (``default_embedding_ranks``): the first and the last pipeline
 stage's rank at the same position, over which a word embedding duplicated on the last stage (tied
 output layer, or the MTP layers' copy) has its gradient all-reduced. There are gpus / pp such groups.
+
+With ``k = instances`` distributed-optimizer instances (Megatron ``--num-distributed-optimizer-instances``)
+the data-parallel group splits into ``k`` instance groups of consecutive dp ranks (``dp_instance``,
+``expert_dp_instance``) that shard the optimizer, and the groups across them (``dp_across``,
+``expert_dp_across``) that all-reduce the reduced shards (Megatron-Core's intra / inter distributed-
+optimizer-instance groups).
 
 Ranks fill ``gpus_per_domain`` slots of each NVLink domain in order (:mod:`topologies.layout`).
 
@@ -40,7 +48,7 @@ on request (:meth:`JobPlacement.group_gpus`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 
 from topologies.groups import GroupShape
@@ -48,7 +56,8 @@ from topologies.hardware import SystemSpec
 from topologies.inputs import UserInputError
 from topologies.layout import FabricLayout, fabric_layout
 
-GROUP_KINDS = ("tp", "cp", "dp", "etp", "ep", "etp_ep", "expert_dp", "pp", "embd", "world")
+GROUP_KINDS = ("tp", "cp", "dp", "etp", "ep", "etp_ep", "expert_dp", "pp", "embd", "world", "dp_instance",
+               "dp_across", "expert_dp_instance", "expert_dp_across")
 
 
 def default_gpus_per_domain(system: SystemSpec, gpus: int, block: int = 1) -> int:
@@ -89,6 +98,7 @@ class JobPlacement:
     pp: int
     layout: FabricLayout | None = None
     tp_pp_dp: bool = False  # Megatron --use-tp-pp-dp-mapping: order tp-cp-ep-pp-dp (pp inside dp)
+    instances: int = 1  # distributed-optimizer instances (1: the optimizer shards over the whole dp group)
 
     @property
     def dp(self) -> int:
@@ -122,6 +132,10 @@ class JobPlacement:
         if self.tp_pp_dp:  # pipeline stages adjacent (stride tp·cp), data-parallel replicas outermost
             table |= {"pp": (self.pp, self.tp * self.cp), "dp": (self.dp, self.tp * self.pp),
                       "expert_dp": (self.expert_dp, self.etp * self.ep * self.pp)}
+        for group in ("dp", "expert_dp"):  # k instances of consecutive dp ranks, and the groups across them
+            size, stride = table[group]
+            table[f"{group}_instance"] = (size // self.instances, stride)
+            table[f"{group}_across"] = (self.instances, stride * (size // self.instances))
         if kind not in table:
             raise UserInputError(f"unknown group '{kind}'; valid: {', '.join(table)}")
         return table[kind]
@@ -280,6 +294,8 @@ def place_job(system: SystemSpec, gpus: int, tp: int = 1, cp: int = 1, ep: int =
 def placement_for(scenario) -> JobPlacement:  # noqa: ANN001 - avoids importing workloads here
     """Placement of a resolved scenario (workloads.scenario.Scenario)."""
     p = scenario.par
-    return place_job(scenario.system, scenario.gpus, tp=p.tp, cp=p.cp, ep=p.ep, etp=p.expert_tp, pp=p.pp,
-                     gpus_per_domain=scenario.config.placement.gpus_per_domain,
-                     tp_pp_dp=scenario.config.placement.use_tp_pp_dp_mapping)
+    job = place_job(scenario.system, scenario.gpus, tp=p.tp, cp=p.cp, ep=p.ep, etp=p.expert_tp, pp=p.pp,
+                    gpus_per_domain=scenario.config.placement.gpus_per_domain,
+                    tp_pp_dp=scenario.config.placement.use_tp_pp_dp_mapping)
+    instances = scenario.optimizer.num_distributed_optimizer_instances
+    return job if instances == 1 else replace(job, instances=instances)

@@ -168,6 +168,14 @@ class MeasuredRun(BaseModel):
             out["tp_comm_overlap"] = self.tp_comm_overlap
         if self.recompute and self.recompute.strip().lower() in ("none", "selective", "full"):
             out["recompute"] = self.recompute.strip().lower()
+        if resolved.use_megatron_fsdp and not out.get("fsdp", recipe.get("fsdp")):
+            # the settings come from a Megatron-FSDP configuration the run did not use (the two 25.11
+            # Llama 3.1 405B rows, RECIPE_SETTINGS.md): its FSDP-only data-parallel choices do not apply
+            recipe.pop("num_distributed_optimizer_instances", None)
+        if recipe.get("cpu_offloading") and self.pp > 1:
+            # Megatron has no activation CPU offloading with pipeline parallelism: such a settings row
+            # describes another layout (the same two rows, reconstructed from a pp 1 configuration)
+            recipe["cpu_offloading"] = False
         return recipe | out | (self.scenario_settings or {})
 
 

@@ -249,7 +249,7 @@ COLUMNS: dict[str, Column] = {
     "fp8_param_gather": Column("fp8_param_gather", _bool),
     "reuse_grad_buf_for_mxfp8_param_ag": Column("reuse_grad_buf_for_mxfp8_param_ag", _bool),
     "bucket_size": Column("bucket_size_elements", _int, "DDP bucket size in elements"),
-    "average_in_collective": Column(None, _bool, "folds the 1/dp scaling into the reduce (NCCL avg); same bytes"),
+    "average_in_collective": Column("average_in_collective", _bool),
     "num_distributed_optimizer_instances": Column("num_distributed_optimizer_instances", _int),
     "use_megatron_fsdp": Column("use_megatron_fsdp", _bool, "true: Megatron-FSDP over dp·cp (fsdp = dp·cp) unless "
                                                             "the run's own 'fsdp' column says otherwise"),

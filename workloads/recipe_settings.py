@@ -155,6 +155,17 @@ def resolve_recipe_cells(cells: Mapping[str, str]) -> RecipeResolution:
     return RecipeResolution(overrides, tuple(sources), flags.get("use_megatron_fsdp"), tuple(unresolved))
 
 
+RECONSTRUCTED_MARKS = ("reconstruction", "PARALLELISM_MISMATCH", "unresolved")
+
+
+def settings_reconstructed(cells: Mapping[str, str] | None) -> bool:
+    """Whether a run's recipe settings are a reconstruction, not a stored release configuration:
+    the settings file's ``match_status`` says no stored config matched the table (reconstructed with
+    CLI overrides), the parallelism still mismatches, or nothing resolved (its caveats section)."""
+    status = (cells or {}).get("match_status", "")
+    return any(mark in status for mark in RECONSTRUCTED_MARKS)
+
+
 def recipe_columns_of(data: Mapping[str, Any]) -> dict[str, str]:
     """The recipe-settings cells among ``data``'s keys (as text), leaving out the run's own columns."""
     return {k: normalise_cell(v) for k, v in data.items()

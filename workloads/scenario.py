@@ -126,6 +126,9 @@ class OptimizerSpec(_Strict):
                                                            "optimizer-step: the first chunk's gather overlaps the step")
     align_param_gather: bool = Field(False, description="Megatron --align-param-gather: the virtual chunks' parameter "
                                      "all-gathers are issued together after the optimizer step")
+    average_in_collective: bool = Field(False, description="Megatron DDP average_in_collective: the reduction "
+                                        "averages (NCCL avg) instead of every rank first scaling its gradient buckets "
+                                        "by 1/dp (a read-write pass over the buckets in the backward pass)")
     num_distributed_optimizer_instances: int = Field(1, ge=1, description="Megatron --num-distributed-optimizer-"
                                                      "instances: the data-parallel group is split into this many "
                                                      "optimizer-sharding groups (partial sharding)")
@@ -482,6 +485,8 @@ class Scenario:
         if rt.cpu_offloading_num_layers > layers:
             raise UserInputError(f"cpu_offloading_num_layers {rt.cpu_offloading_num_layers} exceeds the {layers} "
                                  f"layers of {self.model.name}")
+        if rt.cpu_offloading:
+            self._validate_cpu_offloading()
         if self.config.placement.use_tp_pp_dp_mapping:
             from topologies.placement import check_tp_pp_dp_mapping
 
@@ -490,3 +495,25 @@ class Scenario:
         if (self.dp * p.cp) % instances:
             raise UserInputError(f"num_distributed_optimizer_instances {instances} does not divide the data-parallel "
                                  f"group of {self.dp * p.cp} (dp·cp)")
+        if instances > 1:
+            if self.model.moe is not None and self.expert_dp % instances:
+                raise UserInputError(f"num_distributed_optimizer_instances {instances} does not divide the expert "
+                                     f"data-parallel group of {self.expert_dp}")
+            if p.fsdp or o.resolved_distribution != "element_wise":
+                raise UserInputError(f"num_distributed_optimizer_instances {instances} needs Megatron's element-wise "
+                                     "distributed optimizer (AdamW, not replicated, not Megatron-FSDP); set it to 1")
+        if o.optimizer_cpu_offload and o.kind != "adamw":
+            raise UserInputError("optimizer_cpu_offload runs AdamW on the host (Megatron's hybrid device optimizer); "
+                                 "it needs optimizer adamw")
+
+    def _validate_cpu_offloading(self) -> None:
+        """Megatron-Core's rules for activation CPU offloading (TransformerConfig.__post_init__)."""
+        p, rt, layers = self.par, self.runtime, self.model.num_layers
+        if rt.cpu_offloading_num_layers >= layers:
+            raise UserInputError(f"cpu_offloading_num_layers {rt.cpu_offloading_num_layers} must be below the {layers} "
+                                 f"layers of {self.model.name} (the last layer is never offloaded)")
+        if p.pp > 1:
+            raise UserInputError("cpu_offloading needs pp 1 (Megatron has no activation CPU offloading with "
+                                 "pipeline parallelism)")
+        if p.recompute != "none":
+            raise UserInputError("cpu_offloading does not work with recompute (Megatron asserts it); set recompute none")

@@ -99,6 +99,7 @@ class FitRun:
     measured_step_time_s: float
     predict_s: Callable[[Mapping[str, float]], float]
     model: str = ""  # model name: runs sharing it are held out together with holdout="model"
+    trainable: bool = True  # False: predicted and scored, never fitted on (settings not trusted)
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class FitSettings:
     min_sensitivity: float = 0.02
     folds: int = 0  # 0 = leave one configuration out; k >= 2 = grouped k-fold by configuration
     holdout: str = "configuration"  # or "model": leave one model out (all its systems and releases)
+    fit_reconstructed: bool = True  # False: runs whose recipe settings are a reconstruction are predicted only
     seed: int = 0
     outer_iterations: int = 4  # re-linearisations of the engine at the current solution
     outer_tolerance: float = 0.002  # stop when surrogate and engine agree to 0.2 % on every run
@@ -379,9 +381,12 @@ def calibrate_runs(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapp
     """
     settings = settings or FitSettings()
     default_pred = {r.run_id: r.predict_s({}) for r in runs}
+    fitted_runs = [r for r in runs if r.trainable]
     if progress:
-        progress(f"fitting {len(runs)} runs on {len({r.system for r in runs})} systems")
-    fits, lins, params, x, calls = fit_factors(runs, defaults_by_system, settings, progress)
+        progress(f"fitting {len(fitted_runs)} runs on {len({r.system for r in runs})} systems "
+                 f"({len(runs) - len(fitted_runs)} more predicted only)")
+    fits, lins_fit, params, x, calls = fit_factors(fitted_runs, defaults_by_system, settings, progress)
+    lin_of = {r.run_id: lin for r, lin in zip(fitted_runs, lins_fit, strict=True)}
     train_pred = {r.run_id: r.predict_s(fits.factors_for(r.system, r.release)) for r in runs}
     heldout: dict[str, float] = {}
     if settings.holdout == "model":
@@ -393,12 +398,13 @@ def calibrate_runs(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapp
         fold_of = configuration_folds(runs, folds, settings.seed) if folds >= 2 else []
     if cross_validate and folds >= 2:
         for k in range(folds):
-            train = [i for i, f in enumerate(fold_of) if f != k]
+            train = [i for i, f in enumerate(fold_of) if f != k and runs[i].trainable]
             systems = {runs[i].system for i in train}
             families = {release_family(runs[i].release) for i in train}
             # parameters the training runs inform; the others stay at their prior centre
             keep = [j for j, p in enumerate(params) if p.key in (systems if p.kind == "system" else families)]
-            problem = _problem([runs[i] for i in train], [lins[i] for i in train], [params[j] for j in keep])
+            problem = _problem([runs[i] for i in train], [lin_of[runs[i].run_id] for i in train],
+                               [params[j] for j in keep])
             x_fold = np.array([p.center_log for p in params])
             x_fold[keep] = problem.solve(x[keep], settings.loss, settings.f_scale)
             for i, f in enumerate(fold_of):

@@ -35,6 +35,7 @@ from costmodel.calibrate.validation import (
     with_factors,
 )
 from workloads.measured import MeasuredRun, SkippedRun
+from workloads.recipe_settings import settings_reconstructed
 
 CONFIG_FIELDS = ("model", "system", "num_gpus", "precision", "global_batch_size", "micro_batch_size", "seq_length",
                  "tp", "pp", "vpp", "cp", "ep", "etp", "fsdp", "mtp", "optimizer", "optimizer_distribution",
@@ -50,15 +51,22 @@ def configuration_key(run: MeasuredRun) -> str:
     return key
 
 
-def fit_run(prepared: PreparedRun, step_time_s: Callable[[Any], float]) -> FitRun:
-    """The fitter's view of a prepared run: its step time as a function of factor overrides."""
+def fit_run(prepared: PreparedRun, step_time_s: Callable[[Any], float], fit_reconstructed: bool = True) -> FitRun:
+    """The fitter's view of a prepared run: its step time as a function of factor overrides.
+
+    With ``fit_reconstructed`` False, runs whose recipe settings are a reconstruction
+    (:func:`workloads.recipe_settings.settings_reconstructed`) are predicted and scored but not fitted
+    on. The default fits them: on the shipped runs leaving them out made held-out error worse (they
+    are 18 of 131 runs, most of the 25.11 release; the H100 fit then rests on too few MoE runs)."""
     scenario = prepared.scenario
 
     def predict_s(factors: Mapping[str, float]) -> float:
         return step_time_s(with_factors(scenario, factors))
 
     run = prepared.run
-    return FitRun(run.run_id, run.system, run.release, configuration_key(run), run.step_time_s, predict_s, run.model)
+    trainable = fit_reconstructed or not settings_reconstructed(run.recipe_settings)
+    return FitRun(run.run_id, run.system, run.release, configuration_key(run), run.step_time_s, predict_s, run.model,
+                  trainable)
 
 
 @dataclass(frozen=True)
@@ -144,7 +152,7 @@ def calibrate(runs: Iterable[MeasuredRun], settings: FitSettings | None = None, 
     step_time_s = step_time_function(engine)
     prepared, unsupported = prepare_runs(runs, engine)
     unsupported = skipped_as_unsupported(skipped) + unsupported
-    fit_runs = [fit_run(p, step_time_s) for p in prepared]
+    fit_runs = [fit_run(p, step_time_s, settings.fit_reconstructed) for p in prepared]
     defaults = {p.scenario.system.name: default_factor_values(
         sorted(set(settings.factors) | set(settings.release_factors)), p.scenario.system.efficiency)
         for p in prepared}
@@ -179,6 +187,9 @@ def build_profile(result: CalibrationResult, prepared: Sequence[PreparedRun], he
         "f_scale": s.f_scale, "prior_sigma_log": s.prior_sigma_log,
         "release_prior_sigma_log": s.release_prior_sigma_log, "min_release_runs": s.min_release_runs,
         "folds": s.folds, "seed": s.seed, "heldout": s.heldout_scheme,
+        "fit_reconstructed": s.fit_reconstructed,
+        "predicted_not_fitted": sorted(p.run.run_id for p in prepared if not s.fit_reconstructed
+                                       and settings_reconstructed(p.run.recipe_settings)),
         "default_release": f"newest release family with at least {DEFAULT_RELEASE_MIN_RUNS} runs",
         "not_identifiable": {sys: list(f.not_identifiable) for sys, f in fits.systems.items()
                              if f.not_identifiable},

@@ -25,7 +25,7 @@ from costmodel.step_structure import StepStructure, build_step_structure
 if TYPE_CHECKING:
     from workloads.scenario import Scenario
 
-EXPOSED_KINDS = ("tp", "cp", "ep", "dp_fsdp", "pp", "dp_grad", "dp_param", "optimizer_tp")
+EXPOSED_KINDS = ("tp", "cp", "ep", "dp_fsdp", "offload", "pp", "dp_grad", "dp_param", "optimizer_tp")
 
 
 STEADY_GROUPS = 4  # micro-batch groups of pp simulated before the steady state is extrapolated

@@ -15,7 +15,8 @@ boundaries, each slice releasing its bucket's reduce-scatter to the DP stream (w
 ``overlap_grad_reduce``). After its schedule a rank waits for its gradients, meets every other
 rank (gradient-norm synchronisation), runs the optimizer step, then gathers parameters
 synchronously or, with ``hide_param_gather``, queues every bucket's all-gather in forward order
-and lets the next step's first forward of each chunk wait at each bucket for its parameters.
+(``align_param_gather``: right away; otherwise each chunk's when the next step's first forward of
+that chunk starts) and lets that forward wait at each bucket for its parameters.
 Passes run as one compute block followed by their collectives, or layer by layer while DP traffic
 is in flight on the rank (so overlapping flows and compute interleave as in the real step).
 """
@@ -34,7 +35,7 @@ from costmodel.pipeline import schedule_order
 from costmodel.step_structure import BucketCost, PassCost, StepStructure
 
 Ev = Generator[simpy.Event, Any, None]
-LINK_PREFIX = {"nvlink": "nvl", "network": "net"}
+LINK_PREFIX = {"nvlink": "nvl", "network": "net", "host": "host"}  # host: the GPU's link to host memory (offloading)
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,10 @@ class StepSimulation:
                     if v > 0:
                         yield from self._wait_msg(s, ("F", step, p.microbatch, v), step)
                     cuts = None
+                    if hide and first_f[p.chunk] == i and not st.align_param_gather:
+                        for k, b in enumerate(fwd_buckets):  # not aligned: the chunk's gathers start now
+                            if b.chunk == p.chunk:
+                                self._gather(s, step, k)
                     if hide and first_f[p.chunk] == i:
                         cuts = [(b.fwd_need_fraction, "before", self._param_waiter(s, step, k))
                                 for k, b in enumerate(fwd_buckets) if b.chunk == p.chunk]
@@ -278,12 +283,17 @@ class StepSimulation:
                         yield from self._wait_msg(s, ("B", step, p.microbatch, v), step)
                     cuts = None
                     if st.overlap_grad_reduce and last_b[p.chunk] == i:
-                        cuts = [(b.bwd_ready_fraction, "after", self._releaser(s, step, b))
-                                for b in stage.buckets if b.chunk == p.chunk]
+                        cuts = [(b.bwd_ready_fraction, "before" if b.prescale_s > 0 else "after",
+                                 self._releaser(s, step, b)) for b in stage.buckets if b.chunk == p.chunk]
                     yield from self._run_pass(s, chunk.bwd, label, step, max(chunk.layers, 1), cuts)
                     self.bwd_end[step][s] = env.now
                     if v > 0:
                         self._send(s, (v - 1) % pp, ("B", step, p.microbatch, v - 1), step)
+            if stage.grad_prescale_s > 0 and not st.overlap_grad_reduce:  # every bucket's 1/dp scaling, now
+                t0 = env.now
+                yield env.timeout(stage.grad_prescale_s)
+                self.acc[step][s]["compute"] += env.now - t0
+                self.bwd_end[step][s] = env.now
             if not st.overlap_grad_reduce:
                 for b in stage.backward_buckets:
                     self._reduce(s, step, b)
@@ -314,8 +324,8 @@ class StepSimulation:
             if not st.hide_param_gather:
                 for k in range(len(fwd_buckets)):
                     yield from self._wait(s, self._gather(s, step, k), "dp_param", step)
-            elif step + 1 < self.steps:
-                for k in range(len(fwd_buckets)):  # prefetch every bucket, in forward order
+            elif step + 1 < self.steps and st.align_param_gather:
+                for k in range(len(fwd_buckets)):  # aligned: prefetch every bucket, in forward order
                     self._gather(s, step + 1, k)
             self.rank_end[step][s] = env.now
 
@@ -325,7 +335,17 @@ class StepSimulation:
         return wait
 
     def _releaser(self, s: int, step: int, bucket: BucketCost):  # noqa: ANN202
-        return lambda: self._reduce(s, step, bucket)
+        """Release ``bucket``'s reduction; with a 1/dp pre-scaling (``prescale_s``) a generator that
+        first runs it on the compute stream."""
+        if bucket.prescale_s <= 0:
+            return lambda: self._reduce(s, step, bucket)
+
+        def scale_then_reduce() -> Ev:
+            t0 = self.env.now
+            yield self.env.timeout(bucket.prescale_s)
+            self.acc[step][s]["compute"] += self.env.now - t0
+            self._reduce(s, step, bucket)
+        return scale_then_reduce
 
     def run(self) -> DesResult:
         """Run the simulation to the end and collect per-step times and attributions."""

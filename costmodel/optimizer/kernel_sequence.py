@@ -54,10 +54,13 @@ The reference backend runs AdamW as plain torch operations per bucket shard
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from costmodel.kernels import KernelSpec
 from costmodel.optimizer.newton_schulz import MATMUL_CLASS, NsSettings, NsWork, full_ns_gemms
+from workloads.comm import DTYPE_BYTES
 from workloads.inventory import TensorSpec
 
 # apex / TE multi_tensor_apply.cuh: chunk of 2048·32 elements, at most 320 blocks and, per depth
@@ -73,6 +76,41 @@ EAGER_ADAM = (("weight_decay", 8), ("exp_avg_lerp", 12), ("exp_avg_sq_mul", 8), 
               ("sqrt", 8), ("bias_correction_div", 8), ("eps_add", 8), ("addcdiv", 16))
 GRAD_NORM_EXTRA = 3  # l2norm cleanup, norm ** 2, .item() device-to-host copy
 SCALAR_BYTES = 8.0
+
+
+@dataclass(frozen=True)
+class AdamBytes:
+    """HBM bytes per element of one rank's AdamW step, by kernel, for an ``OptimizerSpec``.
+
+    Megatron's distributed optimizer (default): fused Adam reads the fp32 main gradient and reads
+    and writes the fp32 master, ``exp_avg`` and ``exp_avg_sq`` (28 B); per shard piece a main ->
+    model copy (read 4 + write 2) and, for non-fp32 gradient buffers, the fp32 cast of the gradient
+    shard (read 2 + write 4). Precision-aware optimizer (``use_precision_aware_optimizer``, TE
+    ``FusedAdam`` with master weights; our reading of Megatron-Core, an assumption): one kernel reads
+    the main gradient and reads and writes the master and both moments in their dtypes
+    (``main_params_dtype``, ``exp_avg_dtype``, ``exp_avg_sq_dtype``) and writes the bf16 model
+    parameter itself (2 B, no copy kernel); the gradient is cast only when ``main_grads_dtype`` is not
+    the gradient buffer's dtype (read the buffer + write the main gradient).
+    """
+
+    fused: float  # per element of the fused multi-tensor kernel
+    piece_kernels: tuple[float, ...]  # bytes per element of each per-shard-piece kernel (copy, cast)
+
+    @classmethod
+    def of(cls, spec) -> AdamBytes:  # noqa: ANN001 - workloads.scenario.OptimizerSpec
+        """The bytes of ``spec``'s AdamW step (see the class docstring)."""
+        g = spec.grad_bytes
+        if not getattr(spec, "use_precision_aware_optimizer", False):
+            cast = (float(GRAD_CAST_BYTES_PER_ELEMENT),) if g != 4 else ()
+            return cls(float(ADAM_BYTES_PER_ELEMENT), (float(COPY_BYTES_PER_ELEMENT), *cast))
+        mg = DTYPE_BYTES[spec.main_grads_dtype]
+        state = DTYPE_BYTES[spec.main_params_dtype] + DTYPE_BYTES[spec.exp_avg_dtype] + DTYPE_BYTES[spec.exp_avg_sq_dtype]
+        return cls(float(mg + 2 * state + 2), (float(g + mg),) if mg != g else ())
+
+    @property
+    def piece_bytes(self) -> float:
+        """Bytes per element of all per-piece kernels together."""
+        return float(sum(self.piece_kernels))
 
 
 def multi_tensor_launches(tensors: np.ndarray | float, chunks: np.ndarray | float, depth: int) -> np.ndarray:

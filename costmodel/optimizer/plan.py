@@ -23,7 +23,12 @@ from costmodel.optimizer.summary import optimizer_report
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from workloads.comm import CollectiveCall
-from workloads.fp8_params import fp8_gather_active, fp8_gather_note, param_gather_bytes_per_element
+from workloads.fp8_params import (
+    fp8_gather_active,
+    fp8_gather_note,
+    is_fp8_param,
+    param_gather_bytes_per_element,
+)
 from workloads.inventory import Inventory
 
 __all__ = ["Grid", "build_optimizer_plan", "cached_inventory", "clear_caches", "expected_rank_collectives",
@@ -69,7 +74,8 @@ def plan_key(scenario) -> tuple:  # noqa: ANN001 - workloads.scenario.Scenario
     """Hashable key of everything the optimizer plan depends on (model, system, sizes, optimizer)."""
     c = scenario.config
     return (scenario.model.model_dump_json(), scenario.system.model_dump_json(), c.gpus, c.precision,
-            c.parallelism.model_dump_json(), c.optimizer.model_dump_json(), c.placement.model_dump_json())
+            c.parallelism.model_dump_json(), c.optimizer.model_dump_json(), c.placement.model_dump_json(),
+            scenario.runtime.bf16_layers)
 
 
 def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads.scenario.Scenario
@@ -83,9 +89,11 @@ def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads
 
     p = scenario.par
     placement = placement_for(scenario)
-    grid = Grid(dp=scenario.dp * p.cp, expert_dp=scenario.expert_dp, tp=p.tp, etp=p.expert_tp, ep=p.ep)
+    grid = Grid(dp=scenario.dp * p.cp, expert_dp=scenario.expert_dp, tp=p.tp, etp=p.expert_tp, ep=p.ep,
+                instances=scenario.optimizer.num_distributed_optimizer_instances)
     plan = plan_from_inventory(cached_inventory(scenario), scenario.optimizer, grid, scenario.system, placement.shape,
-                               fsdp=p.fsdp > 0, precision=scenario.precision.value)
+                               fsdp=p.fsdp > 0, precision=scenario.precision.value,
+                               bf16_layers=scenario.runtime.bf16_layers)
     _CACHE[key] = plan
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
@@ -94,7 +102,7 @@ def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads
 
 def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSpec | None = None,  # noqa: ANN001
                         shape_of: Callable[[str], GroupShape] | None = None, fsdp: bool = False,
-                        precision: str = "bf16") -> OptimizerPlan:
+                        precision: str = "bf16", bf16_layers: tuple[int, int] = (0, 0)) -> OptimizerPlan:
     """The optimizer plan of ``inventory`` under ``spec`` (an OptimizerSpec) and group sizes ``grid``.
 
     ``shape_of(group)`` gives the placement shape of a group kind for collective times (default:
@@ -102,7 +110,8 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
     ``fsdp``: Megatron-FSDP over the whole dp groups: AdamW on each rank's shard, no DP buckets
     (the per-layer gathers and reduce-scatters are :mod:`costmodel.fsdp`'s).
     ``precision`` (training recipe: bf16, fp8-cs, mxfp8, nvfp4) decides what ``fp8_param_gather``
-    does (:mod:`workloads.fp8_params`).
+    does (:mod:`workloads.fp8_params`); the GEMM weights of the ``bf16_layers`` (first, last) layers
+    kept in BF16 (``first_last_layers_bf16``) are never FP8 parameters.
     """
     if grid.etp * grid.ep * grid.expert_dp != grid.gpus_per_stage:
         raise ValueError(f"inconsistent grid {grid}: tp·dp must equal etp·ep·expert_dp")
@@ -115,8 +124,9 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
         raise ValueError("the layer_wise distributed optimizer is for muon")
     st = NsSettings.from_spec(spec)
     timer = Timer(system, spec.matmul_precision, shape_of)
-    fp8 = not fsdp and fp8_gather_active(kind, dist, precision, spec.fp8_param_gather)
-    stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp, fp8, precision) for s in range(inventory.pp))
+    fp8 = fp8_gather_active(kind, dist, precision, spec.fp8_param_gather, fsdp)
+    stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp, fp8, precision, bf16_layers)
+                   for s in range(inventory.pp))
     layer_wise = dist == "layer_wise"
     gathers = any(b.gather_op for s in stages for b in s.buckets)
     return OptimizerPlan(
@@ -124,33 +134,64 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
         layout=spec.layer_wise_layout if layer_wise else None,
         tp_mode=spec.tp_mode if kind == "muon" else None,
         load_balance=spec.resolved_load_balance if layer_wise else None,
-        stages=stages, notes=_notes(inventory, spec, grid, dist, st, precision, fsdp) + ((FSDP_NOTE,) if fsdp else ()),
+        stages=stages, notes=_notes(inventory, spec, grid, dist, st, precision, fsdp) + ((fsdp_note(spec),) if fsdp else ()),
         hide_param_gather=bool(spec.hide_param_gather and spec.overlap_grad_reduce and gathers),
         hypothetical=spec.hypothetical_reason is not None,
     )
 
 
-FSDP_NOTE = ("Megatron-FSDP: parameters gathered and gradients reduce-scattered per layer and micro-batch "
-             "during forward/backward (exposed comm 'dp_fsdp'); the optimizer step is AdamW on the local shard")
+FSDP_NOTES = {
+    "optim_grads_params": "Megatron-FSDP (optim_grads_params): parameters gathered and gradients reduce-scattered per "
+                          "layer and micro-batch during forward/backward (exposed comm 'dp_fsdp'); the optimizer step "
+                          "is AdamW on the local shard",
+    "optim_grads": "Megatron-FSDP (optim_grads): gradients reduce-scattered per layer and micro-batch in backward "
+                   "(exposed comm 'dp_fsdp'); AdamW on the local shard; parameters all-gathered per bucket after the step",
+    "optim": "Megatron-FSDP (optim): gradients accumulate unsharded and are reduce-scattered per bucket after the "
+             "last micro-batch; AdamW on the local shard; parameters all-gathered per bucket after the step",
+    "no_shard": "Megatron-FSDP (no_shard): gradients all-reduced per bucket after the last micro-batch; every rank "
+                "steps every parameter",
+}
+
+
+def fsdp_note(spec) -> str:  # noqa: ANN001 - workloads.scenario.OptimizerSpec
+    """The plan note of Megatron-FSDP under ``spec``'s sharding strategy."""
+    return FSDP_NOTES[spec.data_parallel_sharding_strategy]
 
 
 def _fsdp_shards(b: StageBuilder, buf) -> None:  # noqa: ANN001 - stage_builder._Buffer
-    """Megatron-FSDP: each rank steps its equal shard of the (padded) buffer; no buckets."""
+    """Megatron-FSDP with sharded gradients: each rank steps its equal shard of the (padded) buffer;
+    no gradient buckets (the reduce-scatters are per layer, :mod:`costmodel.fsdp`)."""
     gs = b.grid.size(buf.group)
     for span in lay.ddp_buckets(buf.numel, gs, None, distributed_optimizer=True):
         b.adam_shards(buf.group, span, buf.numel)
 
 
+def _fsdp_stage(b: StageBuilder, buffers: list, strategy: str) -> None:
+    """The step's bucket work of Megatron-FSDP under ``strategy`` (see :mod:`costmodel.fsdp`)."""
+    for buf in buffers:
+        everything = np.arange(len(buf.numel))
+        if strategy == "optim_grads_params":
+            _fsdp_shards(b, buf)
+        elif strategy == "optim_grads":  # sharded gradients: only the parameter gather is per bucket
+            b.element_wise(buf, everything, reduce=False)
+        elif strategy == "optim":
+            b.element_wise(buf, everything)
+        else:  # no_shard: DDP all-reduce, every rank steps everything
+            b.ddp(buf, gather_op=None)
+            b.step_whole(buf, everything, np.full(len(buf.numel), -1, dtype=np.int64))
+
+
 def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings,  # noqa: ANN001
-           fsdp: bool = False, fp8: bool = False, precision: str = "bf16") -> StageOptimizerPlan:
+           fsdp: bool = False, fp8: bool = False, precision: str = "bf16",
+           bf16_layers: tuple[int, int] = (0, 0)) -> StageOptimizerPlan:
     tensors = inv.stage_tensors(s)
     b = StageBuilder(s, grid, spec, timer, st, param_gather_bytes_per_element(precision, True))
+    fp8_of = (lambda t: is_fp8_param(t, inv.model.num_layers, bf16_layers)) if fp8 else None
     buffers = [buf for c in range(inv.vpp)
-               for buf in chunk_buffers([t for t in tensors if t.chunk == c], c, spec.kind, fp8)]
+               for buf in chunk_buffers([t for t in tensors if t.chunk == c], c, spec.kind, fp8_of)]
     dist = spec.resolved_distribution
     if fsdp:
-        for buf in buffers:
-            _fsdp_shards(b, buf)
+        _fsdp_stage(b, buffers, spec.data_parallel_sharding_strategy)
     elif dist == "element_wise":
         for buf in buffers:
             b.element_wise(buf, np.arange(len(buf.numel)))
@@ -207,16 +248,14 @@ def _sub_optimizer_order(bufs: list) -> np.ndarray:
 def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings, precision: str = "bf16",  # noqa: ANN001
            fsdp: bool = False) -> tuple[str, ...]:
     notes: list[str] = [spec.hypothetical_reason] if spec.hypothetical_reason else []
-    fp8_note = fp8_gather_note(spec.kind, dist, precision, spec.fp8_param_gather)
+    fp8_note = fp8_gather_note(spec.kind, dist, precision, spec.fp8_param_gather, fsdp)
     if fp8_note:
         notes.append(fp8_note)
-    elif spec.fp8_param_gather and fsdp:
-        notes.append("fp8_param_gather with Megatron-FSDP: the per-layer parameter gathers are counted in BF16 "
-                     "(FSDP's FP8 gathers are not modelled)")
     elif spec.fp8_param_gather:
         notes.append(f"fp8_param_gather ({precision}): the TE linear weights sit in their own buffers and are gathered "
                      + ("in FP8 (1 B per element)" if precision == "fp8-cs" else
-                        "in BF16 and quantized to MXFP8 after the gather (2 B per element)"))
+                        "in BF16 and quantized to MXFP8 after the gather (2 B per element)")
+                     + ("; Megatron-FSDP's per-layer gathers move them as stored" if fsdp else ""))
     sharded_tp = grid.tp > 1 or grid.etp > 1
     if spec.kind == "muon":
         if spec.tp_mode == "blockwise" and sharded_tp:

@@ -35,12 +35,39 @@ class Bucket:
     numel: int  # padded elements in the bucket
     grad_bytes: int  # numel x grad element size (nccl-tests size of the reduce)
     param_bytes: int  # numel x param element size (nccl-tests size of the gather)
-    reduce_op: Literal["reduce_scatter", "all_reduce"]
+    reduce_op: Literal["reduce_scatter", "all_reduce"] | None  # None: reduced elsewhere (Megatron-FSDP per layer)
     gather_op: Literal["all_gather", "all_gather_v"] | None
     order: int = 0  # position in backprop order within the stage (0 = reduced first)
     used_numel: int = 0  # parameter elements (numel minus padding)
     kind: Literal["element_wise", "layer_wise", "ddp"] = "element_wise"
     param_dtype: Literal["bf16", "fp8"] = "bf16"  # what the parameter gather moves (fp8: fp8_param_gather, fp8-cs)
+    instances: int = 1  # distributed-optimizer instances: reduce and gather within one, all-reduce across
+    averaged: bool = False  # average_in_collective with a scaling factor of 1: the reduction averages, no pre-scaling
+
+    @property
+    def prescaled(self) -> bool:
+        """Whether Megatron-Core's ``start_grad_sync`` scales this bucket by its gradient scaling factor
+        (1/dp) before reducing it: every reduced bucket over more than one rank, unless ``averaged``
+        (``average_in_collective`` makes the factor 1 for dense buckets, and for expert buckets whose
+        expert-data-parallel group is the dense one). Buckets reduced elsewhere (Megatron-FSDP per
+        layer) are not scaled here."""
+        return (not self.averaged and self.reduce_op is not None and self.group_size * self.instances > 1
+                and self.numel > 0)
+
+    @property
+    def reduce_group(self) -> str:
+        """Group kind of the reduction and the gather: the dp group, or one instance of it."""
+        return self.dp_group if self.instances == 1 else f"{self.dp_group}_instance"
+
+    @property
+    def across_group(self) -> str:
+        """Group kind across the instances (the all-reduce of each rank's reduced shard)."""
+        return f"{self.dp_group}_across"
+
+    @property
+    def across_bytes(self) -> int:
+        """Bytes of the all-reduce across instances: one rank's reduced shard (nccl-tests size)."""
+        return self.grad_bytes // self.group_size if self.instances > 1 else 0
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,6 @@ from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from workloads.comm import CollectiveCall, merge_calls
 from workloads.flops import newton_schulz_cost_proxy
-from workloads.fp8_params import is_fp8_param
 from workloads.inventory import TensorSpec
 
 GROUPS = ("dp", "expert_dp")
@@ -63,13 +62,15 @@ class Grid:
     tp: int = 1
     etp: int = 1
     ep: int = 1
+    instances: int = 1  # distributed-optimizer instances: the optimizer shards over dp / instances ranks
 
     @property
     def gpus_per_stage(self) -> int:
         return self.tp * self.dp
 
     def size(self, group: str) -> int:
-        return self.dp if group == "dp" else self.expert_dp
+        """Ranks the optimizer of ``group`` ('dp' or 'expert_dp') shards over (one instance's share)."""
+        return (self.dp if group == "dp" else self.expert_dp) // self.instances
 
 
 _MUON_KERNELS: dict[tuple, tuple[SystemSpec | None, tuple[float, float, float, float]]] = {}
@@ -85,7 +86,7 @@ class Timer:
         self._calls: dict[CollectiveCall, float] = {}
         self.s_per_byte = self.min_s = self.issue_s = 0.0
         self.muon_rows: dict[tuple, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}  # see StageBuilder.muon_item
-        self.adam_rows: dict[tuple[int, int], np.ndarray] = {}  # see StageBuilder.adam_item
+        self.adam_rows: dict[tuple[int, tuple[float, ...]], np.ndarray] = {}  # see StageBuilder.adam_item
         if system is not None:
             from costmodel.compute import memory_time_s
 
@@ -214,11 +215,13 @@ def _cost(t: TensorSpec) -> int:
     return newton_schulz_cost_proxy(*shape) if len(shape) == 2 else t.local_numel
 
 
-def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str, fp8_params: bool = False) -> list[_Buffer]:
+def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str,
+                  fp8_params: Callable[[TensorSpec], bool] | None = None) -> list[_Buffer]:
     """Split one chunk's tensors (definition order) into dense and expert buffers, backprop order.
 
-    ``fp8_params`` (fp8_param_gather active): the FP8 parameters (:func:`workloads.fp8_params.is_fp8_param`)
-    get buffers of their own, as Megatron keys its buffers by (param dtype, grad dtype).
+    ``fp8_params`` (fp8_param_gather active): which tensors are FP8 parameters
+    (:func:`workloads.fp8_params.is_fp8_param`); they get buffers of their own, as Megatron keys its
+    buffers by (param dtype, grad dtype).
     """
     keys = [(g, f) for g in GROUPS for f in ((True, False) if fp8_params else (False,))]
     runs: dict[tuple[str, bool], list[tuple[TensorSpec, int, int]]] = {k: [] for k in keys}  # (tensor, copies, first position)
@@ -227,7 +230,7 @@ def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str, fp8_params: 
         if t.optimizer == "none":
             continue
         copies = t.experts_per_rank
-        runs[(t.dp_group, fp8_params and is_fp8_param(t))].append((t, copies, pos))
+        runs[(t.dp_group, fp8_params is not None and fp8_params(t))].append((t, copies, pos))
         pos += copies
     out = []
     for g, f in keys:
@@ -262,6 +265,7 @@ class StageBuilder:
         self.roles = {g: _Role(g, grid.size(g)) for g in GROUPS}
         self.buckets: list[tuple[tuple[int, int], dict]] = []  # (sort key, Bucket kwargs)
         self.gb = spec.grad_bytes
+        self.adam = ks.AdamBytes.of(spec)
         self.grad_dtype = "fp32" if self.gb == 4 else "bf16"
         self._buffer_memo: dict[int, tuple[_Buffer, np.ndarray, list[tuple[CollectiveCall, ...]]]] = {}
         self.extra_calls: list[CollectiveCall] = []  # per-step collectives outside the DP buckets
@@ -272,7 +276,7 @@ class StageBuilder:
             return None
         return self.spec.bucket_size_elements or lay.default_bucket_size(self.grid.dp)
 
-    def add_bucket(self, buf: _Buffer, idx: np.ndarray, numel: int, used: int, reduce_op: str,
+    def add_bucket(self, buf: _Buffer, idx: np.ndarray, numel: int, used: int, reduce_op: str | None,
                    gather_op: str | None, kind: str) -> None:
         ready = int(buf.position[idx].max())
         gs = self.grid.size(buf.group)
@@ -282,7 +286,8 @@ class StageBuilder:
             stage=self.stage, chunk=buf.chunk, dp_group=buf.group, group_size=gs, numel=numel,
             grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * per,
             reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind,
-            param_dtype="fp8" if per == 1 else "bf16")))
+            param_dtype="fp8" if per == 1 else "bf16", instances=self.grid.instances,
+            averaged=self.spec.average_in_collective and (buf.group == "dp" or gs * self.grid.instances == self.grid.dp))))
 
     def muon_item(self, t: TensorSpec) -> tuple[np.ndarray, tuple[CollectiveCall, ...]]:
         """(row of :data:`COLUMNS`, TP calls) of stepping one copy of Muon tensor ``t``: its kernel
@@ -305,11 +310,11 @@ class StageBuilder:
         """Row of :data:`COLUMNS` of a whole non-Muon parameter stepped by one rank's fused Adam:
         one shard piece of the multi-tensor launches, its main -> model copy (and gradient cast)."""
         n = t.local_numel
-        key = (n, self.gb)
+        key = (n, self.adam.piece_kernels)
         row = self.timer.adam_rows.get(key)
         if row is None:
-            per_kernel = 1 + (self.gb != 4)
-            ew_s = per_kernel * float(self.timer.floored_s(1, ks.COPY_BYTES_PER_ELEMENT * n))
+            per_kernel = len(self.adam.piece_kernels)
+            ew_s = sum(float(self.timer.floored_s(1, b * n)) for b in self.adam.piece_kernels)
             chunks = float(ks.chunks_of(n))
             row = self.timer.adam_rows[key] = np.array([n, 0, 0, 0, ew_s, per_kernel, 0, 0, 1, chunks, n, 1, chunks, 1],
                                                        dtype=np.float64)
@@ -363,13 +368,14 @@ class StageBuilder:
         per_rank = lay.shard_param_numel(span, numel, gs).astype(np.float64)
         pieces = ks.element_wise_shard_pieces(span.starts, numel[span.first:span.stop], span.numel, gs)
         chunks = ks.shard_chunks(pieces, per_rank)
-        per_kernel = 1 + (self.gb != 4)
-        copy_s = per_kernel * self.timer.floored_s(pieces, ks.COPY_BYTES_PER_ELEMENT * per_rank)
+        per_kernel = len(self.adam.piece_kernels)
+        piece_s = sum((self.timer.floored_s(pieces, b * per_rank) for b in self.adam.piece_kernels), np.zeros(len(pieces)))
         role.acc[ADAM_SHARD_COLUMNS] += np.stack([per_rank, per_rank, pieces, chunks, pieces, chunks,
-                                                  per_kernel * pieces, copy_s])
+                                                  per_kernel * pieces, piece_s])
 
-    def element_wise(self, buf: _Buffer, sel: np.ndarray) -> None:
-        """AdamW on equal shards of padded DDP buckets (reduce-scatter + all-gather)."""
+    def element_wise(self, buf: _Buffer, sel: np.ndarray, reduce: bool = True) -> None:
+        """AdamW on equal shards of padded DDP buckets (reduce-scatter + all-gather; ``reduce`` False:
+        the gradients arrive reduce-scattered already, Megatron-FSDP optim_grads, so only the gather)."""
         if len(sel) == 0:
             return
         gs = self.grid.size(buf.group)
@@ -377,8 +383,8 @@ class StageBuilder:
         for span in lay.ddp_buckets(numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=True,
                                     isolate=buf.shared[sel]):
             self.adam_shards(buf.group, span, numel)
-            self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used, "reduce_scatter", "all_gather",
-                            "element_wise")
+            self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used,
+                            "reduce_scatter" if reduce else None, "all_gather", "element_wise")
 
     def layer_wise_current(self, buf: _Buffer, sel: np.ndarray, strategy: str) -> None:
         """Muon parameters in shard-aligned layer-wise buckets (reduce-scatter + equal all-gather)."""
@@ -414,11 +420,14 @@ class StageBuilder:
         buckets = tuple(Bucket(order=i, **kw) for i, (_, kw) in enumerate(self.buckets))
         bucket_calls = []
         for b in buckets:
-            phase_r = "grad_reduce"
-            bucket_calls.append(CollectiveCall(b.reduce_op, b.dp_group, b.group_size, self.grad_dtype,  # type: ignore[arg-type]
-                                               b.grad_bytes, 1, phase_r))
+            if b.reduce_op is not None:
+                bucket_calls.append(CollectiveCall(b.reduce_op, b.reduce_group, b.group_size, self.grad_dtype,  # type: ignore[arg-type]
+                                                   b.grad_bytes, 1, "grad_reduce"))
+            if b.instances > 1:  # the instances all-reduce each rank's reduced shard
+                bucket_calls.append(CollectiveCall("all_reduce", b.across_group, b.instances, self.grad_dtype,  # type: ignore[arg-type]
+                                                   b.across_bytes, 1, "grad_reduce_across"))
             if b.gather_op:
-                bucket_calls.append(CollectiveCall(b.gather_op, b.dp_group, b.group_size, b.param_dtype,  # type: ignore[arg-type]
+                bucket_calls.append(CollectiveCall(b.gather_op, b.reduce_group, b.group_size, b.param_dtype,  # type: ignore[arg-type]
                                                    b.param_bytes, 1, "param_gather"))
         bucket_calls += self.extra_calls
         used = sum(b.used_numel for b in buckets)
@@ -441,11 +450,13 @@ class StageBuilder:
             tp=g.tp, etp=g.etp, ep=g.ep, roles=roles, bucket_calls=proto.bucket_calls)
 
 
-def _role_extras(role: _Role, idx: np.ndarray, timer: Timer) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(fused-Adam launches, their GPU s, legacy gather-copy launches, their GPU s) of ranks ``idx`` of a role."""
+def _role_extras(role: _Role, idx: np.ndarray, timer: Timer,
+                 adam_bytes: float = ks.ADAM_BYTES_PER_ELEMENT) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(fused-Adam launches, their GPU s, legacy gather-copy launches, their GPU s) of ranks ``idx`` of a role
+    (``adam_bytes``: HBM bytes per element of the fused Adam kernel)."""
     col = {name: role.col(name)[idx] for name in ("adam_pieces", "adam_chunks", "adam_numel", "items", "owned")}
     adam = ks.multi_tensor_launches(col["adam_pieces"], col["adam_chunks"], 4)
-    adam_s = np.where(adam > 0, timer.floored_s(adam, ks.ADAM_BYTES_PER_ELEMENT * col["adam_numel"]), 0.0)
+    adam_s = np.where(adam > 0, timer.floored_s(adam, adam_bytes * col["adam_numel"]), 0.0)
     copies = np.zeros(len(idx))
     copy_s = np.zeros(len(idx))
     if role.gather_items:  # legacy: flatten the owned parameters, copy back every other one
@@ -454,6 +465,18 @@ def _role_extras(role: _Role, idx: np.ndarray, timer: Timer) -> tuple[np.ndarray
                   + timer.floored_s(1, 4.0 * col["owned"]))
         copies = copies + 1
     return adam, adam_s, copies, copy_s
+
+
+def host_adam_s(numel: np.ndarray, grad_bytes: int, system: SystemSpec | None) -> np.ndarray:
+    """Seconds of an AdamW step offloaded to the host (``optimizer_cpu_offload``) on ``numel`` elements:
+    the gradient shard down the host link (``grad_bytes`` each), Adam on the host's memory (the fp32
+    state traffic of the fused kernel, ``ADAM_BYTES_PER_ELEMENT``) and the bf16 parameters back up,
+    one after the other (Megatron's hybrid device optimizer pipelines them per parameter group; not
+    modelled: an upper bound)."""
+    if system is None:
+        return np.zeros(len(numel))
+    link, mem = system.gpu.host_link_Bps, system.gpu.host_memory_Bps
+    return numel * ((grad_bytes + PARAM_BYTES) / link + ks.ADAM_BYTES_PER_ELEMENT / mem)
 
 
 def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
@@ -466,7 +489,7 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
     """
     g, timer = b.grid, b.timer
     gpu = np.arange(g.gpus_per_stage)
-    d, e = gpu // g.tp, gpu // (g.etp * g.ep)
+    d, e = gpu // g.tp % g.size("dp"), gpu // (g.etp * g.ep) % g.size("expert_dp")  # instances work alike
     keys, first, counts = np.unique(d * g.expert_dp + e, return_index=True, return_counts=True)
     dd, ee = d[first], e[first]
     D, E = b.roles["dp"], b.roles["expert_dp"]  # noqa: N806
@@ -474,9 +497,9 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
     def both(name: str) -> np.ndarray:
         return D.col(name)[dd] + E.col(name)[ee]
 
-    owned, ns_kernels, copies_per_piece = both("owned"), both("ns_kernels"), 1 + (b.gb != 4)
-    adam_d, adam_d_s, gather_d, gather_d_s = _role_extras(D, dd, timer)
-    adam_e, adam_e_s, gather_e, gather_e_s = _role_extras(E, ee, timer)
+    owned, ns_kernels, copies_per_piece = both("owned"), both("ns_kernels"), len(b.adam.piece_kernels)
+    adam_d, adam_d_s, gather_d, gather_d_s = _role_extras(D, dd, timer, b.adam.fused)
+    adam_e, adam_e_s, gather_e, gather_e_s = _role_extras(E, ee, timer, b.adam.fused)
     norm_pieces = both("norm_pieces")
     norm = ks.multi_tensor_launches(norm_pieces, both("norm_chunks"), 1)
     norm_s = np.where(norm > 0, timer.floored_s(norm, ks.NORM_BYTES_PER_ELEMENT * owned)
@@ -488,6 +511,10 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
              "gather_copy": gather_d + gather_e}
     kernels = sum(parts.values())
     ew_s = both("ew_s") + adam_d_s + adam_e_s + norm_s + gather_d_s + gather_e_s
+    if b.spec.optimizer_cpu_offload:  # AdamW on the host: its GPU kernels give way to the copies and host time
+        ew_s = norm_s + gather_d_s + gather_e_s + host_adam_s(both("adam_numel"), b.gb, timer.system)
+        kernels = kernels - parts["adam_multi_tensor"] - parts["adam_param_copy"]
+        parts["adam_multi_tensor"] = parts["adam_param_copy"] = np.zeros(len(keys))
     assert tuple(parts) == KERNEL_PARTS
     ns_s, tp_s, issue_s = both("ns_s"), both("tp_s"), kernels * timer.issue_s
     total_s = np.maximum(ns_s + ew_s + tp_s, issue_s)  # RankWork.step_s for every GPU class at once

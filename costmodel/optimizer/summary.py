@@ -32,7 +32,7 @@ def kernels_out(rank: RankWork, stage: StageOptimizerPlan) -> OptimizerKernelsOu
         launches=rank.kernels, by_part=parts, muon_tensors=rank.muon_tensors,
         launches_per_muon_tensor=per_tensor / rank.muon_tensors if rank.muon_tensors else None,
         gpu_s=rank.gpu_s, issue_s=rank.issue_s, host_idle_s=rank.host_idle_s,
-        grad_prescale_launches=sum(1 for b in stage.buckets if b.group_size > 1))
+        grad_prescale_launches=sum(1 for b in stage.buckets if b.prescaled))
 
 
 def optimizer_report(plan: OptimizerPlan, exposed_s: float, hidden_s: float) -> OptimizerReport:

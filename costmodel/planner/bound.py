@@ -50,7 +50,9 @@ def _chunk_kinds(scenario: Scenario) -> tuple[tuple[tuple[str, int], ...], ...]:
     from costmodel import step_structure as ss
 
     p, model = scenario.par, scenario.model
-    key = (id(model), p.pp, p.vpp, p.stage_split)
+    key = (id(model), p.pp, p.vpp, p.stage_split, scenario.runtime.bf16_layers,
+           scenario.precision.tensor_core_class != "bf16", p.recompute, p.recompute_method,
+           p.recompute_num_layers)  # BF16 and not-recomputed layers are their own kinds
     hit = _ITEMS.get(key)
     if hit is not None and hit[0] is model:
         return hit[1]
@@ -73,8 +75,9 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
     from topologies.groups import GroupShape
     from topologies.placement import placement_for
 
-    p = scenario.par
-    if p.fsdp > 0:  # per-layer FSDP collectives: the engine's own phase (the planner never generates fsdp)
+    p, rt = scenario.par, scenario.runtime
+    offloading = rt.cpu_offloading or rt.fine_grained_activation_offloading
+    if p.fsdp > 0 or offloading:  # per-layer FSDP / offload copies: the engine's own phase (rare in plans)
         from costmodel.analytic import analytic_timing
         from costmodel.optimizer.plan_types import EMPTY_PLAN
 

@@ -2,10 +2,10 @@
 
 Screening a trillion-parameter MoE model over tens of thousands of parallel layouts cannot call the
 full memory model for each: most layouts are impossible because the weights alone do not fit. Every
-GPU holds bf16 weights (2 bytes/param) and a gradient buffer in ``grad_reduce_dtype`` for all the
-parameters of its pipeline stage (Megatron's distributed optimizers shard only the optimizer
-state), so ``(2 + grad_bytes) x params on the heaviest stage`` never exceeds the full memory
-model's total. The parameter count per GPU comes from the project's tensor inventory (built once at
+GPU holds its weights (at least 2 bytes/param in bf16, 1 byte for FP8 primary weights) and a gradient
+buffer in ``grad_reduce_dtype`` for all the parameters of its pipeline stage (Megatron's distributed
+optimizers shard only the optimizer state), so ``(weight bytes + grad_bytes) x params on the heaviest
+stage`` never exceeds the full memory model's total. The parameter count per GPU comes from the project's tensor inventory (built once at
 tp = 1): per layer, the replicated weights, the tp-sharded weights (/tp) and the routed experts
 (/(ep x etp)); the embedding and the output layer (tp-padded vocabulary, /tp) sit on the first and
 last stage. Layouts whose bound exceeds the usable HBM are dropped before the full memory model.
@@ -92,7 +92,8 @@ def stage_params_max(model: ModelSpec, grid: np.ndarray, split: str = "auto") ->
 
 
 def weights_and_grads_bytes(model: ModelSpec, grid: np.ndarray, grad_bytes: int, split: str = "auto",
-                            param_bytes: float = BF16_BYTES) -> np.ndarray:
-    """Lower bound on memory per GPU in bytes (weights + gradients of the heaviest stage); ``param_bytes``
-    is the smallest a weight element can take (1 under fp8_param_gather with fp8-cs, else bf16's 2)."""
-    return stage_params_max(model, grid, split) * (param_bytes + grad_bytes)
+                            weight_bytes: float = BF16_BYTES) -> np.ndarray:
+    """Lower bound on memory per GPU in bytes (weights + gradients of the heaviest stage); ``weight_bytes``:
+    the fewest bytes any parameter takes (bf16 2, FP8 primary weights 1: see
+    :func:`workloads.weight_memory.min_weight_bytes_per_element`)."""
+    return stage_params_max(model, grid, split) * (weight_bytes + grad_bytes)

@@ -51,6 +51,7 @@ from costmodel.planner.space import (
     structure_grid,
 )
 from topologies.inputs import UserInputError
+from workloads.weight_memory import min_weight_bytes_per_element
 
 if TYPE_CHECKING:
     from costmodel.calibrate.profile import CalibrationProfile
@@ -162,9 +163,8 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     notes: list[str] = []
 
     grid, raw = structure_grid(base, options.pins)
-    fp8_cs_params = base.optimizer.fp8_param_gather and base.precision.value == "fp8-cs"  # 1 B FP8 weights
     lb = weights_and_grads_bytes(base.model, grid, base.optimizer.grad_bytes, base.par.pipeline_split,
-                                 1.0 if fp8_cs_params else 2.0)
+                                 min_weight_bytes_per_element(base))
     if base.par.fsdp:  # Megatron-FSDP shards weights and gradients over at most gpus/(tp·pp) ranks
         lb = lb / (base.gpus / (grid[:, 0] * grid[:, 1]))
     grid_ok = grid[lb <= budget]
