@@ -149,7 +149,7 @@ class StageCost:
     embedding_grad_s: float = 0.0  # all-reduce of a shared embedding's gradient with the other end of ``embd``
     embedding_grad_latency_s: float = 0.0
     embedding_grad_link: str = "nvlink"
-    grad_prescale_s: float = 0.0  # compute-stream seconds scaling the gradient buckets by 1/dp (end of backward)
+    grad_prescale_s: float = 0.0  # compute-stream seconds scaling the gradient buckets by 1/dp (booked as dp_grad)
 
     @cached_property
     def work_s(self) -> float:
@@ -265,7 +265,10 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
 def _prescale_s(b: Bucket, system: SystemSpec) -> float:
     """GPU seconds of ``grad_data *= 1/dp`` on the compute stream before bucket ``b``'s reduction
     (MCore's ``start_grad_sync``; 0 when its scaling factor is 1: see :attr:`Bucket.prescaled` and
-    :func:`grad_prescale_s`); the reduction starts after it."""
+    :func:`grad_prescale_s`); the reduction starts after it. The whole padded bucket is scaled:
+    ``bucket.grad_data`` is the buffer view ``[start_index, end_index)`` that the reduce-scatter
+    also takes (``_ParamAndGradBuffer._new_bucket``, MCore 0.16.1), padding included, so a heavily
+    padded layer-wise bucket costs its ``numel``, not its ``used_numel``."""
     if not b.prescaled:
         return 0.0
     return sum(k.count * kernel_gpu_s(k, system) for k in grad_prescale_kernels(1, b.numel, b.grad_bytes // b.numel))

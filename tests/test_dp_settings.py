@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from costmodel.analytic import run_analytic
 from costmodel.compute import memory_time_s
+from costmodel.des import run_des
 from costmodel.optimizer import kernel_sequence as ks
 from costmodel.optimizer.plan import build_optimizer_plan
 from topologies.inputs import UserInputError
@@ -229,7 +231,6 @@ def test_unaligned_parameter_gathers_add_up_along_the_pipeline_fill() -> None:
 
 # ------------------------------------------------------------------ average_in_collective
 def test_gradient_prescaling_unless_averaged_in_the_collective() -> None:
-    from costmodel.analytic import run_analytic
     from costmodel.step_structure import build_step_structure
 
     sc, avg = _llama(8), _llama(8, average_in_collective=True)
@@ -238,4 +239,46 @@ def test_gradient_prescaling_unless_averaged_in_the_collective() -> None:
     expected = sum(memory_time_s(2 * 2 * b.numel, sc.system) for b in plan.buckets)
     assert build_step_structure(sc).stages[0].grad_prescale_s == pytest.approx(expected, rel=1e-9)
     assert build_step_structure(avg).stages[0].grad_prescale_s == 0.0
-    assert run_analytic(sc).step_time_s - run_analytic(avg).step_time_s == pytest.approx(expected, rel=1e-6)
+    # without overlap (MCore finish_grad_sync: scale, then reduce, bucket after bucket) the whole scaling
+    # is on the critical path, booked as gradient synchronisation in both engines
+    ana, ana_avg = run_analytic(sc, overlap=False), run_analytic(avg, overlap=False)
+    des, des_avg = (run_des(x, contention=False, overlap=False, record=False) for x in (sc, avg))
+    for with_scaling, without in ((ana, ana_avg), (des, des_avg)):
+        assert with_scaling.step_time_s - without.step_time_s == pytest.approx(expected, rel=1e-6)
+        a, b = with_scaling.breakdown_s, without.breakdown_s
+        assert a.exposed_comm["dp_grad"] - b.exposed_comm["dp_grad"] == pytest.approx(expected, rel=1e-6)
+        assert (a.compute, a.pipeline_bubble) == pytest.approx((b.compute, b.pipeline_bubble), rel=1e-9, abs=1e-12)
+
+
+def test_overlapped_gradient_prescaling_delays_the_drain_in_both_engines() -> None:
+    """With ``overlap_grad_reduce`` Megatron-Core scales a bucket from the backward hook
+    (``register_grad_ready`` → ``start_grad_sync``: ``grad_data *= 1/dp`` on the compute stream) as
+    soon as its gradients are complete in the last micro-batch, inside that backward and before the
+    input gradient is sent to the previous stage. The last micro-batch's backward runs through the
+    stages pp−1 … 0, so (vpp 1) stage s's last backward ends later by Σ_{j ≥ s} P_j, with P_j the
+    scaling of stage j's buckets (one read + write pass over each bf16 bucket at the HBM rate)."""
+    from costmodel.analytic import analytic_timing
+    from costmodel.des.simulation import StepSimulation
+    from costmodel.step_structure import build_step_structure
+
+    sc, avg = _llama(32, pp=4, global_batch_size=64), _llama(32, pp=4, global_batch_size=64, average_in_collective=True)
+    plan = build_optimizer_plan(sc)
+    scaling = [sum(memory_time_s(2 * 2 * b.numel, sc.system) for b in stage.buckets) for stage in plan.stages]
+    expected = [sum(scaling[s:]) for s in range(4)]
+    ends = []
+    for x in (sc, avg):
+        sim = StepSimulation(build_step_structure(x), steps=1, contention=False, record=False)
+        sim.run()
+        ends.append(sim.bwd_end[0])
+    assert [a - b for a, b in zip(*ends, strict=True)] == pytest.approx(expected, rel=1e-6)
+    ana, ana_avg = (analytic_timing(build_step_structure(x)) for x in (sc, avg))
+    assert ana.pipeline_s - ana_avg.pipeline_s == pytest.approx(expected[0], rel=1e-9)
+    # what it adds to the step is booked as gradient synchronisation (not compute, not bubble) in both
+    # engines (less than Σ P: the reductions of the earlier buckets run meanwhile)
+    for engine in (run_analytic, lambda x: run_des(x, contention=False, record=False)):
+        r, r_avg = engine(sc), engine(avg)
+        a, b = r.breakdown_s, r_avg.breakdown_s
+        added = r.step_time_s - r_avg.step_time_s - (a.other - b.other)  # other: overlap slowdown
+        assert 0 < added <= expected[0]
+        assert a.exposed_comm["dp_grad"] - b.exposed_comm["dp_grad"] == pytest.approx(added, rel=1e-6)
+        assert (a.compute, a.pipeline_bubble) == pytest.approx((b.compute, b.pipeline_bubble), rel=1e-6)
