@@ -252,12 +252,14 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
             across = collective_s("all_reduce", b.across_bytes, group_shapes[b.across_group], system)
             red = (red[0] + across[0], red[1] + across[1], red[2] if red[0] >= across[0] else across[2])
         gat = collective_s(b.gather_op, b.param_bytes, shape, system) if b.gather_op else NO_COMM
+        if b.param_gathers > 1:  # MXFP8 on Megatron-FSDP: the rowwise and the columnwise buffer, one after the other
+            gat = (gat[0] * b.param_gathers, gat[1] * b.param_gathers, gat[2])
         key = (b.chunk, b.dp_group)
         seen[key] = seen.get(key, 0) + b.numel
         frac = seen[key] / groups[key] if groups[key] else 1.0
         out.append(BucketCost(b.chunk, b.dp_group, red[0], gat[0], red[2], frac if overlap else 1.0,
                               red[1], gat[1], reduce_bytes=float(b.grad_bytes),
-                              gather_bytes=float(b.param_bytes) if b.gather_op else 0.0,
+                              gather_bytes=float(b.param_bytes * b.param_gathers) if b.gather_op else 0.0,
                               prescale_s=_prescale_s(b, system)))
     return tuple(out)
 

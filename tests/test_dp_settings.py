@@ -142,10 +142,70 @@ def test_fsdp_strategy_collectives(strategy: str) -> None:
     assert owned == (n if strategy == "no_shard" else pytest.approx(n / 8, rel=1e-3))
 
 
-def test_fsdp_gathers_fp8_primary_weights_as_stored() -> None:
-    sc = _fsdp("optim_grads_params", precision="fp8-cs", fp8_param_gather=True)
-    _, (fwd, _), _ = _unit_calls(sc)
-    assert [(c.bytes, c.dtype) for c in fwd] == [(LAYER + 2 * NORMS, "fp8")]  # 1 B per GEMM weight, bf16 norms
+@pytest.mark.parametrize(("precision", "system"), [("fp8-cs", "gb300-nvl72"), ("fp8-cs", "dgx-h100"),
+                                                   ("mxfp8", "gb300-nvl72")])
+def test_fsdp_gathers_fp8_parameters_one_byte_per_element(precision: str, system: str) -> None:
+    """Megatron-FSDP keeps FP8 parameters in parameter groups of their own (``dtype="float8"``) whose
+    buffers are ``uint8``: the rowwise data (``fp8_get_raw_data``), and for MXFP8 also the columnwise
+    data (``transpose_weight_buffer``, gathered in the backward instead). Scales are computed on every
+    rank, Hopper's transpose is made after the gather. So one Llama 3 8B layer gathers its GEMM
+    weights at 1 B per element (not 2 B as stored with Hopper's transpose, nor 2.06 B as MXFP8's
+    rowwise + columnwise + scales) and its two norms at 2 B, as two collectives, in the forward and
+    again in the backward."""
+    sc = _fsdp("optim_grads_params", precision=precision, fp8_param_gather=True, system=system)
+    unit, (fwd, bwd), _ = _unit_calls(sc)
+    gathers = [("bf16", 2 * NORMS), ("fp8", LAYER)]
+    assert [(c.dtype, c.bytes) for c in fwd] == gathers
+    assert [(c.dtype, c.bytes) for c in bwd if c.op == "all_gather"] == gathers
+    # full recompute: the recomputed forward's gather serves the backward, except MXFP8's columnwise one
+    _, again = unit.calls(8, 1, sc.optimizer.grad_bytes, recomputed=True)
+    extra = [("fp8", LAYER)] if precision == "mxfp8" else []
+    assert [(c.dtype, c.bytes) for c in again if c.op == "all_gather"] == gathers + extra
+    # a layer kept in BF16 (first_last_layers_bf16) gathers everything at 2 B
+    _, kept = unit.calls(8, 1, sc.optimizer.grad_bytes, fp8=False)
+    assert [(c.dtype, c.bytes) for c in kept if c.op == "all_gather"] == [("bf16", 2 * (LAYER + NORMS))]
+
+
+def test_fsdp_layer_blocks_know_recompute_and_bf16_layers() -> None:
+    """The step's per-layer blocks: MXFP8 with full recompute gathers the rowwise data once more in
+    the backward of a recomputed layer (not of a ``:norc`` one); a ``:bf16`` layer gathers 2 B."""
+    from costmodel.fsdp import fsdp_layer_blocks, fsdp_units
+    from costmodel.optimizer.plan import cached_inventory
+
+    sc = _fsdp("optim_grads_params", precision="mxfp8", fp8_param_gather=True, recompute="full")
+    units = fsdp_units(cached_inventory(sc), sc)
+    shapes = {g: placement_for(sc).shape(g) for g in ("dp", "expert_dp")}
+    rs = 2 * (LAYER + NORMS)  # bf16 gradient reduce-scatter (grad_reduce_dtype bf16)
+
+    def bwd_bytes(kind: str) -> float:
+        return fsdp_layer_blocks(sc, units, kind, shapes, (1.0, 1.0), True)[1][0].bytes
+
+    assert bwd_bytes("dense") == 2 * NORMS + 2 * LAYER + rs
+    assert bwd_bytes("dense:norc") == 2 * NORMS + LAYER + rs
+    assert bwd_bytes("dense:bf16") == 2 * (LAYER + NORMS) + rs
+
+
+def test_mxfp8_on_megatron_fsdp_gathers_two_uint8_buffers_after_the_step() -> None:
+    """``optim``: the FP8 buckets are gathered after the step as the rowwise and the columnwise
+    ``uint8`` buffers, one after the other (2 × an all-gather of 1 B per element), and Megatron-FSDP
+    holds no BF16 parameter-gather buffer (the distributed optimizer's MXFP8 path does: 2 B)."""
+    from costmodel.layer_costs import collective_s
+    from costmodel.step_structure import build_step_structure
+    from workloads.weight_memory import low_precision_storage
+
+    sc = _fsdp("optim", precision="mxfp8", fp8_param_gather=True)
+    plan = build_optimizer_plan(sc).stages[0]
+    fp8 = [b for b in plan.buckets if b.param_dtype == "fp8"]
+    assert fp8 and all(b.param_gathers == 2 and b.param_bytes == b.numel for b in fp8)
+    costs = build_step_structure(sc).stages[0].buckets  # in the plan's bucket order
+    shape = placement_for(sc).shape("dp")
+    for b, cost in zip(sorted(plan.buckets, key=lambda x: x.order), costs, strict=True):
+        if b.param_dtype == "fp8":
+            assert cost.gather_bytes == 2 * b.numel
+            assert cost.gather_s == pytest.approx(2 * collective_s("all_gather", b.numel, shape, sc.system)[0])
+    assert low_precision_storage(sc).gather_buffer_bytes == 0.0
+    ddp = _llama(8, precision="mxfp8", fp8_param_gather=True)
+    assert low_precision_storage(ddp).gather_buffer_bytes == 2.0
 
 
 # ------------------------------------------------------------------ first/last layers in BF16
