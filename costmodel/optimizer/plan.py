@@ -28,6 +28,7 @@ from workloads.fp8_params import (
     fp8_gather_note,
     is_fp8_param,
     param_gather_bytes_per_element,
+    param_gathers_per_sync,
 )
 from workloads.inventory import Inventory
 
@@ -185,7 +186,8 @@ def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSetting
            fsdp: bool = False, fp8: bool = False, precision: str = "bf16",
            bf16_layers: tuple[int, int] = (0, 0)) -> StageOptimizerPlan:
     tensors = inv.stage_tensors(s)
-    b = StageBuilder(s, grid, spec, timer, st, param_gather_bytes_per_element(precision, True))
+    b = StageBuilder(s, grid, spec, timer, st, param_gather_bytes_per_element(precision, True, fsdp),
+                     param_gathers_per_sync(precision, True, fsdp))
     fp8_of = (lambda t: is_fp8_param(t, inv.model.num_layers, bf16_layers)) if fp8 else None
     buffers = [buf for c in range(inv.vpp)
                for buf in chunk_buffers([t for t in tensors if t.chunk == c], c, spec.kind, fp8_of)]
