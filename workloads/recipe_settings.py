@@ -265,20 +265,36 @@ class ReleaseSettings:
                 "skipped": self.skipped}
 
 
+def _completed(layout: PartialLayout, sizes: dict[str, int]) -> str | None:
+    """``layout`` completed for the scenario's model (None without its layer counts, or when it cannot be)."""
+    if "num_layers" not in sizes:
+        return None
+    return layout.complete(sizes["num_layers"], sizes.get("pp", 1) * sizes.get("vpp", 1), sizes.get("mtp_layers", 0))
+
+
 def release_settings(choice: RecipeChoice, user_keys: set[str], sizes: dict[str, int]) -> ReleaseSettings:
     """The recipe overrides of ``choice`` a scenario takes: not the keys the user set (``user_keys``);
     the pipeline layout keys only when the scenario's pp and vpp are the recipe run's; EP overlap only
-    when the scenario has EP and (with pp > 1) interleaving, as Megatron requires."""
+    when the scenario has EP and (with pp > 1) interleaving, as Megatron requires. A pipeline layout
+    cut short in the settings file (:class:`PartialLayout`) is completed for the scenario's model
+    (``sizes['num_layers']`` and ``sizes['mtp_layers']``, as :meth:`MeasuredRun.scenario_overrides`
+    does for the run's own model), or skipped when it cannot be."""
     resolution = resolve_recipe_cells(choice.cells)
     run = next((r for r in _summary_rows() if r["run_id"] == choice.run_id), {})
     applied: dict[str, Any] = {}
     kept: list[str] = []
     skipped: dict[str, str] = {}
+    if "mtp_layers" in resolution.overrides and "mtp_layers" not in user_keys:  # the layout places the recipe's MTP
+        sizes = {**sizes, "mtp_layers": resolution.overrides["mtp_layers"]}
     for key, value in resolution.overrides.items():
         if key in user_keys:
             kept.append(key)
         elif key in _LAYOUT_KEYS and (str(sizes.get("pp")) != run.get("pp") or str(sizes.get("vpp")) != run.get("vpp")):
             skipped[key] = f"the recipe run has pp {run.get('pp')} vpp {run.get('vpp')}"
+        elif isinstance(value, PartialLayout) and (full := _completed(value, sizes)) is None:
+            skipped[key] = "cut short in the settings file and cannot be completed for this model"
+        elif isinstance(value, PartialLayout):
+            applied[key] = full
         elif key in ("ep_comm_overlap", "delay_wgrad_compute") and value and (
                 sizes.get("ep", 1) == 1 or (sizes.get("pp", 1) > 1 and sizes.get("vpp", 1) == 1)):
             skipped[key] = "needs ep > 1 and, with pp > 1, vpp > 1"
