@@ -206,3 +206,37 @@ def test_plan_candidates_of_another_layout_drop_the_defaults_pipeline_layout() -
     own = candidate_config(base, normalised(1, 2, 8, 1, 32, 1, 1, "selective", "muon", "layer_wise", "current",
                                             None, "lpt", False)).resolve()
     assert own.par.pipeline_model_parallel_layout == base.parallelism.pipeline_model_parallel_layout
+
+
+def test_why_muon_needs_more_memory_than_adamw_on_an_mxfp8_recipe() -> None:
+    """Llama 3 70B on 64 GB300, MXFP8, the 26.04.01 recipe (tp1 pp4 vpp5, fp8_param_gather with the
+    gradient buffer reused for the parameter gather): AdamW keeps MXFP8 primary weights (rowwise +
+    columnwise, 2·(1 + 1/32) B per GEMM element), Muon keeps bf16 weights (2 B) plus Transformer
+    Engine's MXFP8 copy, because Megatron-Core 0.16.1 runs Muon without the distributed optimizer
+    (muon.py: 'muon with dist optimizer is not supported'), whose Float16OptimizerWithFloat16Params
+    takes only fp16/bf16/fp32 parameters; FP8 primary weights exist only with the element-wise
+    distributed optimizer or Megatron-FSDP. Hand calculation of the difference on the fullest stage:
+    + 2 B × GEMM elements (the bf16 copy) - 4 B × params / dp (AdamW's second moment, Muon has one
+    fp32 momentum), the layer-wise legacy ping-pong imbalance aside."""
+    from cli.common import resolve_release_scenario
+    from workloads.inventory import inventory_for
+    from workloads.memory import memory_breakdown
+    from workloads.weight_memory import low_precision_gemm
+
+    flags = {"model": "llama3-70b", "system": "gb300-nvl72", "precision": "mxfp8", "gpus": "64", "tp": "1", "pp": "4",
+             "vpp": "5", "ep": "1", "micro_batch_size": "1", "global_batch_size": "256", "seq_length": "8192"}
+    muon, _, _ = resolve_release_scenario(None, flags | {"optimizer": "muon"}, "26.04.01")
+    adamw, _, _ = resolve_release_scenario(None, flags | {"optimizer": "adamw"}, "26.04.01")
+    m, a = memory_breakdown(muon), memory_breakdown(adamw)
+    assert m.stage == a.stage and muon.optimizer.fp8_param_gather and muon.dp == 16
+    tensors = inventory_for(muon).stage_tensors(m.stage)
+    params = sum(t.rank_numel for t in tensors)
+    gemm = sum(t.rank_numel for t in tensors if low_precision_gemm(muon, t))
+    mxfp8 = 2 * (1 + 1 / 32)
+    assert m.weights_bytes == pytest.approx(2 * params) and m.weight_buffers_bytes == pytest.approx(mxfp8 * gemm)
+    assert a.weights_bytes == pytest.approx(mxfp8 * gemm + 2 * (params - gemm)) and a.weight_buffers_bytes == 0
+    assert a.optimizer_state_bytes == pytest.approx(12 * params / 16, rel=1e-3)
+    assert m.optimizer_state_bytes == pytest.approx(8 * params / 16, rel=0.05)  # ping-pong: whole params per rank
+    extra = (m.persistent_bytes - a.persistent_bytes) - (2 * gemm - 4 * params / 16)
+    assert abs(extra) < 0.05 * 8 * params / 16  # only the ping-pong imbalance of the Muon state remains
+    assert m.total_bytes > m.capacity_bytes > a.total_bytes  # hence the default is the NVFP4 recipe
