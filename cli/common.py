@@ -268,6 +268,9 @@ def resolve_release_scenario(scenario_file: Path | None, flags: dict[str, Any], 
         scenario, layered = resolve_with_layout(scenario_file, {**chosen.applied, **flags})
     except UserInputError as err:
         raise UserInputError(f"with the recipe settings of release {choice.release} ({choice.run_id}): {err}") from None
+    for key in chosen.applied:  # passed as flags, but not set by the user
+        if key not in flags:
+            layered.origin[key] = "release"
     return scenario, layered, chosen
 
 

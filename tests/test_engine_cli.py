@@ -115,6 +115,7 @@ def test_predict_release_takes_that_releases_recipe_settings(run_cli, tmp_path) 
     assert plain["recipe_settings"] is None and "release 26.06" in settings["source"]
     assert settings["applied"]["cuda_graph_impl"] == "full_iteration" and settings["applied"]["ep_comm_overlap"] is True
     assert "micro_batch_size" not in settings["applied"]  # a flag the user gave is kept
+    assert "micro_batch_size" in rel["layout"]["set_by_user"] and "cuda_graph_impl" not in rel["layout"]["set_by_user"]
     assert rel["step_time_s"] < plain["step_time_s"]  # graphs and EP overlap
     text = run_cli("predict", *flags, "--release", "26.06").stdout
     assert "recipe settings: megatron_bridge_recipe_settings.csv: run mb-26.06-deepseek-v3" in " ".join(text.split())

@@ -45,7 +45,7 @@ REGENERATE = "python tools/scenario_defaults.py"
 PRECISION_PREFERENCE = (Precision.MXFP8, Precision.FP8_CS, Precision.BF16, Precision.NVFP4)
 SECTIONS = ("parallelism", "optimizer", "runtime")  # replaced as a whole by a scenario file
 LAYOUT_TOP_KEYS = ("gpus", "precision")
-Origin = Literal["flag", "file", "defaults", "built-in"]
+Origin = Literal["flag", "file", "defaults", "release", "built-in"]  # release: recipe settings of --release
 
 
 class DefaultsEntry(BaseModel):
@@ -174,7 +174,8 @@ class Layered:
             return self.defaults.describe()
         if where == "file":
             return f"scenario file '{self.file}'"
-        return {"flag": "your flag", "built-in": "Megatron's default"}[where]
+        return {"flag": "your flag", "release": "the recipe settings of --release",
+                "built-in": "Megatron's default"}[where]
 
     def inherited(self) -> list[str]:
         """Flat keys whose value the user did not set (file or flag) and the defaults did."""
