@@ -261,11 +261,16 @@ def resolve_release_scenario(scenario_file: Path | None, flags: dict[str, Any], 
         data = load_yaml_file(scenario_file, "scenario file")
         user |= {k for section in data.values() if isinstance(section, dict) for k in section} | set(data)
     p = scenario.par
-    chosen = release_settings(choice, user, {"pp": p.pp, "vpp": p.vpp, "ep": p.ep})
+    sizes = {"pp": p.pp, "vpp": p.vpp, "ep": p.ep, "fsdp": p.fsdp, "num_layers": scenario.model.num_layers,
+             "mtp_layers": scenario.model.mtp_layers}
+    chosen = release_settings(choice, user, sizes)
     try:
         scenario, layered = resolve_with_layout(scenario_file, {**chosen.applied, **flags})
     except UserInputError as err:
         raise UserInputError(f"with the recipe settings of release {choice.release} ({choice.run_id}): {err}") from None
+    for key in chosen.applied:  # passed as flags, but not set by the user
+        if key not in flags:
+            layered.origin[key] = "release"
     return scenario, layered, chosen
 
 

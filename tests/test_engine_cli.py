@@ -100,10 +100,14 @@ def test_nvfp4_on_a_gpu_without_fp4_is_an_error(run_cli) -> None:
     assert not any("FP4" in w for w in json.loads(on_b200.stdout)["warnings"])
 
 
-def test_predict_release_takes_that_releases_recipe_settings(run_cli) -> None:
+def test_predict_release_takes_that_releases_recipe_settings(run_cli, tmp_path) -> None:
     flags = ("--model", "deepseek-v3", "--gpus", "256", "--pp", "2", "--vpp", "8", "--ep", "32", "--mbs", "1",
              "--gbs", "4096", "--optimizer", "adamw")
-    plain = json.loads(run_cli("predict", "--json", *flags).stdout)
+    # muonsim's settings: a file whose sections replace the defaults' (which carry a recipe's settings)
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("parallelism: {global_batch_size: 4096, seq_length: 4096}\noptimizer: {}\nruntime: {}\n",
+                    encoding="utf-8")
+    plain = json.loads(run_cli("predict", "--json", str(bare), *flags).stdout)
     res = run_cli("predict", "--json", *flags, "--release", "26.06")
     assert res.exit_code == 0, res.output
     rel = json.loads(res.stdout)
@@ -111,6 +115,7 @@ def test_predict_release_takes_that_releases_recipe_settings(run_cli) -> None:
     assert plain["recipe_settings"] is None and "release 26.06" in settings["source"]
     assert settings["applied"]["cuda_graph_impl"] == "full_iteration" and settings["applied"]["ep_comm_overlap"] is True
     assert "micro_batch_size" not in settings["applied"]  # a flag the user gave is kept
+    assert "micro_batch_size" in rel["layout"]["set_by_user"] and "cuda_graph_impl" not in rel["layout"]["set_by_user"]
     assert rel["step_time_s"] < plain["step_time_s"]  # graphs and EP overlap
     text = run_cli("predict", *flags, "--release", "26.06").stdout
     assert "recipe settings: megatron_bridge_recipe_settings.csv: run mb-26.06-deepseek-v3" in " ".join(text.split())

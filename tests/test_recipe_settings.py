@@ -183,3 +183,26 @@ def test_recipe_for_picks_the_release_then_the_newest() -> None:
     newest = recipe_for("deepseek-v3", "gb300-nvl72", "24.01")
     assert newest is not None and newest.release == "26.08" and "newest" in newest.reason
     assert recipe_for("kimi-k2", "gb300-nvl72", "26.06") is None  # never published: muonsim defaults
+
+
+def test_release_settings_complete_a_truncated_pipeline_layout_for_the_model() -> None:
+    """The DeepSeek-V3 DGX B300 26.06 cell shows 3 of 8 stages: ``--release`` completes it for the
+    scenario's model (the recipe's MTP layer, unless the user set the MTP layers) instead of passing a
+    PartialLayout to the scenario (which pydantic rejected)."""
+    from workloads.recipe_settings import release_settings
+
+    choice = recipe_for("deepseek-v3", "dgx-b300", "26.06", gpus=256, precision="mxfp8")
+    assert choice is not None and choice.run_id == "mb-26.06-deepseek-v3-dgx-b300-mxfp8-256g-gbs4096"
+    sizes = {"pp": 8, "vpp": 1, "ep": 8, "num_layers": 61, "mtp_layers": 0}
+    stages = "|".join(["Et" + "t" * 7] + ["t" * 8] * 6)
+    assert release_settings(choice, set(), sizes).applied["pipeline_model_parallel_layout"] == stages + "|tttttmL"
+    own_mtp = release_settings(choice, {"mtp_layers"}, sizes)
+    assert own_mtp.applied["pipeline_model_parallel_layout"] == stages + "|tttttL"  # 8 + 6·8 + 5 = 61 layers
+    assert "pipeline_model_parallel_layout" in release_settings(choice, set(), {"pp": 8, "vpp": 1}).skipped
+
+
+def test_predict_release_with_a_truncated_layout_runs(run_cli) -> None:
+    res = run_cli("predict", "--model", "deepseek-v3", "--system", "dgx-b300", "--release", "26.06", "--json")
+    assert res.exit_code == 0, res.output
+    layout = json.loads(res.stdout)["recipe_settings"]["applied"]["pipeline_model_parallel_layout"]
+    assert layout.endswith("mL") and layout.count("|") == 7

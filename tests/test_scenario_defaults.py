@@ -42,14 +42,61 @@ def test_every_catalogue_pair_has_exactly_one_default_entry() -> None:
 @pytest.mark.parametrize("model", model_names())
 def test_predict_model_alone_and_on_every_system(run_cli, model: str) -> None:
     """Acceptance: ``predict --model M`` and ``predict --model M --system S`` for every S, each
-    printing the layout it picked and its source."""
-    for system in [None, *system_names()]:
-        args = ["predict", "--model", model] + (["--system", system] if system else [])
+    printing the layout it picked and its source, and each fitting in memory."""
+    res = run_cli("predict", "--model", model)
+    assert res.exit_code == 0, res.output
+    chosen = lookup_defaults(model, "gb300-nvl72")
+    assert chosen is not None and "layout from" in res.stdout and chosen.kind in res.stdout, res.stdout
+    for system in system_names():
+        args = ["predict", "--model", model, "--system", system, "--json"]
         res = run_cli(*args)
         assert res.exit_code == 0, (args, res.output)
-        assert "layout from" in res.stdout, res.stdout
-        chosen = lookup_defaults(model, system or "gb300-nvl72")
-        assert chosen is not None and chosen.kind in res.stdout, (args, res.stdout)
+        data = json.loads(res.stdout)
+        chosen = lookup_defaults(model, system)
+        assert chosen is not None and data["layout"]["defaults"]["source"] == chosen.source
+        memory = data["memory"]
+        assert memory["fits"], (args, f"{memory['total_bytes'] / 1e9:.1f} GB of {memory['capacity_bytes'] / 1e9:.0f} GB")
+
+
+def test_every_entry_fits_in_memory_and_a_recipe_entry_carries_its_settings() -> None:
+    """Every entry of the table (each precision, not only the defaults) fits as predict judges it,
+    with the default optimizer (Muon); a recipe entry names the recipe settings it carries."""
+    from workloads.memory import memory_breakdown
+
+    for e in load_table().entries:
+        sc = resolve_layered(layered_config(None, {"model": e.model, "system": e.system, "precision": e.precision.value}))
+        mem = memory_breakdown(sc)
+        assert sc.optimizer.kind == "muon" and mem.fits(), (
+            f"{e.model} on {e.system} ({e.precision.value}, {e.kind}): {mem.total_bytes / 1e9:.1f} GB of "
+            f"{mem.capacity_bytes / 1e9:.0f} GB")
+        if e.kind == "recipe":
+            assert "recipe settings as '--release" in e.source and (e.runtime or e.optimizer), e.source
+
+
+def test_a_recipe_default_predicts_its_run_as_release_would() -> None:
+    """``predict --model M --system S`` on a recipe default is the scenario ``--release R`` of its run
+    gives (the run's recipe settings are in the table), so adding ``--release R`` changes nothing."""
+    import re
+
+    from cli.common import resolve_release_scenario, resolve_with_layout
+    from workloads.recipe_settings import recipe_for
+
+    checked = 0
+    for e in load_table().entries:
+        found = re.search(r"Megatron-Bridge (\S+) performance recipe, published run (\S+)", e.source)
+        if e.kind != "recipe" or found is None or "MTP layer" in e.source:  # --release would apply the run's MTP
+            continue
+        release, run_id = found.groups()
+        choice = recipe_for(e.model, e.system, release, e.gpus, e.precision.value)
+        if choice is None or choice.run_id != run_id:
+            continue
+        flags = {"model": e.model, "system": e.system, "precision": e.precision.value}
+        plain, _ = resolve_with_layout(None, flags)
+        with_release, _, settings = resolve_release_scenario(None, flags, release)
+        assert settings is not None and settings.choice.run_id == run_id
+        assert plain.config.model_dump() == with_release.config.model_dump(), (e.model, e.system, e.precision.value)
+        checked += 1
+    assert checked >= 10
 
 
 def test_json_names_the_defaults_and_what_the_user_set(run_cli) -> None:
@@ -132,3 +179,64 @@ def test_unknown_pair_falls_back_and_says_so(tmp_path: Path, run_cli) -> None:
     assert defaults["kind"] == "fallback" and "no shipped defaults" in defaults["source"]
     fb = fallback_defaults("my-llama", load_system("dgx-h100"))
     assert fb.precision == Precision.FP8_CS and fb.gpus == 8
+
+
+def test_recipe_settings_of_the_defaults_layout_drop_when_the_user_changes_it() -> None:
+    """DeepSeek-V3's GB300 default carries its recipe's pipeline layout for pp 2 vpp 8: with --pp 4
+    --vpp 4 the layout no longer applies and is dropped (as --release drops it), not an error."""
+    chosen = lookup_defaults("deepseek-v3", "gb300-nvl72")
+    assert chosen is not None and chosen.kind == "recipe" and chosen.parallelism.get("pipeline_model_parallel_layout")
+    same = layered_config(None, {"model": "deepseek-v3"})
+    assert same.config.parallelism.pipeline_model_parallel_layout == chosen.parallelism["pipeline_model_parallel_layout"]
+    layered = layered_config(None, {"model": "deepseek-v3", "pp": "4", "vpp": "4"})
+    sc = resolve_layered(layered)
+    assert sc.par.pipeline_model_parallel_layout is None and layered.origin["pipeline_model_parallel_layout"] == "built-in"
+    assert (sc.par.pp, sc.par.vpp) == (4, 4)
+
+
+def test_plan_candidates_of_another_layout_drop_the_defaults_pipeline_layout() -> None:
+    """``plan --model deepseek-v3`` searches pp and vpp: the GB300 default's recipe layout (pp 2 vpp 8)
+    must not make every other candidate invalid."""
+    from costmodel.planner.space import candidate_config, normalised
+
+    base = layered_config(None, {"model": "deepseek-v3"}).config
+    other = candidate_config(base, normalised(1, 4, 4, 1, 32, 1, 1, "selective", "muon", "layer_wise", "current",
+                                              None, "lpt", False)).resolve()
+    assert other.par.pipeline_model_parallel_layout is None and (other.par.pp, other.par.vpp) == (4, 4)
+    own = candidate_config(base, normalised(1, 2, 8, 1, 32, 1, 1, "selective", "muon", "layer_wise", "current",
+                                            None, "lpt", False)).resolve()
+    assert own.par.pipeline_model_parallel_layout == base.parallelism.pipeline_model_parallel_layout
+
+
+def test_why_muon_needs_more_memory_than_adamw_on_an_mxfp8_recipe() -> None:
+    """Llama 3 70B on 64 GB300, MXFP8, the 26.04.01 recipe (tp1 pp4 vpp5, fp8_param_gather with the
+    gradient buffer reused for the parameter gather): AdamW keeps MXFP8 primary weights (rowwise +
+    columnwise, 2·(1 + 1/32) B per GEMM element), Muon keeps bf16 weights (2 B) plus Transformer
+    Engine's MXFP8 copy, because Megatron-Core 0.16.1 runs Muon without the distributed optimizer
+    (muon.py: 'muon with dist optimizer is not supported'), whose Float16OptimizerWithFloat16Params
+    takes only fp16/bf16/fp32 parameters; FP8 primary weights exist only with the element-wise
+    distributed optimizer or Megatron-FSDP. Hand calculation of the difference on the fullest stage:
+    + 2 B × GEMM elements (the bf16 copy) - 4 B × params / dp (AdamW's second moment, Muon has one
+    fp32 momentum), the layer-wise legacy ping-pong imbalance aside."""
+    from cli.common import resolve_release_scenario
+    from workloads.inventory import inventory_for
+    from workloads.memory import memory_breakdown
+    from workloads.weight_memory import low_precision_gemm
+
+    flags = {"model": "llama3-70b", "system": "gb300-nvl72", "precision": "mxfp8", "gpus": "64", "tp": "1", "pp": "4",
+             "vpp": "5", "ep": "1", "micro_batch_size": "1", "global_batch_size": "256", "seq_length": "8192"}
+    muon, _, _ = resolve_release_scenario(None, flags | {"optimizer": "muon"}, "26.04.01")
+    adamw, _, _ = resolve_release_scenario(None, flags | {"optimizer": "adamw"}, "26.04.01")
+    m, a = memory_breakdown(muon), memory_breakdown(adamw)
+    assert m.stage == a.stage and muon.optimizer.fp8_param_gather and muon.dp == 16
+    tensors = inventory_for(muon).stage_tensors(m.stage)
+    params = sum(t.rank_numel for t in tensors)
+    gemm = sum(t.rank_numel for t in tensors if low_precision_gemm(muon, t))
+    mxfp8 = 2 * (1 + 1 / 32)
+    assert m.weights_bytes == pytest.approx(2 * params) and m.weight_buffers_bytes == pytest.approx(mxfp8 * gemm)
+    assert a.weights_bytes == pytest.approx(mxfp8 * gemm + 2 * (params - gemm)) and a.weight_buffers_bytes == 0
+    assert a.optimizer_state_bytes == pytest.approx(12 * params / 16, rel=1e-3)
+    assert m.optimizer_state_bytes == pytest.approx(8 * params / 16, rel=0.05)  # ping-pong: whole params per rank
+    extra = (m.persistent_bytes - a.persistent_bytes) - (2 * gemm - 4 * params / 16)
+    assert abs(extra) < 0.05 * 8 * params / 16  # only the ping-pong imbalance of the Muon state remains
+    assert m.total_bytes > m.capacity_bytes > a.total_bytes  # hence the default is the NVFP4 recipe

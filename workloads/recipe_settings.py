@@ -240,8 +240,31 @@ def recipe_for(model: str, system: str, release: str | None = None, gpus: int | 
 
 
 # keys whose recipe value only applies to the recipe run's own pipeline sizes
-_LAYOUT_KEYS = ("pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
-                "account_for_loss_in_pipeline_split")
+LAYOUT_KEYS = ("pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
+               "account_for_loss_in_pipeline_split")
+
+
+# Megatron-FSDP settings: a recipe without Megatron-FSDP carries Megatron-Bridge's config defaults for them
+FSDP_KEYS = ("data_parallel_sharding_strategy", "fsdp_double_buffer", "nccl_ub", "suggested_communication_unit_size",
+             "keep_fp8_transpose_cache")
+
+
+def layout_bound_skip(key: str, value: Any, recipe_pp_vpp: tuple[int, int], sizes: dict[str, int],
+                      recipe_fsdp: bool = True) -> str | None:
+    """Why a recipe setting made for a layout of ``recipe_pp_vpp`` (pp, vpp) does not apply to a
+    scenario of ``sizes`` (pp, vpp, ep, fsdp), or None when it does: the pipeline layout keys need the
+    recipe's pp and vpp; EP overlap (and delayed wgrad) need ep > 1 and, with pp > 1, interleaving
+    (Megatron asserts it); the Megatron-FSDP settings of a recipe that did not use Megatron-FSDP
+    (``recipe_fsdp`` False: Megatron-Bridge's unused config defaults, e.g. ``no_shard``) do not
+    configure a scenario that does. One rule for ``--release`` and the model × system defaults."""
+    pp, vpp = sizes.get("pp", 1), sizes.get("vpp", 1)
+    if key in LAYOUT_KEYS and (pp, vpp) != recipe_pp_vpp:
+        return f"the recipe run has pp {recipe_pp_vpp[0]} vpp {recipe_pp_vpp[1]}"
+    if key in FSDP_KEYS and not recipe_fsdp and sizes.get("fsdp", 0) > 0:
+        return "the recipe run does not use Megatron-FSDP"
+    if key in ("ep_comm_overlap", "delay_wgrad_compute") and value and (sizes.get("ep", 1) == 1 or (pp > 1 and vpp == 1)):
+        return "needs ep > 1 and, with pp > 1, vpp > 1"
+    return None
 
 
 @dataclass(frozen=True)
@@ -265,23 +288,37 @@ class ReleaseSettings:
                 "skipped": self.skipped}
 
 
+def _completed(layout: PartialLayout, sizes: dict[str, int]) -> str | None:
+    """``layout`` completed for the scenario's model (None without its layer counts, or when it cannot be)."""
+    if "num_layers" not in sizes:
+        return None
+    return layout.complete(sizes["num_layers"], sizes.get("pp", 1) * sizes.get("vpp", 1), sizes.get("mtp_layers", 0))
+
+
 def release_settings(choice: RecipeChoice, user_keys: set[str], sizes: dict[str, int]) -> ReleaseSettings:
     """The recipe overrides of ``choice`` a scenario takes: not the keys the user set (``user_keys``);
     the pipeline layout keys only when the scenario's pp and vpp are the recipe run's; EP overlap only
-    when the scenario has EP and (with pp > 1) interleaving, as Megatron requires."""
+    when the scenario has EP and (with pp > 1) interleaving, as Megatron requires. A pipeline layout
+    cut short in the settings file (:class:`PartialLayout`) is completed for the scenario's model
+    (``sizes['num_layers']`` and ``sizes['mtp_layers']``, as :meth:`MeasuredRun.scenario_overrides`
+    does for the run's own model), or skipped when it cannot be."""
     resolution = resolve_recipe_cells(choice.cells)
     run = next((r for r in _summary_rows() if r["run_id"] == choice.run_id), {})
     applied: dict[str, Any] = {}
     kept: list[str] = []
     skipped: dict[str, str] = {}
+    if "mtp_layers" in resolution.overrides and "mtp_layers" not in user_keys:  # the layout places the recipe's MTP
+        sizes = {**sizes, "mtp_layers": resolution.overrides["mtp_layers"]}
+    recipe_pp_vpp = (int(run.get("pp") or 0), int(run.get("vpp") or 0))
     for key, value in resolution.overrides.items():
         if key in user_keys:
             kept.append(key)
-        elif key in _LAYOUT_KEYS and (str(sizes.get("pp")) != run.get("pp") or str(sizes.get("vpp")) != run.get("vpp")):
-            skipped[key] = f"the recipe run has pp {run.get('pp')} vpp {run.get('vpp')}"
-        elif key in ("ep_comm_overlap", "delay_wgrad_compute") and value and (
-                sizes.get("ep", 1) == 1 or (sizes.get("pp", 1) > 1 and sizes.get("vpp", 1) == 1)):
-            skipped[key] = "needs ep > 1 and, with pp > 1, vpp > 1"
+        elif (why := layout_bound_skip(key, value, recipe_pp_vpp, sizes, bool(resolution.use_megatron_fsdp))) is not None:
+            skipped[key] = why
+        elif isinstance(value, PartialLayout) and (full := _completed(value, sizes)) is None:
+            skipped[key] = "cut short in the settings file and cannot be completed for this model"
+        elif isinstance(value, PartialLayout):
+            applied[key] = full
         else:
             applied[key] = value
     return ReleaseSettings(choice, applied, tuple(sorted(kept)), skipped)

@@ -2,11 +2,14 @@
 
 ``muonsim predict --model llama3-70b`` must not inherit Kimi K2's EP64 from the built-in scenario.
 Every catalogue model has, for every catalogue system, a shipped default (GPUs, precision and the
-``parallelism`` section, plus recipe ``runtime`` settings when the source records them):
+``parallelism`` section, plus the ``optimizer`` and ``runtime`` settings of the recipe a default
+comes from):
 
 - ``recipe``: the newest Megatron-Bridge performance-recipe run for that model × system ×
-  precision in the shipped ``megatron_bridge_perf_summary.csv`` (only layouts the default optimizer,
-  Muon, can run: Megatron rejects Megatron-FSDP with the layer-wise optimizer);
+  precision in the shipped ``megatron_bridge_perf_summary.csv`` whose layout the default optimizer,
+  Muon, can run and fit in memory (Megatron rejects Megatron-FSDP with the layer-wise optimizer),
+  with that run's recipe settings: the ones ``--release`` applies for it (the settings that differ
+  from muonsim's defaults are stored), so the default predicts the published run as trained, with Muon;
 - ``published``: a layout published elsewhere (NVIDIA's Kimi K2 run on 256 GB300), with the values
   it does not state marked as assumptions;
 - ``search``: otherwise, the best plan of a quick, pinned ``muonsim plan`` search, computed once.
@@ -40,9 +43,9 @@ from workloads.scenario import Parallelism, Scenario, ScenarioConfig, build_conf
 DEFAULTS_PATH = Path(__file__).parent / "data" / "scenario_defaults.yaml"
 REGENERATE = "python tools/scenario_defaults.py"
 PRECISION_PREFERENCE = (Precision.MXFP8, Precision.FP8_CS, Precision.BF16, Precision.NVFP4)
-SECTIONS = ("parallelism", "runtime")  # replaced as a whole by a scenario file
+SECTIONS = ("parallelism", "optimizer", "runtime")  # replaced as a whole by a scenario file
 LAYOUT_TOP_KEYS = ("gpus", "precision")
-Origin = Literal["flag", "file", "defaults", "built-in"]
+Origin = Literal["flag", "file", "defaults", "release", "built-in"]  # release: recipe settings of --release
 
 
 class DefaultsEntry(BaseModel):
@@ -58,7 +61,8 @@ class DefaultsEntry(BaseModel):
     source: str = Field(description="one line: where the values come from")
     gpus: int = Field(gt=0)
     parallelism: dict[str, Any]
-    runtime: dict[str, Any] = Field(default_factory=dict)
+    optimizer: dict[str, Any] = Field(default_factory=dict, description="recipe optimizer settings (flat keys)")
+    runtime: dict[str, Any] = Field(default_factory=dict, description="recipe runtime settings")
 
 
 class DefaultsTable(BaseModel):
@@ -82,6 +86,7 @@ class ChosenDefaults:
     gpus: int
     parallelism: dict[str, Any]
     runtime: dict[str, Any] = field(default_factory=dict)
+    optimizer: dict[str, Any] = field(default_factory=dict)
 
     def describe(self, short: bool = False) -> str:
         """One line, e.g. 'defaults of llama3-70b on gb300-nvl72 (mxfp8, recipe): Megatron-Bridge ... run ...'
@@ -119,7 +124,7 @@ def chosen_from(entry: DefaultsEntry, precision: Precision | None = None, note: 
     """The :class:`ChosenDefaults` of a table entry (``precision``: the user's, when it differs)."""
     source = entry.source + (f"; {note}" if note else "")
     return ChosenDefaults(entry.model, entry.system, precision or entry.precision, entry.kind, source, entry.gpus,
-                          dict(entry.parallelism), dict(entry.runtime))
+                          dict(entry.parallelism), dict(entry.runtime), dict(entry.optimizer))
 
 
 def lookup_defaults(model: str, system: str, precision: Precision | None = None) -> ChosenDefaults | None:
@@ -169,7 +174,8 @@ class Layered:
             return self.defaults.describe()
         if where == "file":
             return f"scenario file '{self.file}'"
-        return {"flag": "your flag", "built-in": "Megatron's default"}[where]
+        return {"flag": "your flag", "release": "the recipe settings of --release",
+                "built-in": "Megatron's default"}[where]
 
     def inherited(self) -> list[str]:
         """Flat keys whose value the user did not set (file or flag) and the defaults did."""
@@ -218,9 +224,11 @@ def layered_config(data: dict[str, Any] | None, flags: dict[str, Any], file: str
     chosen = lookup_defaults(model_name, system.name, precision) or fallback_defaults(model_name, system, precision)
     merged: dict[str, Any] = {"gpus": chosen.gpus, "precision": chosen.precision.value,
                               "parallelism": dict(chosen.parallelism)}
-    if chosen.runtime:
-        merged["runtime"] = dict(chosen.runtime)
-    origin: dict[str, Origin] = {k: "defaults" for k in (*LAYOUT_TOP_KEYS, *chosen.parallelism, *chosen.runtime)}
+    for section, values in (("optimizer", chosen.optimizer), ("runtime", chosen.runtime)):
+        if values:
+            merged[section] = dict(values)
+    origin: dict[str, Origin] = {k: "defaults" for k in (*LAYOUT_TOP_KEYS, *chosen.parallelism, *chosen.optimizer,
+                                                          *chosen.runtime)}
     for key, value in data.items():
         merged[key] = value
         if key in SECTIONS:
@@ -230,15 +238,40 @@ def layered_config(data: dict[str, Any] | None, flags: dict[str, Any], file: str
             origin[key] = "file"
     source = f"scenario file '{file}'" if file else "scenario"
     config = build_config(merged, flags, source=source)
+    dropped = _layout_bound(chosen, config, origin)
+    if dropped:  # recipe settings of the defaults' own layout, which the user changed
+        for section in ("parallelism", "optimizer", "runtime"):
+            if isinstance(merged.get(section), dict):
+                merged[section] = {k: v for k, v in merged[section].items() if k not in dropped}
+        for key in dropped:
+            origin[key] = "built-in"
+        config = build_config(merged, flags, source=source)
     for key in flags:
         origin[key] = "flag"
     return Layered(config=config, defaults=chosen, origin=origin, file=file)
 
 
+def _layout_bound(chosen: ChosenDefaults, config: ScenarioConfig, origin: dict[str, Origin]) -> list[str]:
+    """Inherited recipe settings that belong to the defaults' own layout and do not apply to the
+    scenario's (the user changed pp, vpp or ep, or turned Megatron-FSDP on): dropped, as ``--release`` drops them
+    (:func:`workloads.recipe_settings.layout_bound_skip`)."""
+    from workloads.recipe_settings import layout_bound_skip
+
+    d, p = chosen.parallelism, config.parallelism
+    recipe_pp_vpp = (int(d.get("pp", 1)), int(d.get("vpp", 1)))
+    sizes = {"pp": p.pp, "vpp": p.vpp, "ep": p.ep, "fsdp": p.fsdp}
+    inherited = {**chosen.parallelism, **chosen.optimizer, **chosen.runtime}
+    return [k for k, v in inherited.items() if origin.get(k) == "defaults"
+            and layout_bound_skip(k, v, recipe_pp_vpp, sizes, int(d.get("fsdp", 0)) > 0) is not None]
+
+
 def _section_fields(section: str) -> tuple[str, ...]:
     from workloads.runtime import RuntimeSettings
+    from workloads.scenario import OptimizerSpec
 
-    return tuple((Parallelism if section == "parallelism" else RuntimeSettings).model_fields)
+    models: dict[str, type[BaseModel]] = {"parallelism": Parallelism, "optimizer": OptimizerSpec}
+    model = models.get(section, RuntimeSettings)
+    return tuple(name for name in model.model_fields if name != "kind")
 
 
 # --------------------------------------------------------------------------------------- errors

@@ -28,9 +28,12 @@ from typing import Any, get_args
 import numpy as np
 
 from costmodel.planner.pins import CATEGORICAL_KEYS, Pins
+from workloads.recipe_settings import LAYOUT_KEYS, layout_bound_skip
+from workloads.runtime import RuntimeSettings
 from workloads.scenario import (
     LayerWiseLayout,
     LoadBalance,
+    Parallelism,
     Recompute,
     Scenario,
     ScenarioConfig,
@@ -136,12 +139,29 @@ def candidate_config(base: ScenarioConfig, cand: Candidate) -> ScenarioConfig:
         "tp": cand.tp, "pp": cand.pp, "vpp": cand.vpp, "cp": cand.cp, "ep": cand.ep, "etp": cand.etp,
         "micro_batch_size": cand.mbs, "recompute": cand.recompute,
     })
+    par, runtime = without_layout_bound(base, par)
     opt: dict[str, Any] = {"kind": cand.optimizer, "distribution": cand.distribution}
     for name, value in (("layer_wise_layout", cand.layout), ("tp_mode", cand.tp_mode),
                         ("load_balance", cand.load_balance), ("hide_param_gather", cand.hide)):
         if value is not None:
             opt[name] = value
-    return base.model_copy(update={"parallelism": par, "optimizer": base.optimizer.model_copy(update=opt)})
+    return base.model_copy(update={"parallelism": par, "runtime": runtime,
+                                   "optimizer": base.optimizer.model_copy(update=opt)})
+
+
+def without_layout_bound(base: ScenarioConfig, par: Parallelism) -> tuple[Parallelism, RuntimeSettings]:
+    """``par`` and the base's runtime without the base's settings that belong to its own layout (a
+    recipe's pipeline layout for its pp and vpp; EP overlap without ep or interleaving), reset to
+    Megatron's defaults when the candidate's layout differs: the rule ``--release`` and the model ×
+    system defaults follow (:func:`workloads.recipe_settings.layout_bound_skip`)."""
+    recipe_pp_vpp = (base.parallelism.pp, base.parallelism.vpp)
+    sizes = {"pp": par.pp, "vpp": par.vpp, "ep": par.ep}
+    reset = {k: Parallelism.model_fields[k].default for k in (*LAYOUT_KEYS, "ep_comm_overlap")
+             if layout_bound_skip(k, getattr(par, k), recipe_pp_vpp, sizes) is not None}
+    runtime = base.runtime
+    if layout_bound_skip("delay_wgrad_compute", runtime.delay_wgrad_compute, recipe_pp_vpp, sizes) is not None:
+        runtime = runtime.model_copy(update={"delay_wgrad_compute": False})
+    return (par.model_copy(update=reset) if reset else par), runtime
 
 
 def build_scenario(base: Scenario, cand: Candidate) -> Scenario:
