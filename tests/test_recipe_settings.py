@@ -183,3 +183,18 @@ def test_recipe_for_picks_the_release_then_the_newest() -> None:
     newest = recipe_for("deepseek-v3", "gb300-nvl72", "24.01")
     assert newest is not None and newest.release == "26.08" and "newest" in newest.reason
     assert recipe_for("kimi-k2", "gb300-nvl72", "26.06") is None  # never published: muonsim defaults
+
+
+def test_declared_fit_exclusions_are_scored_not_fitted_unless_asked() -> None:
+    """The dataset's declared list (megatron_bridge_fit_exclusions.csv) marks its runs with the reason;
+    the fit skips them unless --fit-excluded (FitSettings.fit_excluded); other runs are fitted."""
+    from costmodel.calibrate.fit_runs import fit_runnable
+
+    runs = by_id()
+    marked = {i: r.fit_exclusion for i, r in runs.items() if r.fit_exclusion}
+    assert set(marked) == {"mb-26.02-qwen3-30b-a3b-dgx-h100-fp8-cs-16g-gbs1024",
+                           "mb-25.11-qwen3-30b-a3b-dgx-h100-fp8-cs-16g-gbs512"}
+    assert all("EP all-to-all overlap" in why for why in marked.values())
+    excluded = runs["mb-26.02-qwen3-30b-a3b-dgx-h100-fp8-cs-16g-gbs1024"]
+    assert not fit_runnable(excluded) and fit_runnable(excluded, fit_excluded=True)
+    assert fit_runnable(runs["mb-26.02.01-qwen3-30b-a3b-dgx-h100-fp8-cs-16g-gbs1024"])
