@@ -213,7 +213,8 @@ def build_profile(result: CalibrationResult, prepared: Sequence[PreparedRun], he
     return CalibrationProfile(
         name=name, fitted_on=fitted_on or f"{len(prepared)} runs", systems=systems,
         cross_validation=_summary(overall) if overall else None, fit_settings=settings,
-        training_run_ids=sorted(p.run.run_id for p in prepared),
+        training_run_ids=sorted(p.run.run_id for p in prepared
+                                if fit_runnable(p.run, s.fit_reconstructed, s.fit_excluded)),
         release_multipliers={fam: _rounded(f.values) for fam, f in fits.release_multipliers.items()},
         default_release=_newest(f for f, m in fits.release_multipliers.items() if m.n_runs >= DEFAULT_RELEASE_MIN_RUNS),
     )
