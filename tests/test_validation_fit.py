@@ -275,3 +275,15 @@ def test_host_factors_are_one_parameter_per_host_cpu():
     assert fits.systems["a"].values["layer_host_s"] == pytest.approx(host_s, rel=0.02)
     for system, value in true.items():
         assert fits.systems[system].values["gemm_fp8"] == pytest.approx(value, rel=0.02)
+
+
+def test_host_prior_width_applies_where_the_host_cpu_was_measured():
+    from costmodel.calibrate.fit import HOST_PRIOR_CENTERS, PRIOR_SIGMA_LOG, prior_sigma_log
+
+    narrow = FitSettings(factors=("layer_host_s",), release_factors=(), host_prior_sigma_log=0.35)
+    assert "grace" in HOST_PRIOR_CENTERS
+    assert prior_sigma_log("layer_host_s", "grace", narrow) == 0.35
+    assert prior_sigma_log("layer_host_s", "", narrow) == PRIOR_SIGMA_LOG["layer_host_s"]  # no measurement
+    assert prior_sigma_log("layer_host_s", "grace", FitSettings()) == PRIOR_SIGMA_LOG["layer_host_s"]
+    assert prior_sigma_log("gemm_fp8", "grace", narrow) == narrow.prior_sigma_log
+    assert default_factor_values(["layer_host_s"], host_cpu="grace") == {"layer_host_s": HOST_PRIOR_CENTERS["grace"]["layer_host_s"]}

@@ -130,6 +130,10 @@ class FitSettings:
     loss: str = "soft_l1"  # soft_l1, huber, linear
     f_scale: float = 0.03  # log-residual scale where the robust loss turns linear (≈ 3 %)
     prior_sigma_log: float = 0.5
+    # prior width (1 sigma of log f) of a host factor centred on its host CPU's measured value
+    # (HOST_PRIOR_CENTERS); None: PRIOR_SIGMA_LOG's (1.0). The built-in profile uses 0.35 = ln 1.42, the
+    # spread of one Megatron CI case's host-bound time between recording environments (README)
+    host_prior_sigma_log: float | None = None
     release_prior_sigma_log: float = 0.10
     min_release_runs: int = 3
     min_sensitivity: float = 0.02
@@ -188,6 +192,13 @@ def default_factor_values(names: Sequence[str], defaults: EfficiencyFactors | Ma
     out = {n: float(get(n)) for n in names}
     centers = {**PRIOR_CENTERS, **HOST_PRIOR_CENTERS.get(host_cpu, {})}
     return {n: centers[n] if v <= 0 and n in centers else v for n, v in out.items()}
+
+
+def prior_sigma_log(factor: str, host_cpu: str, settings: FitSettings) -> float:
+    """Prior width (1 sigma of log f) of ``factor`` on a system whose host CPU is ``host_cpu``."""
+    if settings.host_prior_sigma_log and factor in HOST_PRIOR_CENTERS.get(host_cpu, {}):
+        return settings.host_prior_sigma_log
+    return PRIOR_SIGMA_LOG.get(factor, settings.prior_sigma_log)
 
 
 def release_family(release: str) -> str:
@@ -307,7 +318,7 @@ def _candidate_params(runs: Sequence[FitRun], lins: Sequence[Linearization],
             made.add((keys[n], n))
             lo, hi = FACTOR_BOUNDS[n]
             center = min(max(defaults[n], lo * 1.0001), hi / 1.0001)
-            params.append(Param("system", keys[n], n, math.log(center), PRIOR_SIGMA_LOG.get(n, settings.prior_sigma_log),
+            params.append(Param("system", keys[n], n, math.log(center), prior_sigma_log(n, owner[system].host, settings),
                                 math.log(lo), math.log(hi)))
     fitted = {(p.key, p.factor) for p in params}
     for family in sorted(family_runs):
@@ -363,7 +374,7 @@ def _fits_from(runs: Sequence[FitRun], params: Sequence[Param], x: np.ndarray, p
         for n in settings.factors:  # a factor off by default, not identified: at its prior centre (as fitted)
             if n in PRIOR_CENTERS and n not in values:
                 values[n] = defaults_by_system[system][n]
-                sig[n] = values[n] * PRIOR_SIGMA_LOG.get(n, settings.prior_sigma_log)
+                sig[n] = values[n] * prior_sigma_log(n, owner[system].host, settings)
         systems[system] = FactorFit(values, sig, n_sys[system], dropped.get(system, ()), scale)
     mult: dict[str, FactorFit] = {}
     for p, v, sx in zip(params, x, sigma_x, strict=True):

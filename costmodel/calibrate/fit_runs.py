@@ -196,7 +196,7 @@ def build_profile(result: CalibrationResult, prepared: Sequence[PreparedRun], he
     s = result.settings
     settings = {
         "factors": list(s.factors), "release_factors": list(s.release_factors), "loss": s.loss,
-        "f_scale": s.f_scale, "prior_sigma_log": s.prior_sigma_log,
+        "f_scale": s.f_scale, "prior_sigma_log": s.prior_sigma_log, "host_prior_sigma_log": s.host_prior_sigma_log,
         "release_prior_sigma_log": s.release_prior_sigma_log, "min_release_runs": s.min_release_runs,
         "folds": s.folds, "seed": s.seed, "heldout": s.heldout_scheme,
         "fit_reconstructed": s.fit_reconstructed,
