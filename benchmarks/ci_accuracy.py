@@ -6,8 +6,9 @@ Prints, for every system of the dataset, the MAPE and bias of:
   time): operations priced by their rooflines alone;
 - **datasheet**: the schema defaults (kernel costs at their priors, framework host time off);
 - **CI profile, held-out**: what ``costmodel/data/ci_calibration.yaml`` records from
-  ``muonsim calibrate --dataset megatron-ci --factors kernel_issue_s,kernel_min_s,layer_host_s,moe_host_s
-  --release-factors layer_host_s`` (each configuration predicted from factors fitted without it);
+  ``muonsim calibrate --dataset megatron-ci --factors layer_host_s,moe_host_s --release-factors ''
+  --name megatron-ci`` (each configuration predicted from factors fitted without it; no
+  per-recording-environment multipliers);
 - **CI profile, training**: the same profile applied to every run.
 
 Usage: ``python benchmarks/ci_accuracy.py`` (about a minute; report the load average).

@@ -30,6 +30,8 @@ PAIRS = [  # (before, after, what mainly changes)
      "alltoall dispatcher MBS 1 -> flex HybridEP MBS 4"),
     ("mb-26.04-deepseek-v3-dgx-b200-mxfp8-256g-gbs4096", "mb-26.04.01-deepseek-v3-dgx-b200-mxfp8-256g-gbs4096",
      "PP16 EP8 HybridEP -> PP8 VPP2 EP32 DeepEP, EP overlap, TE graphs, recompute +mlp"),
+    ("mb-26.02-qwen3-30b-a3b-dgx-h100-fp8-cs-16g-gbs1024", "mb-26.02.01-qwen3-30b-a3b-dgx-h100-fp8-cs-16g-gbs1024",
+     "EP overlap + delayed wgrad, DeepEP -> no EP overlap, HybridEP (no CUDA graphs; a declared fit exclusion)"),
     ("mb-25.09-llama3-8b-dgx-h100-fp8-cs-8g-gbs128", "mb-25.11-llama3-8b-dgx-h100-fp8-cs-8g-gbs128",
      "no recompute -> full recompute, block method, 5 layers"),
     ("mb-26.04-llama3.1-405b-gb200-nvl72-nvfp4-256g-gbs1536", "mb-26.06-llama3.1-405b-gb200-nvl72-nvfp4-256g-gbs1536",

@@ -225,6 +225,12 @@ def calibrate(
     skip_reconstructed: Annotated[bool, typer.Option(
         "--skip-reconstructed", help="predict and score, but do not fit on, runs whose recipe settings are a "
                                      "reconstruction (the settings file's match_status)")] = False,
+    host_prior_sigma: Annotated[float | None, typer.Option(
+        "--host-prior-sigma", min=0.01, help="prior width (sigma of log) of the host factors centred on the host "
+                                             "CPU's measured value (default: 1.0)")] = None,
+    fit_excluded: Annotated[bool, typer.Option(
+        "--fit-excluded", help="fit on the runs the dataset declares excluded too (its fit_exclusion "
+                               "reasons), to report held-out error on every run")] = False,
     release_residuals: Annotated[bool, typer.Option(
         "--release-residuals", help="diagnostic: the held-out bias each release family leaves (not fitted)")] = False,
     loss: Annotated[str, typer.Option("--loss", help="soft_l1, huber or linear")] = "soft_l1",
@@ -254,7 +260,8 @@ def calibrate(
     try:
         settings = FitSettings(factors=fitted, release_factors=tuple(f for f in per_release if f in fitted),
                                loss=loss, folds=folds, holdout=holdout, fit_reconstructed=not skip_reconstructed,
-                               min_release_runs=min_release_runs)
+                               fit_excluded=fit_excluded, min_release_runs=min_release_runs,
+                               host_prior_sigma_log=host_prior_sigma)
     except ValueError as err:
         raise CliError(str(err)) from None
 

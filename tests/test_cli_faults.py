@@ -100,13 +100,24 @@ def test_json_output_never_holds_nan(tmp_path: Path, run_cli) -> None:
     assert _strict(result.stdout)["kendall_tau"] is None
 
 
-def test_calibrate_warns_when_runs_are_fewer_than_factors(tmp_path: Path, run_cli) -> None:
+def test_calibrate_fits_no_more_factors_than_one_run_identifies(tmp_path: Path, run_cli) -> None:
+    """One run informs the default factors only together: the fit keeps the best-informed one
+    (FitSettings.max_shrinkage), lists the rest as not identifiable, and so has nothing to warn about;
+    a profile with more factors than runs still gets the warning."""
+    from cli.cmd_validate import underdetermined_warnings
+    from costmodel.calibrate.profile import CalibrationProfile, SystemCalibration
+
     (tmp_path / "runs.csv").write_text(_rows(1), encoding="utf-8")
     result = run_cli("calibrate", str(tmp_path / "runs.csv"), "--out", str(tmp_path / "p.yaml"), "--no-cv", "--json")
     assert result.exit_code == 0, result.output
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "from 1 run" in warnings[0] and "gb300-nvl72" in warnings[0], result.stderr
-    assert _strict(result.stdout)["warnings"] == [warnings[0].removeprefix("warning: ")]
+    data = _strict(result.stdout)
+    fitted = data["profile"]["systems"]["gb300-nvl72"]["factors"]
+    assert len(fitted) <= 1 and data["warnings"] == []
+    assert len(data["profile"]["fit_settings"]["not_identifiable"]["gb300-nvl72"]) >= 6
+    profile = CalibrationProfile(name="p", systems={"gb300-nvl72": SystemCalibration(
+        factors={"gemm_fp8": 0.5, "attention": 0.5}, n_runs=1)})
+    (warning,) = underdetermined_warnings(profile)
+    assert "from 1 run" in warning and "gb300-nvl72" in warning
 
 
 @pytest.mark.parametrize("factor", ["nan", "inf", "1", "-2"])

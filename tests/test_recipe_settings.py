@@ -206,3 +206,18 @@ def test_predict_release_with_a_truncated_layout_runs(run_cli) -> None:
     assert res.exit_code == 0, res.output
     layout = json.loads(res.stdout)["recipe_settings"]["applied"]["pipeline_model_parallel_layout"]
     assert layout.endswith("mL") and layout.count("|") == 7
+
+
+def test_declared_fit_exclusions_are_scored_not_fitted_unless_asked() -> None:
+    """The dataset's declared list (megatron_bridge_fit_exclusions.csv) marks its runs with the reason;
+    the fit skips them unless --fit-excluded (FitSettings.fit_excluded); other runs are fitted."""
+    from costmodel.calibrate.fit_runs import fit_runnable
+
+    runs = by_id()
+    marked = {i: r.fit_exclusion for i, r in runs.items() if r.fit_exclusion}
+    assert set(marked) == {"mb-26.02-qwen3-30b-a3b-dgx-h100-fp8-cs-16g-gbs1024",
+                           "mb-25.11-qwen3-30b-a3b-dgx-h100-fp8-cs-16g-gbs512"}
+    assert all("EP all-to-all overlap" in why for why in marked.values())
+    excluded = runs["mb-26.02-qwen3-30b-a3b-dgx-h100-fp8-cs-16g-gbs1024"]
+    assert not fit_runnable(excluded) and fit_runnable(excluded, fit_excluded=True)
+    assert fit_runnable(runs["mb-26.02.01-qwen3-30b-a3b-dgx-h100-fp8-cs-16g-gbs1024"])

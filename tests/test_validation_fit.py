@@ -215,3 +215,75 @@ def test_runs_with_untrusted_settings_are_scored_but_not_fitted():
     for name in TRUE:
         assert marked.fits.systems["sys"].values[name] == pytest.approx(clean.fits.systems["sys"].values[name], rel=1e-6)
     assert set(marked.heldout_predictions_s) == {r.run_id for r in runs}  # still predicted and scored
+
+
+def test_shrinkage_is_the_hand_computed_posterior_over_prior_sigma():
+    """One run, one factor: t(x) = t0 - c + c·f0·e^-x, so d log t / dx = -c/t0 at f0, and with the
+    data row over f_scale and the prior row 1/σp, σ_post/σp = 1 / sqrt(1 + (c/t0 · σp / f_scale)²)."""
+    from costmodel.calibrate.fit_surrogate import Linearization, Param, SurrogateProblem
+
+    def ratio(c_s: float) -> float:
+        lin = Linearization(2.0, ("gemm_fp8",), (0.5,), (c_s,))
+        param = Param("system", "sys", "gemm_fp8", np.log(0.5), 0.5, np.log(0.2), np.log(1.0))
+        problem = SurrogateProblem([lin], ["sys"], [""], [2.0], [param], FACTOR_BOUNDS)
+        return float(problem.shrinkage(np.array([np.log(0.5)]), "linear", 0.03)[0])
+
+    assert ratio(1.0) == pytest.approx(1 / np.sqrt(1 + (0.5 * 0.5 / 0.03) ** 2), rel=1e-3)  # 0.119: identified
+    assert ratio(0.1) == pytest.approx(1 / np.sqrt(1 + (0.05 * 0.5 / 0.03) ** 2), rel=1e-3)  # 0.768: not
+    assert ratio(0.1) > FitSettings().max_shrinkage > ratio(1.0)
+
+
+def test_a_factor_the_runs_barely_inform_is_fixed_at_its_prior():
+    """The network term is 5 % of one run's time and absent elsewhere: sensitive enough to be a
+    candidate (min_sensitivity 2 %), but its posterior σ is 1/sqrt(1 + (0.05·0.5/0.03)²) ≈ 0.77 of
+    the prior's (> 1/√2), so it is not fitted and stays at the datasheet value."""
+    runs = make_runs(n=20, noise=0.01)
+    weak = []
+    for i, r in enumerate(runs):
+        def predict_s(f: Mapping[str, float], r=r, i=i) -> float:  # noqa: ANN001
+            g = {**DEFAULTS, **f}
+            base = r.predict_s({**f, "network_bandwidth": DEFAULTS["network_bandwidth"]})
+            return base + (0.05 * base * DEFAULTS["network_bandwidth"] / g["network_bandwidth"] if i == 0 else 0.0)
+        weak.append(FitRun(r.run_id, r.system, r.release, r.config, predict_s({}), predict_s))
+    fit = fit_one(weak, FitSettings(factors=("gemm_fp8", "attention", "network_bandwidth"), release_factors=()))
+    assert "network_bandwidth" in fit.not_identifiable
+    assert set(fit.values) == {"gemm_fp8", "attention"}
+
+
+def test_host_factors_are_one_parameter_per_host_cpu():
+    """Two systems on the same host CPU share layer_host_s (one parameter, fitted from both systems'
+    runs); their GEMM factors stay their own. Step time = GEMM work / gemm_fp8 + host passes × layer_host_s."""
+    rng = np.random.default_rng(1)
+    true = {"a": 0.4, "b": 0.6}
+    host_s = 2.0e-3
+    defaults = default_factor_values(["gemm_fp8", "layer_host_s"])
+    runs = []
+    for i in range(24):
+        system = "a" if i % 2 else "b"
+        g, n = rng.uniform(1, 5), rng.uniform(200, 2000)
+
+        def predict_s(f: Mapping[str, float], g=g, n=n) -> float:  # noqa: ANN001
+            v = {**defaults, **f}
+            return g * 0.5 / v["gemm_fp8"] + n * v["layer_host_s"]
+
+        measured = predict_s({"gemm_fp8": true[system], "layer_host_s": host_s})
+        runs.append(FitRun(f"r{i}", system, "", f"c{i}", measured, predict_s, host="cpu"))
+    settings = FitSettings(factors=("gemm_fp8", "layer_host_s"), release_factors=())
+    fits, _, params, _, _ = fit_factors(runs, {"a": defaults, "b": defaults}, settings)
+    assert sum(p.factor == "layer_host_s" for p in params) == 1
+    assert fits.systems["a"].values["layer_host_s"] == fits.systems["b"].values["layer_host_s"]
+    assert fits.systems["a"].values["layer_host_s"] == pytest.approx(host_s, rel=0.02)
+    for system, value in true.items():
+        assert fits.systems[system].values["gemm_fp8"] == pytest.approx(value, rel=0.02)
+
+
+def test_host_prior_width_applies_where_the_host_cpu_was_measured():
+    from costmodel.calibrate.fit import HOST_PRIOR_CENTERS, PRIOR_SIGMA_LOG, prior_sigma_log
+
+    narrow = FitSettings(factors=("layer_host_s",), release_factors=(), host_prior_sigma_log=0.35)
+    assert "grace" in HOST_PRIOR_CENTERS
+    assert prior_sigma_log("layer_host_s", "grace", narrow) == 0.35
+    assert prior_sigma_log("layer_host_s", "", narrow) == PRIOR_SIGMA_LOG["layer_host_s"]  # no measurement
+    assert prior_sigma_log("layer_host_s", "grace", FitSettings()) == PRIOR_SIGMA_LOG["layer_host_s"]
+    assert prior_sigma_log("gemm_fp8", "grace", narrow) == narrow.prior_sigma_log
+    assert default_factor_values(["layer_host_s"], host_cpu="grace") == {"layer_host_s": HOST_PRIOR_CENTERS["grace"]["layer_host_s"]}

@@ -82,11 +82,14 @@ def test_builtin_default_profile_records_its_training_set_and_heldout_error():
     assert p is not None, "costmodel/data/default_calibration.yaml is missing"
     assert "megatron-bridge" in p.fitted_on
     assert set(p.systems) == {"gb300-nvl72", "gb200-nvl72", "dgx-b300", "dgx-b200", "dgx-h100"}
-    for cal in p.systems.values():
+    scored_only = set(p.fit_settings["predicted_not_fitted"])  # declared exclusions: scored, not fitted
+    assert scored_only == set(p.fit_settings["fit_exclusions"]) and len(scored_only) == 2
+    for system, cal in p.systems.items():
         assert cal.factors and set(cal.uncertainty) == set(cal.factors)
-        assert cal.cross_validation is not None and cal.cross_validation["n"] == cal.n_runs
-    assert p.cross_validation is not None and p.cross_validation["n"] == len(p.training_run_ids)
-    assert set(p.training_run_ids) <= {r.run_id for r in load_dataset("megatron-bridge")}
+        assert cal.cross_validation is not None
+        assert cal.cross_validation["n"] == cal.n_runs + sum(system in i for i in scored_only)
+    assert p.cross_validation is not None and p.cross_validation["n"] == len(p.training_run_ids) + len(scored_only)
+    assert set(p.training_run_ids) <= {r.run_id for r in load_dataset("megatron-bridge")} - scored_only
     # the built-in profile fits hardware, not releases: no release multipliers, no release entries
     assert p.default_release is None and not p.release_multipliers
     assert all(not cal.releases for cal in p.systems.values())

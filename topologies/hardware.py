@@ -201,6 +201,9 @@ class SystemSpec(_Strict):
     scale_out: ScaleOutSpec
     efficiency: EfficiencyFactors = Field(default_factory=EfficiencyFactors)
     max_gpus: int = Field(default=1_000_000, gt=0)
+    host_cpu: str = Field(default="", description="the host CPU the framework's Python runs on (e.g. 'grace', "
+                          "'xeon-8480c'): calibration fits the host factors (layer_host_s, moe_host_s, "
+                          "kernel_issue_s) once per host CPU, shared by the systems that have it; '' = the system's own")
 
     @model_validator(mode="after")
     def _check(self) -> SystemSpec:

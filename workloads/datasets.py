@@ -15,6 +15,7 @@ as :class:`SkippedRun` s with their reason (:func:`load_dataset_rows`).
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,13 +35,15 @@ class Dataset:
     recipe_settings: Path | None = None  # CSV of the recipe settings of every run, joined on run_id
     loader: str = "runs"  # "runs": a CSV of the MeasuredRun schema; "megatron-ci": workloads.megatron_ci
     select: bool = True  # megatron-ci: keep only the rows used for fitting and validation
+    fit_exclusions: Path | None = None  # CSV run_id,reason: runs predicted and scored but not fitted on
 
 
 DATASETS: dict[str, Dataset] = {
     "megatron-bridge": Dataset(
         "megatron-bridge", MEASURED_DIR / "megatron_bridge_perf_summary.csv",
         "Megatron-Bridge published pre-training throughput, releases 25.09-26.08, five systems, "
-        "with the recipe settings of every run", SETTINGS_FILE),
+        "with the recipe settings of every run", SETTINGS_FILE,
+        fit_exclusions=MEASURED_DIR / "megatron_bridge_fit_exclusions.csv"),
     "megatron-ci": Dataset(
         "megatron-ci", MEASURED_DIR / "megatron_ci_runs.csv",
         "Megatron-LM CI timings (8 x H100 / GB200 / A100), the rows used for fitting and validation",
@@ -92,7 +95,20 @@ def load_dataset_rows(name: str) -> tuple[list[MeasuredRun], list[SkippedRun]]:
     missing = [r.run_id for r in runs if r.run_id not in settings]
     if missing:
         raise UserInputError(f"dataset '{name}': no recipe settings for run '{missing[0]}' in {dataset.recipe_settings.name}")
-    return [with_recipe_settings(r, settings[r.run_id]) for r in runs], []
+    excluded = fit_exclusions(dataset)
+    joined = [with_recipe_settings(r, settings[r.run_id]) for r in runs]
+    return [r.model_copy(update={"fit_exclusion": excluded[r.run_id]}) if r.run_id in excluded else r
+            for r in joined], []
+
+
+def fit_exclusions(dataset: Dataset) -> dict[str, str]:
+    """``run_id`` -> reason of the runs ``dataset`` declares predicted and scored but not fitted on
+    (its ``fit_exclusions`` CSV; comment lines start with '#')."""
+    if dataset.fit_exclusions is None:
+        return {}
+    with dataset.fit_exclusions.open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
+    return {row["run_id"]: row["reason"] for row in rows}
 
 
 def load_dataset(name: str) -> list[MeasuredRun]:

@@ -77,6 +77,9 @@ class MeasuredRun(BaseModel):
     tp_comm_overlap: bool | None = None
     recompute: str | None = None
     notes: str | None = None
+    fit_exclusion: str | None = Field(
+        None, description="why the run is predicted and scored but not fitted on (a dataset's declared "
+                          "list, e.g. a mechanism the model lacks); empty: fitted")
     recipe_settings: dict[str, str] | None = Field(
         None, description="recipe-settings columns (names of workloads.recipe_columns.COLUMNS) as text")
     # reference-backend extras (phase times in seconds, collectives as CollectiveCall dicts)

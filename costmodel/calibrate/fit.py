@@ -50,7 +50,13 @@ from functools import partial
 
 import numpy as np
 
-from costmodel.calibrate.fit_surrogate import Linearization, Param, SurrogateProblem, linearize
+from costmodel.calibrate.fit_surrogate import (
+    HOST_FACTORS,
+    Linearization,
+    Param,
+    SurrogateProblem,
+    linearize,
+)
 from topologies.hardware import EfficiencyFactors
 
 # The default set, chosen by held-out error on the shipped runs among ~15 candidate settings
@@ -84,6 +90,16 @@ MULTIPLIER_BOUNDS = (0.5, 2.0)  # a release changes a factor by at most 2x eithe
 # prior centres of factors whose schema default is 0 ("not modelled unless calibrated"): the fit
 # starts from and regularises towards these instead (sources in the factors' descriptions)
 PRIOR_CENTERS = {"layer_host_s": 1.0e-3, "moe_host_s": 1.0e-3}
+# ... and per host CPU (SystemSpec.host_cpu) where measured: the Megatron CI fit on 8 x H100 (Xeon 8480C),
+# 8 x GB200 (Grace) and 8 x A100 (EPYC 7742) (costmodel/data/ci_calibration.yaml, the command in its
+# header). Assumptions: the DGX B200/B300 Xeons (8570, 6776P) as the H100's; GB300's Grace as GB200's.
+# A factor the runs do not identify stays at this centre, recorded in the profile.
+_XEON_CI = {"layer_host_s": 2.498e-3, "moe_host_s": 3.001e-3}
+_GRACE_CI = {"layer_host_s": 3.109e-3, "moe_host_s": 2.935e-3}
+HOST_PRIOR_CENTERS: dict[str, dict[str, float]] = {
+    "xeon-8480c": _XEON_CI, "xeon-8570": _XEON_CI, "xeon-6776p": _XEON_CI, "grace": _GRACE_CI,
+    "epyc-7742": {"layer_host_s": 3.449e-3, "moe_host_s": 2.087e-3},
+}
 PRIOR_SIGMA_LOG = {"gemm_half_efficiency_flops": 1.5, "newton_schulz_half_efficiency_flops": 1.5,
                    "kernel_issue_s": 1.0, "layer_host_s": 1.0, "moe_host_s": 1.0}
 
@@ -100,6 +116,11 @@ class FitRun:
     predict_s: Callable[[Mapping[str, float]], float]
     model: str = ""  # model name: runs sharing it are held out together with holdout="model"
     trainable: bool = True  # False: predicted and scored, never fitted on (settings not trusted)
+    host: str = ""  # host CPU (SystemSpec.host_cpu): its HOST_FACTORS are shared with the systems that have it
+
+    def param_key(self, factor: str) -> str:
+        """Who owns ``factor`` for this run: its host CPU for a host factor, else its system."""
+        return (self.host or self.system) if factor in HOST_FACTORS else self.system
 
 
 @dataclass(frozen=True)
@@ -109,15 +130,24 @@ class FitSettings:
     loss: str = "soft_l1"  # soft_l1, huber, linear
     f_scale: float = 0.03  # log-residual scale where the robust loss turns linear (≈ 3 %)
     prior_sigma_log: float = 0.5
+    # prior width (1 sigma of log f) of a host factor centred on its host CPU's measured value
+    # (HOST_PRIOR_CENTERS); None: PRIOR_SIGMA_LOG's (1.0). The built-in profile uses 0.35 = ln 1.42, the
+    # spread of one Megatron CI case's host-bound time between recording environments (README)
+    host_prior_sigma_log: float | None = None
     release_prior_sigma_log: float = 0.10
     min_release_runs: int = 3
     min_sensitivity: float = 0.02
     folds: int = 0  # 0 = leave one configuration out; k >= 2 = grouped k-fold by configuration
     holdout: str = "configuration"  # or "model": leave one model out (all its systems and releases)
     fit_reconstructed: bool = True  # False: runs whose recipe settings are a reconstruction are predicted only
+    fit_excluded: bool = False  # True: fit on the runs a dataset declares excluded too (run.fit_exclusion)
     seed: int = 0
     outer_iterations: int = 4  # re-linearisations of the engine at the current solution
     outer_tolerance: float = 0.002  # stop when surrogate and engine agree to 0.2 % on every run
+    # identifiability: a system factor is fitted only where the runs carry at least as much information
+    # about it as its prior (posterior σ ≤ prior σ / √2, SurrogateProblem.shrinkage); the others are
+    # fixed at their prior centre (the system's datasheet value) and listed as not identifiable
+    max_shrinkage: float = 2 ** -0.5
 
     def __post_init__(self) -> None:
         for name in (*self.factors, *self.release_factors):
@@ -151,13 +181,24 @@ class FactorFit:
     residual_scale_log: float = 0.0
 
 
-def default_factor_values(names: Sequence[str], defaults: EfficiencyFactors | Mapping[str, float] | None = None) -> dict[str, float]:
-    """Datasheet values of ``names`` (from a system's EfficiencyFactors, or the schema defaults)."""
+def default_factor_values(names: Sequence[str], defaults: EfficiencyFactors | Mapping[str, float] | None = None,
+                          host_cpu: str = "") -> dict[str, float]:
+    """Datasheet values of ``names`` (from a system's EfficiencyFactors, or the schema defaults); a
+    factor whose datasheet value is 0 ("not modelled unless calibrated") takes its prior centre,
+    the host CPU's where measured (``HOST_PRIOR_CENTERS``), else ``PRIOR_CENTERS``."""
     if defaults is None:
         defaults = EfficiencyFactors()
     get = (lambda n: getattr(defaults, n)) if isinstance(defaults, EfficiencyFactors) else defaults.__getitem__
     out = {n: float(get(n)) for n in names}
-    return {n: PRIOR_CENTERS[n] if v <= 0 and n in PRIOR_CENTERS else v for n, v in out.items()}
+    centers = {**PRIOR_CENTERS, **HOST_PRIOR_CENTERS.get(host_cpu, {})}
+    return {n: centers[n] if v <= 0 and n in centers else v for n, v in out.items()}
+
+
+def prior_sigma_log(factor: str, host_cpu: str, settings: FitSettings) -> float:
+    """Prior width (1 sigma of log f) of ``factor`` on a system whose host CPU is ``host_cpu``."""
+    if settings.host_prior_sigma_log and factor in HOST_PRIOR_CENTERS.get(host_cpu, {}):
+        return settings.host_prior_sigma_log
+    return PRIOR_SIGMA_LOG.get(factor, settings.prior_sigma_log)
 
 
 def release_family(release: str) -> str:
@@ -246,35 +287,45 @@ class _Counted:
 
 
 def _candidate_params(runs: Sequence[FitRun], lins: Sequence[Linearization],
-                      defaults_by_system: Mapping[str, Mapping[str, float]], settings: FitSettings
+                      defaults_by_system: Mapping[str, Mapping[str, float]], settings: FitSettings,
+                      unidentified: Mapping[str, frozenset[str]] | None = None
                       ) -> tuple[list[Param], dict[str, tuple[str, ...]]]:
-    """Identifiable parameters: system factors and release multipliers with enough sensitivity."""
-    sens: dict[tuple[str, str], float] = defaultdict(float)
+    """Identifiable parameters: system factors and release multipliers with enough sensitivity (and,
+    for system factors, not in ``unidentified``: the data did not shrink their prior enough)."""
+    unidentified = unidentified or {}
+    sens: dict[tuple[str, str], float] = defaultdict(float)  # (param key, factor)
     fam_sens: dict[tuple[str, str], float] = defaultdict(float)
     family_runs: dict[str, int] = defaultdict(int)
     for r, lin in zip(runs, lins, strict=True):
         family_runs[release_family(r.release)] += 1
         for name, c in zip(lin.names, lin.c_s, strict=True):
             share = abs(c) / lin.t0_s
-            sens[(r.system, name)] = max(sens[(r.system, name)], share)
+            sens[(r.param_key(name), name)] = max(sens[(r.param_key(name), name)], share)
             fam_sens[(release_family(r.release), name)] = max(fam_sens[(release_family(r.release), name)], share)
     params: list[Param] = []
     dropped: dict[str, tuple[str, ...]] = {}
-    for system in sorted({r.system for r in runs}):
+    owner = {r.system: r for r in runs}  # a run of each system: its param keys
+    made: set[tuple[str, str]] = set()
+    for system in sorted(owner):
         defaults = defaults_by_system[system]
-        keep = [n for n in settings.factors if sens[(system, n)] >= settings.min_sensitivity]
+        keys = {n: owner[system].param_key(n) for n in settings.factors}
+        keep = [n for n in settings.factors if sens[(keys[n], n)] >= settings.min_sensitivity
+                and n not in unidentified.get(keys[n], frozenset())]
         dropped[system] = tuple(n for n in settings.factors if n not in keep)
         for n in keep:
+            if (keys[n], n) in made:  # a host factor another system with this CPU already owns
+                continue
+            made.add((keys[n], n))
             lo, hi = FACTOR_BOUNDS[n]
             center = min(max(defaults[n], lo * 1.0001), hi / 1.0001)
-            params.append(Param("system", system, n, math.log(center), PRIOR_SIGMA_LOG.get(n, settings.prior_sigma_log),
+            params.append(Param("system", keys[n], n, math.log(center), prior_sigma_log(n, owner[system].host, settings),
                                 math.log(lo), math.log(hi)))
     fitted = {(p.key, p.factor) for p in params}
     for family in sorted(family_runs):
         if not family or family_runs[family] < settings.min_release_runs:
             continue
         for n in settings.release_factors:
-            in_family = any(release_family(r.release) == family and (r.system, n) in fitted for r in runs)
+            in_family = any(release_family(r.release) == family and (r.param_key(n), n) in fitted for r in runs)
             if in_family and fam_sens[(family, n)] >= settings.min_sensitivity:
                 params.append(Param("release", family, n, 0.0, settings.release_prior_sigma_log,
                                     math.log(MULTIPLIER_BOUNDS[0]), math.log(MULTIPLIER_BOUNDS[1])))
@@ -283,21 +334,25 @@ def _candidate_params(runs: Sequence[FitRun], lins: Sequence[Linearization],
 
 def _effective(run: FitRun, params: Sequence[Param], x: np.ndarray, names: Sequence[str],
                defaults: Mapping[str, float]) -> dict[str, float]:
-    """The factor values run ``run`` sees at parameters ``x`` (system value × release multiplier)."""
+    """The factor values run ``run`` sees at parameters ``x`` (system value × release multiplier);
+    those of ``names`` it does not fit stay at ``defaults`` (datasheet or prior centre)."""
     family = release_family(run.release)
     logs = {n: math.log(defaults[n]) for n in names}
+    fitted = set()
     for p, v in zip(params, x, strict=True):
-        if p.kind == "system" and p.key == run.system and p.factor in logs:
+        if p.kind == "system" and p.key == run.param_key(p.factor) and p.factor in logs:
             logs[p.factor] = float(v)
+            fitted.add(p.factor)
     for p, v in zip(params, x, strict=True):
-        if p.kind == "release" and p.key == family and p.factor in logs:
+        if p.kind == "release" and p.key == family and p.factor in fitted:
             logs[p.factor] += float(v)
     return {n: _clip_factor(n, math.exp(v)) for n, v in logs.items()}
 
 
 def _problem(runs: Sequence[FitRun], lins: Sequence[Linearization], params: Sequence[Param]) -> SurrogateProblem:
     return SurrogateProblem(lins, [r.system for r in runs], [release_family(r.release) for r in runs],
-                            [r.measured_step_time_s for r in runs], params, FACTOR_BOUNDS)
+                            [r.measured_step_time_s for r in runs], params, FACTOR_BOUNDS,
+                            [r.host or r.system for r in runs])
 
 
 def _fits_from(runs: Sequence[FitRun], params: Sequence[Param], x: np.ndarray, problem: SurrogateProblem,
@@ -306,6 +361,7 @@ def _fits_from(runs: Sequence[FitRun], params: Sequence[Param], x: np.ndarray, p
     sigma_x, scale = problem.sigma(x, settings.loss, settings.f_scale)
     n_sys: dict[str, int] = defaultdict(int)
     n_fam: dict[str, int] = defaultdict(int)
+    owner = {r.system: r for r in runs}
     for r in runs:
         n_sys[r.system] += 1
         n_fam[release_family(r.release)] += 1
@@ -313,8 +369,12 @@ def _fits_from(runs: Sequence[FitRun], params: Sequence[Param], x: np.ndarray, p
     for system in sorted(n_sys):
         values, sig = {}, {}
         for p, v, sx in zip(params, x, sigma_x, strict=True):
-            if p.kind == "system" and p.key == system:
+            if p.kind == "system" and p.key == owner[system].param_key(p.factor):
                 values[p.factor], sig[p.factor] = math.exp(v), math.exp(v) * sx
+        for n in settings.factors:  # a factor off by default, not identified: at its prior centre (as fitted)
+            if n in PRIOR_CENTERS and n not in values:
+                values[n] = defaults_by_system[system][n]
+                sig[n] = values[n] * prior_sigma_log(n, owner[system].host, settings)
         systems[system] = FactorFit(values, sig, n_sys[system], dropped.get(system, ()), scale)
     mult: dict[str, FactorFit] = {}
     for p, v, sx in zip(params, x, sigma_x, strict=True):
@@ -335,11 +395,52 @@ def fit_factors(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapping
     values and the number of engine calls.
     """
     count = _Counted()
+    unidentified: dict[str, frozenset[str]] = {}
+    for _ in range(3):  # refit without the factors the runs do not identify, until none is left
+        fits, lins, params, x, problem = _fit_once(runs, defaults_by_system, settings, progress, count, unidentified)
+        weak = _unidentified(runs, lins, params, x, settings)
+        if not weak:
+            break
+        for key, factor in weak:
+            unidentified[key] = unidentified.get(key, frozenset()) | {factor}
+        if progress:
+            progress("  not identified (fixed at the prior): " + ", ".join(f"{k} {f}" for k, f in weak))
+    return fits, lins, params, x, count.calls
+
+
+def _unidentified(runs: Sequence[FitRun], lins: Sequence[Linearization], params: Sequence[Param], x: np.ndarray,
+                  settings: FitSettings) -> list[tuple[str, str]]:
+    """(key, factor) of the system parameters the runs do not identify (``FitSettings.max_shrinkage``):
+    the least informed one of each key is set aside, one at a time, until every remaining parameter
+    passes (on the surrogate at ``x``: no engine calls), so of two factors the runs see only together
+    the better informed one is still fitted."""
+    active = list(range(len(params)))
+    out: list[tuple[str, str]] = []
+    while True:
+        problem = _problem(runs, lins, [params[j] for j in active])
+        ratio = problem.shrinkage(x[active], settings.loss, settings.f_scale)
+        worst: dict[str, tuple[float, int]] = {}
+        for j, s in zip(active, ratio, strict=True):
+            p = params[j]
+            if p.kind == "system" and s > settings.max_shrinkage and s > worst.get(p.key, (0.0, -1))[0]:
+                worst[p.key] = (float(s), j)
+        if not worst:
+            return out
+        for _, j in worst.values():
+            active.remove(j)
+            out.append((params[j].key, params[j].factor))
+
+
+def _fit_once(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapping[str, float]], settings: FitSettings,
+              progress: Callable[[str], None] | None, count: _Counted, unidentified: Mapping[str, frozenset[str]]
+              ) -> tuple[CalibrationFits, list[Linearization], list[Param], np.ndarray, SurrogateProblem]:
+    """One fit of :func:`fit_factors` with the ``unidentified`` system factors held at their prior."""
     names = {r.system: settings.factors for r in runs}
     lins = [linearize(partial(count, r), default_factor_values(names[r.system], defaults_by_system[r.system]),
                       names[r.system], FACTOR_BOUNDS) for r in runs]
-    params, dropped = _candidate_params(runs, lins, defaults_by_system, settings)
-    fitted = {r.system: tuple(p.factor for p in params if p.kind == "system" and p.key == r.system) for r in runs}
+    params, dropped = _candidate_params(runs, lins, defaults_by_system, settings, unidentified)
+    fitted = {r.system: tuple(p.factor for p in params if p.kind == "system" and p.key == r.param_key(p.factor))
+              for r in runs}
     x = np.array([p.center_log for p in params])
     problem = _problem(runs, lins, params)
     current = problem.objective(np.log([lin.t0_s for lin in lins]), x, settings.loss, settings.f_scale)
@@ -347,7 +448,7 @@ def fit_factors(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapping
         proposal = problem.solve(x, settings.loss, settings.f_scale)
         for _ in range(3):  # backtrack while the engine's objective does not improve
             surrogate = problem.log_times(proposal)
-            points = [_effective(r, params, proposal, fitted[r.system], defaults_by_system[r.system]) for r in runs]
+            points = [_effective(r, params, proposal, settings.factors, defaults_by_system[r.system]) for r in runs]
             t_true = [count(r, pt) for r, pt in zip(runs, points, strict=True)]
             value = problem.objective(np.log(t_true), proposal, settings.loss, settings.f_scale)
             if value <= current:
@@ -366,7 +467,7 @@ def fit_factors(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapping
         problem = _problem(runs, lins, params)
         if gap <= settings.outer_tolerance:
             break
-    return _fits_from(runs, params, x, problem, settings, dropped, defaults_by_system), lins, params, x, count.calls
+    return _fits_from(runs, params, x, problem, settings, dropped, defaults_by_system), lins, params, x, problem
 
 
 def calibrate_runs(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapping[str, float]],
@@ -399,7 +500,7 @@ def calibrate_runs(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapp
     if cross_validate and folds >= 2:
         for k in range(folds):
             train = [i for i, f in enumerate(fold_of) if f != k and runs[i].trainable]
-            systems = {runs[i].system for i in train}
+            systems = {runs[i].param_key(n) for i in train for n in (*settings.factors, "")}
             families = {release_family(runs[i].release) for i in train}
             # parameters the training runs inform; the others stay at their prior centre
             keep = [j for j, p in enumerate(params) if p.key in (systems if p.kind == "system" else families)]
@@ -410,9 +511,7 @@ def calibrate_runs(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapp
             for i, f in enumerate(fold_of):
                 if f == k:
                     r = runs[i]
-                    point = _effective(r, params, x_fold, [p.factor for p in params
-                                                           if p.kind == "system" and p.key == r.system],
-                                       defaults_by_system[r.system])
+                    point = _effective(r, params, x_fold, settings.factors, defaults_by_system[r.system])
                     heldout[r.run_id] = r.predict_s(point)
             if progress and (folds <= 10 or k + 1 == folds):
                 progress(f"held-out fold {k + 1}/{folds}: {sum(1 for f in fold_of if f == k)} runs")

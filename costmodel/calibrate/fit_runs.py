@@ -51,22 +51,34 @@ def configuration_key(run: MeasuredRun) -> str:
     return key
 
 
-def fit_run(prepared: PreparedRun, step_time_s: Callable[[Any], float], fit_reconstructed: bool = True) -> FitRun:
+def fit_runnable(run: MeasuredRun, fit_reconstructed: bool = True, fit_excluded: bool = False) -> bool:
+    """Whether the fit uses ``run``: not when its settings are a reconstruction and
+    ``fit_reconstructed`` is False, nor when its dataset declares it excluded (``run.fit_exclusion``,
+    with the reason) unless ``fit_excluded``."""
+    if run.fit_exclusion and not fit_excluded:
+        return False
+    return fit_reconstructed or not settings_reconstructed(run.recipe_settings)
+
+
+def fit_run(prepared: PreparedRun, step_time_s: Callable[[Any], float], fit_reconstructed: bool = True,
+            fit_excluded: bool = False) -> FitRun:
     """The fitter's view of a prepared run: its step time as a function of factor overrides.
 
     With ``fit_reconstructed`` False, runs whose recipe settings are a reconstruction
     (:func:`workloads.recipe_settings.settings_reconstructed`) are predicted and scored but not fitted
     on. The default fits them: on the shipped runs leaving them out made held-out error worse (they
-    are 18 of 131 runs, most of the 25.11 release; the H100 fit then rests on too few MoE runs)."""
+    are 18 of 131 runs, most of the 25.11 release; the H100 fit then rests on too few MoE runs).
+    Runs the dataset declares excluded (``run.fit_exclusion``) are predicted only unless
+    ``fit_excluded``."""
     scenario = prepared.scenario
 
     def predict_s(factors: Mapping[str, float]) -> float:
         return step_time_s(with_factors(scenario, factors))
 
     run = prepared.run
-    trainable = fit_reconstructed or not settings_reconstructed(run.recipe_settings)
+    trainable = fit_runnable(run, fit_reconstructed, fit_excluded)
     return FitRun(run.run_id, run.system, run.release, configuration_key(run), run.step_time_s, predict_s, run.model,
-                  trainable)
+                  trainable, scenario.system.host_cpu)
 
 
 @dataclass(frozen=True)
@@ -152,10 +164,10 @@ def calibrate(runs: Iterable[MeasuredRun], settings: FitSettings | None = None, 
     step_time_s = step_time_function(engine)
     prepared, unsupported = prepare_runs(runs, engine)
     unsupported = skipped_as_unsupported(skipped) + unsupported
-    fit_runs = [fit_run(p, step_time_s, settings.fit_reconstructed) for p in prepared]
+    fit_runs = [fit_run(p, step_time_s, settings.fit_reconstructed, settings.fit_excluded) for p in prepared]
     defaults = {p.scenario.system.name: default_factor_values(
-        sorted(set(settings.factors) | set(settings.release_factors)), p.scenario.system.efficiency)
-        for p in prepared}
+        sorted(set(settings.factors) | set(settings.release_factors)), p.scenario.system.efficiency,
+        p.scenario.system.host_cpu) for p in prepared}
     result = calibrate_runs(fit_runs, defaults, settings, cross_validate, progress)
     rows = {kind: [result_row(p, pred[p.run.run_id], kind == "train") for p in prepared if p.run.run_id in pred]
             for kind, pred in (("datasheet", result.default_predictions_s), ("train", result.train_predictions_s),
@@ -184,12 +196,15 @@ def build_profile(result: CalibrationResult, prepared: Sequence[PreparedRun], he
     s = result.settings
     settings = {
         "factors": list(s.factors), "release_factors": list(s.release_factors), "loss": s.loss,
-        "f_scale": s.f_scale, "prior_sigma_log": s.prior_sigma_log,
+        "f_scale": s.f_scale, "prior_sigma_log": s.prior_sigma_log, "host_prior_sigma_log": s.host_prior_sigma_log,
         "release_prior_sigma_log": s.release_prior_sigma_log, "min_release_runs": s.min_release_runs,
         "folds": s.folds, "seed": s.seed, "heldout": s.heldout_scheme,
         "fit_reconstructed": s.fit_reconstructed,
-        "predicted_not_fitted": sorted(p.run.run_id for p in prepared if not s.fit_reconstructed
-                                       and settings_reconstructed(p.run.recipe_settings)),
+        "fit_excluded": s.fit_excluded,
+        "predicted_not_fitted": sorted(p.run.run_id for p in prepared
+                                       if not fit_runnable(p.run, s.fit_reconstructed, s.fit_excluded)),
+        "fit_exclusions": {p.run.run_id: p.run.fit_exclusion for p in prepared
+                           if p.run.fit_exclusion and not s.fit_excluded},
         "default_release": f"newest release family with at least {DEFAULT_RELEASE_MIN_RUNS} runs",
         "not_identifiable": {sys: list(f.not_identifiable) for sys, f in fits.systems.items()
                              if f.not_identifiable},
@@ -198,7 +213,8 @@ def build_profile(result: CalibrationResult, prepared: Sequence[PreparedRun], he
     return CalibrationProfile(
         name=name, fitted_on=fitted_on or f"{len(prepared)} runs", systems=systems,
         cross_validation=_summary(overall) if overall else None, fit_settings=settings,
-        training_run_ids=sorted(p.run.run_id for p in prepared),
+        training_run_ids=sorted(p.run.run_id for p in prepared
+                                if fit_runnable(p.run, s.fit_reconstructed, s.fit_excluded)),
         release_multipliers={fam: _rounded(f.values) for fam, f in fits.release_multipliers.items()},
         default_release=_newest(f for f, m in fits.release_multipliers.items() if m.n_runs >= DEFAULT_RELEASE_MIN_RUNS),
     )

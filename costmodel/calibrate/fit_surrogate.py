@@ -63,9 +63,15 @@ def linearize(predict_s: Callable[[Mapping[str, float]], float], point: Mapping[
     return Linearization(t0, tuple(names), tuple(base[n] for n in names), tuple(cs))
 
 
+# factors of the host CPU, not of the GPU system: one parameter per host CPU (``SystemSpec.host_cpu``),
+# shared by the systems that have it (GB200 and GB300 NVL72 both run on Grace)
+HOST_FACTORS = frozenset({"layer_host_s", "moe_host_s", "kernel_issue_s"})
+
+
 @dataclass(frozen=True)
 class Param:
-    """One fitted parameter: log of a system's factor, or log of a release family's multiplier."""
+    """One fitted parameter: log of a system's factor (key: the system, or its host CPU for
+    ``HOST_FACTORS``), or log of a release family's multiplier."""
 
     kind: str  # 'system' or 'release'
     key: str  # system name or release family
@@ -81,13 +87,14 @@ class SurrogateProblem:
 
     def __init__(self, lins: Sequence[Linearization], systems: Sequence[str], families: Sequence[str],
                  measured_s: Sequence[float], params: Sequence[Param],
-                 factor_bounds: Mapping[str, tuple[float, float]]) -> None:
+                 factor_bounds: Mapping[str, tuple[float, float]], hosts: Sequence[str] | None = None) -> None:
         self.params = list(params)
         index = {(p.kind, p.key, p.factor): i for i, p in enumerate(self.params)}
         run, c, f0, sys_p, rel_p, lo, hi = [], [], [], [], [], [], []
         for i, lin in enumerate(lins):
             for name, f, cj in zip(lin.names, lin.f0, lin.c_s, strict=True):
-                sp = index.get(("system", systems[i], name))
+                key = hosts[i] if hosts is not None and name in HOST_FACTORS else systems[i]
+                sp = index.get(("system", key, name))
                 if sp is None:
                     continue
                 run.append(i)
@@ -147,16 +154,9 @@ class SurrogateProblem:
                             max_nfev=500)
         return res.x
 
-    def sigma(self, x: np.ndarray, loss: str, f_scale: float) -> tuple[np.ndarray, float]:
-        """1-σ of each parameter (log units) and the robust residual scale of the data.
-
-        ``σ² (JᵀWJ)⁻¹`` with J the surrogate's Jacobian (one-sided away from bounds), W the robust
-        loss's weights on the data rows, the prior rows included, σ = 1.4826 × median |residual|.
-        """
-        if not self.params:
-            return np.zeros(0), 0.0
+    def _weighted_jacobian(self, x: np.ndarray, loss: str, f_scale: float) -> np.ndarray:
+        """The data rows' Jacobian (one-sided away from bounds) times the robust loss's weights' root."""
         r = self.log_times(x) - self.log_measured
-        scale = max(1.4826 * float(np.median(np.abs(r))), 0.005) if r.size else 0.0
         jac = np.zeros((self.n, len(x)))
         base = self.log_times(x)
         for j in range(len(x)):
@@ -167,7 +167,29 @@ class SurrogateProblem:
         z = (r / f_scale) ** 2
         weights = {"soft_l1": 1.0 / np.sqrt(1.0 + z), "huber": np.where(z <= 1.0, 1.0, 1.0 / np.sqrt(np.maximum(z, 1.0)))
                    }.get(loss, np.ones_like(z))
-        rows = np.vstack([jac * np.sqrt(weights)[:, None], np.diag(f_scale / self.prior_sigma)])
+        return jac * np.sqrt(weights)[:, None]
+
+    def shrinkage(self, x: np.ndarray, loss: str, f_scale: float) -> np.ndarray:
+        """Posterior over prior 1-σ of each parameter (0-1) in the objective's own weighting: the data
+        rows over ``f_scale`` plus the prior rows (``1/σ_prior``). 1 when the data say nothing about a
+        parameter; ``1/√2`` when they carry as much information about it as its prior."""
+        if not self.params:
+            return np.zeros(0)
+        rows = np.vstack([self._weighted_jacobian(x, loss, f_scale) / f_scale, np.diag(1.0 / self.prior_sigma)])
+        cov = np.linalg.pinv(rows.T @ rows)
+        return np.sqrt(np.clip(np.diag(cov), 0.0, None)) / self.prior_sigma
+
+    def sigma(self, x: np.ndarray, loss: str, f_scale: float) -> tuple[np.ndarray, float]:
+        """1-σ of each parameter (log units) and the robust residual scale of the data.
+
+        ``σ² (JᵀWJ)⁻¹`` with J the surrogate's Jacobian (one-sided away from bounds), W the robust
+        loss's weights on the data rows, the prior rows included, σ = 1.4826 × median |residual|.
+        """
+        if not self.params:
+            return np.zeros(0), 0.0
+        r = self.log_times(x) - self.log_measured
+        scale = max(1.4826 * float(np.median(np.abs(r))), 0.005) if r.size else 0.0
+        rows = np.vstack([self._weighted_jacobian(x, loss, f_scale), np.diag(f_scale / self.prior_sigma)])
         cov = np.linalg.pinv(rows.T @ rows) * scale ** 2
         return np.sqrt(np.clip(np.diag(cov), 0.0, None)), scale
 
