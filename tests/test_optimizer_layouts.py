@@ -119,3 +119,37 @@ def test_lpt_cap_overrides_least_loaded() -> None:
     spans = lay.layer_wise_buckets(np.array([1000, 300, 400]), np.array([1.0, 100.0, 90.0]), 2, None, "lpt")
     assert spans[0].owner.tolist() == [0, 0, 1]
     assert lay.lpt_owner(np.array([1.0, 100.0, 90.0]), 2).tolist() == [1, 0, 1]
+
+
+def _scan_assign_lpt(numel, cost, d, loads):  # noqa: ANN001, ANN202 - the reference: scan every rank per item
+    sizes, costs, load = numel.tolist(), cost.tolist(), loads.tolist()
+    cap = lay.LPT_CAP * float(numel.sum()) / d
+    owner, start, cursors, padded = [0] * len(sizes), [0] * len(sizes), [0] * d, [0] * d
+    for i in np.argsort(-cost, kind="stable").tolist():
+        r, best = -1, float("inf")
+        for k in range(d):
+            if padded[k] + sizes[i] <= cap and load[k] < best:
+                r, best = k, load[k]
+        if r < 0:
+            r = min(range(d), key=cursors.__getitem__)
+        owner[i], start[i] = r, padded[r]
+        cursors[r] = padded[r] + sizes[i]
+        padded[r] = -(-cursors[r] // 64) * 64
+        load[r] += costs[i]
+    return owner, start, cursors, load
+
+
+def test_lpt_heap_assignment_equals_scanning_every_rank() -> None:
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        d = int(rng.integers(2, 40))
+        n = int(rng.integers(1, 80))
+        kinds = rng.integers(1, 5)
+        numel = rng.choice(rng.integers(1, 5000, size=kinds) * 64 + rng.integers(0, 64, size=kinds), size=n)
+        cost = numel.astype(np.float64) ** 1.5 if trial % 2 else rng.integers(1, 4, size=n).astype(np.float64)
+        loads = rng.integers(0, 3, size=d).astype(np.float64) * (trial % 3 == 0)
+        expected = _scan_assign_lpt(numel, cost, d, loads.copy())
+        got_loads = loads.copy()
+        owner, start, cursors = lay._assign_chunk(numel, cost, d, got_loads, "lpt")
+        assert owner.tolist() == expected[0] and start.tolist() == expected[1]
+        assert cursors.tolist() == expected[2] and got_loads.tolist() == expected[3]

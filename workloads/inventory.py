@@ -15,9 +15,10 @@ a buffer updated outside the optimizer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 from workloads.models import GqaAttention, MlaAttention, ModelSpec
 from workloads.pipeline_layout import virtual_stage_layer_counts
@@ -98,9 +99,47 @@ class TensorSpec:
         return tuple(out)
 
 
-@dataclass(frozen=True)
+_PLACE_FIELDS = ("name", "layer", "stage", "chunk")  # what differs between copies of one layer's tensors
+_CONTENT_IDS: dict[tuple[Any, ...], int] = {}  # process-wide: equal ids <=> equal tensors up to place
+
+
+def content_id(tensor: TensorSpec) -> int:
+    """Small integer naming everything about ``tensor`` but its place (name, layer, stage, chunk):
+    tensors with the same id have the same shapes, sharding, groups and optimizer (process-wide)."""
+    key = tuple(getattr(tensor, f.name) for f in fields(TensorSpec) if f.name not in _PLACE_FIELDS)
+    return _CONTENT_IDS.setdefault(key, len(_CONTENT_IDS))
+
+
+@dataclass(frozen=True, eq=False)
+class TensorRun:
+    """Consecutive tensors of one place (stage, chunk): either given (``prefix`` None) or the tensors
+    of one layer copied from another layer of the same kind (``templates``) under ``prefix`` names."""
+
+    stage: int
+    chunk: int
+    templates: tuple[TensorSpec, ...]
+    ids: tuple[int, ...]  # content_id of each tensor
+    prefix: str | None = None
+    suffixes: tuple[str, ...] = ()
+    layer: int | None = None
+
+    def tensors(self) -> tuple[TensorSpec, ...]:
+        """The run's tensors (built on demand for copied layers)."""
+        if self.prefix is None:
+            return self.templates
+        place = {"layer": self.layer, "stage": self.stage, "chunk": self.chunk}
+        return tuple(_placed(t, self.prefix + x, place) for t, x in zip(self.templates, self.suffixes, strict=True))
+
+
+@dataclass(frozen=True, eq=False)
 class Inventory:
-    """All tensors of a model under one parallel layout."""
+    """All tensors of a model under one parallel layout.
+
+    Held as :class:`TensorRun` s (the layers of a kind share their tensors up to name and place) so
+    that the optimizer plan and the memory model work per distinct content (:func:`content_id`):
+    :meth:`chunk_key`, :meth:`stage_tensor_counts`, :attr:`by_content`; :attr:`tensors` lists every
+    tensor (built on first use).
+    """
 
     model: ModelSpec
     tp: int
@@ -109,20 +148,65 @@ class Inventory:
     ep: int
     etp: int
     split_qkv: bool
-    tensors: tuple[TensorSpec, ...] = field(repr=False)
+    runs: tuple[TensorRun, ...] = field(repr=False)
+
+    @cached_property
+    def tensors(self) -> tuple[TensorSpec, ...]:
+        """Every tensor in definition order."""
+        return tuple(t for r in self.runs for t in r.tensors())
 
     @cached_property
     def params_total(self) -> int:
         """Parameters of the model as laid out (embedding/output use the tp-padded vocabulary)."""
         return sum(t.total_numel for t in self.tensors)
 
+    @cached_property
+    def by_content(self) -> dict[int, TensorSpec]:
+        """content id -> one tensor with that content (its first)."""
+        out: dict[int, TensorSpec] = {}
+        for r in self.runs:
+            for t, i in zip(r.templates, r.ids, strict=True):
+                out.setdefault(i, t)
+        return out
+
+    @cached_property
+    def _chunks(self) -> dict[tuple[int, int], tuple[list[TensorRun], tuple[int, ...]]]:
+        """(stage, chunk) -> (runs in definition order, content ids of their tensors)."""
+        runs: dict[tuple[int, int], list[TensorRun]] = {}
+        for r in self.runs:
+            runs.setdefault((r.stage, r.chunk), []).append(r)
+        return {k: (rs, tuple(i for r in rs for i in r.ids)) for k, rs in runs.items()}
+
+    def chunk_tensors(self, stage: int, chunk: int) -> tuple[TensorSpec, ...]:
+        """Tensors of model chunk ``chunk`` of pipeline stage ``stage`` (definition order)."""
+        return tuple(t for r in self._chunks.get((stage, chunk), ([], ()))[0] for t in r.tensors())
+
+    def chunk_key(self, stage: int, chunk: int) -> tuple[int, ...]:
+        """Content ids of :meth:`chunk_tensors` (equal keys: equal tensors up to names and place)."""
+        return self._chunks.get((stage, chunk), ([], ()))[1]
+
     def stage_tensors(self, stage: int) -> list[TensorSpec]:
         """Tensors held by pipeline stage ``stage`` (all chunks)."""
-        return [t for t in self.tensors if t.stage == stage]
+        return [t for c in range(self.vpp) for t in self.chunk_tensors(stage, c)]
+
+    @cached_property
+    def _stage_counts(self) -> dict[int, tuple[tuple[TensorSpec, int], ...]]:
+        count: dict[int, dict[int, int]] = {s: {} for s in range(self.pp)}
+        for r in self.runs:
+            c = count[r.stage]
+            for i in r.ids:
+                c[i] = c.get(i, 0) + 1
+        rep = self.by_content
+        return {s: tuple((rep[i], n) for i, n in c.items()) for s, c in count.items()}
+
+    def stage_tensor_counts(self, stage: int) -> tuple[tuple[TensorSpec, int], ...]:
+        """The distinct tensors of ``stage`` (up to name and place) with how many there are: per-stage
+        sums and maxima in O(distinct tensors)."""
+        return self._stage_counts.get(stage, ())
 
     def rank_numel(self, stage: int) -> int:
         """Parameters held by one rank of ``stage`` (equal for every tp and ep rank)."""
-        return sum(t.rank_numel for t in self.tensors if t.stage == stage)
+        return sum(t.rank_numel * n for t, n in self.stage_tensor_counts(stage))
 
     def unique_shard_numel_sum(self) -> int:
         """Sum over every model-parallel rank of the parameters it holds, counting each replicated
@@ -148,7 +232,18 @@ def build_inventory(
     last = (pp - 1, vpp - 1)
     h = model.hidden_size
     vpad = model.padded_vocab_size(tp)
-    out: list[TensorSpec] = []
+    out: list[TensorSpec] = []  # tensors not yet in ``runs``
+    runs: list[TensorRun] = []
+
+    def flush() -> None:
+        """Move the tensors added so far into runs (one per place)."""
+        for t in out:
+            if runs and runs[-1].prefix is None and (runs[-1].stage, runs[-1].chunk) == (t.stage, t.chunk):
+                last = runs[-1]
+                runs[-1] = TensorRun(t.stage, t.chunk, (*last.templates, t), (*last.ids, content_id(t)))
+            else:
+                runs.append(TensorRun(t.stage, t.chunk, (t,), (content_id(t),)))
+        out.clear()
 
     def add(name: str, role: str, layer: int | None, loc: tuple[int, int], shape: tuple[int, ...],
             shard_dim: int | None, group: ShardGroup | None, optimizer: OptimizerOwner | None = None,
@@ -214,28 +309,76 @@ def build_inventory(
             add(f"{prefix}.mlp.shared_experts.linear_fc1.weight", "shared_fc1", i, loc, (2 * fs, h), 0, "tp")
             add(f"{prefix}.mlp.shared_experts.linear_fc2.weight", "shared_fc2", i, loc, (h, fs), 1, "tp")
 
+    templates: dict[bool, TensorRun] = {}  # layer kind -> its first layer
+
+    def stamp_layer(i: int, loc: tuple[int, int], prefix: str, moe: bool) -> None:
+        """``add_layer``, with every layer of a kind after the first a copy of the first (the same
+        tensors up to name, layer, stage and chunk, built only when listed)."""
+        first = templates.get(moe)
+        if first is None:
+            flush()
+            add_layer(i, loc, prefix, moe)
+            first = templates[moe] = TensorRun(loc[0], loc[1], tuple(out), tuple(content_id(t) for t in out),
+                                               prefix, tuple(t.name[len(prefix):] for t in out), i)
+            out.clear()
+            runs.append(TensorRun(loc[0], loc[1], first.templates, first.ids))
+            return
+        flush()
+        runs.append(TensorRun(loc[0], loc[1], first.templates, first.ids, prefix, first.suffixes, i))
+
     for i in range(model.num_layers):
-        add_layer(i, where[i], f"decoder.layers.{i}", model.is_moe_layer(i))
+        stamp_layer(i, where[i], f"decoder.layers.{i}", model.is_moe_layer(i))
     for j in range(model.mtp_layers):
         prefix = f"mtp.layers.{j}"
         layer = model.num_layers + j
         add(f"{prefix}.enorm.weight", "norm", layer, last, (h,), None, None)
         add(f"{prefix}.hnorm.weight", "norm", layer, last, (h,), None, None)
         add(f"{prefix}.eh_proj.weight", "mtp_proj", layer, last, (h, 2 * h), 0, "tp")
-        add_layer(layer, last, f"{prefix}.transformer_layer", model.is_moe_layer(model.num_layers - 1))
+        stamp_layer(layer, last, f"{prefix}.transformer_layer", model.is_moe_layer(model.num_layers - 1))
         add(f"{prefix}.final_layernorm.weight", "norm", layer, last, (h,), None, None)
     add("decoder.final_layernorm.weight", "norm", None, last, (h,), None, None)
     add("output_layer.weight", "output", None, last, (vpad, h), 0, "tp", "adamw")
-    return Inventory(model=model, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp, split_qkv=split_qkv, tensors=tuple(out))
+    flush()
+    return Inventory(model=model, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp, split_qkv=split_qkv, runs=tuple(runs))
+
+
+def _placed(template: TensorSpec, name: str, place: dict[str, Any]) -> TensorSpec:
+    """A copy of ``template`` under another name and place (the dataclass's own fields, set without
+    running ``__init__``: the copy equals ``TensorSpec(**fields)``)."""
+    t = object.__new__(TensorSpec)
+    d = t.__dict__
+    d.update(template.__dict__)  # only the fields live there (TensorSpec caches nothing on instances)
+    d["name"] = name
+    d.update(place)
+    return t
+
+
+_INVENTORIES: OrderedDict[tuple[Any, ...], Inventory] = OrderedDict()
+_INVENTORY_CACHE_SIZE = 64
 
 
 def inventory_for(scenario) -> Inventory:  # noqa: ANN001 - Scenario import would be circular
-    """The inventory of a resolved :class:`workloads.scenario.Scenario`."""
+    """The inventory of a resolved :class:`workloads.scenario.Scenario`, memoised on what it depends
+    on (model, tp, pp, vpp, ep, etp, QKV split, pipeline split): shared by every optimizer plan and
+    memory estimate of the same sizes (inventories are immutable)."""
     p = scenario.par
-    return build_inventory(
-        scenario.model, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep, etp=p.expert_tp,
-        split_qkv=scenario.optimizer.split_qkv, pipeline_split=p.pipeline_split,
-    )
+    key = (scenario.model, p.tp, p.pp, p.vpp, p.ep, p.expert_tp, scenario.optimizer.split_qkv, p.pipeline_split)
+    inv = _INVENTORIES.get(key)
+    if inv is None:
+        inv = _INVENTORIES[key] = build_inventory(
+            scenario.model, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep, etp=p.expert_tp,
+            split_qkv=scenario.optimizer.split_qkv, pipeline_split=p.pipeline_split,
+        )
+        if len(_INVENTORIES) > _INVENTORY_CACHE_SIZE:
+            _INVENTORIES.popitem(last=False)
+    else:
+        _INVENTORIES.move_to_end(key)
+    return inv
+
+
+def clear_inventory_cache() -> None:
+    """Forget the memoised inventories (cold timings)."""
+    _INVENTORIES.clear()
 
 
 def active_params(model: ModelSpec, include_embeddings: bool = True) -> int:

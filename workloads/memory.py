@@ -40,6 +40,7 @@ padding (pass a headroom to :meth:`MemoryBreakdown.fits`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -122,6 +123,11 @@ def _fp32_copies(param_bytes: int, grad_bytes: int) -> int:
 
 def optimizer_state_bytes(scenario: Scenario, tensors: list[TensorSpec]) -> float:
     """Persistent optimizer state per GPU for ``tensors`` (one stage), in bytes (average share)."""
+    return _optimizer_state_bytes(scenario, [(t, 1) for t in tensors])
+
+
+def _optimizer_state_bytes(scenario: Scenario, counted: Sequence[tuple[TensorSpec, int]]) -> float:
+    """:func:`optimizer_state_bytes` of distinct tensors with their multiplicities."""
     opt = scenario.optimizer
     g = opt.grad_bytes
     dist = opt.resolved_distribution
@@ -129,7 +135,7 @@ def optimizer_state_bytes(scenario: Scenario, tensors: list[TensorSpec]) -> floa
     expert_d = 1 if dist == "replicated" else scenario.expert_dp
     fsdp = scenario.par.fsdp
     total = 0.0
-    for t in tensors:
+    for t, n in counted:
         if t.optimizer == "none":
             continue
         muon = opt.kind == "muon" and t.optimizer == "muon"
@@ -137,7 +143,7 @@ def optimizer_state_bytes(scenario: Scenario, tensors: list[TensorSpec]) -> floa
         d = expert_d if t.dp_group == "expert_dp" else dense_d
         if fsdp:
             d = fsdp
-        total += per_param * t.rank_numel / d
+        total += per_param * t.rank_numel * n / d
     return total
 
 
@@ -187,8 +193,13 @@ def stage_activation_bytes(scenario: Scenario, stage: int) -> float:
     p, model = scenario.par, scenario.model
     shape = _layer_shape(scenario)
 
+    memo: dict[tuple[bool, str], float] = {}
+
     def per_layer(moe: bool, recompute: str) -> float:
-        return layer_activation_bytes(model, moe, shape, recompute, p.recompute_modules)
+        key = (moe, recompute)
+        if key not in memo:
+            memo[key] = layer_activation_bytes(model, moe, shape, recompute, p.recompute_modules)
+        return memo[key]
 
     per_chunk = [0.0] * p.vpp
     largest = 0.0
@@ -211,7 +222,7 @@ def stage_activation_bytes(scenario: Scenario, stage: int) -> float:
 def _largest_layer_params(inv: Inventory, stage: int) -> int:
     """Parameters per GPU of the largest layer (FSDP unit) on ``stage``."""
     per_layer: dict[int | None, int] = {}
-    for t in inv.stage_tensors(stage):
+    for t in inv.stage_tensors(stage):  # per layer: needs every tensor's place
         per_layer[t.layer] = per_layer.get(t.layer, 0) + t.rank_numel
     return max(per_layer.values(), default=0)
 
@@ -219,10 +230,10 @@ def _largest_layer_params(inv: Inventory, stage: int) -> int:
 def stage_memory(scenario: Scenario, stage: int, inventory: Inventory | None = None) -> MemoryBreakdown:
     """Memory per GPU on pipeline stage ``stage``, by component, in bytes."""
     inv = inventory if inventory is not None else inventory_for(scenario)
-    tensors = inv.stage_tensors(stage)
+    counted = inv.stage_tensor_counts(stage)
     g = scenario.optimizer.grad_bytes
-    params = sum(t.rank_numel for t in tensors)
-    trained = sum(t.rank_numel for t in tensors if t.optimizer != "none")
+    params = sum(t.rank_numel * n for t, n in counted)
+    trained = sum(t.rank_numel * n for t, n in counted if t.optimizer != "none")
     weights, grads = float(PARAM_BYTES * params), float(g * trained)
     fsdp = scenario.par.fsdp
     if fsdp:
@@ -233,8 +244,8 @@ def stage_memory(scenario: Scenario, stage: int, inventory: Inventory | None = N
         params_per_gpu=params,
         weights_bytes=weights,
         gradients_bytes=grads,
-        optimizer_state_bytes=optimizer_state_bytes(scenario, tensors),
-        optimizer_workspace_bytes=optimizer_workspace_bytes(scenario, tensors),
+        optimizer_state_bytes=_optimizer_state_bytes(scenario, counted),
+        optimizer_workspace_bytes=optimizer_workspace_bytes(scenario, [t for t, _ in counted]),
         activations_bytes=stage_activation_bytes(scenario, stage),
         capacity_bytes=scenario.system.gpu.hbm_bytes,
     )

@@ -20,6 +20,7 @@ non-2-D parameters). Outputs are bucket spans and owner arrays; nothing here kno
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -161,21 +162,29 @@ def _assign_chunk(numel: np.ndarray, cost: np.ndarray, d: int, loads: np.ndarray
                 cursors[0] = at + sizes[i]
                 load[0] += costs[i]
         else:
+            # least-loaded rank that fits under the cap (ties: lowest rank) from a heap of (load, rank):
+            # the same choice as scanning every rank, in O(log d) per item while most ranks fit
             padded = [0] * d
-            ranks = range(d)
+            heap = [(load[k], k) for k in range(d)]
+            heapq.heapify(heap)
             for i in order:
                 size = sizes[i]
-                r, best = -1, math.inf
-                for k in ranks:
-                    if padded[k] + size <= cap and load[k] < best:
-                        r, best = k, load[k]
-                if r < 0:  # nothing fits under the cap: the shortest shard
-                    r = min(ranks, key=cursors.__getitem__)
+                skipped = []
+                while heap and padded[heap[0][1]] + size > cap:
+                    skipped.append(heapq.heappop(heap))
+                if heap:
+                    r = heapq.heappop(heap)[1]
+                else:  # nothing fits under the cap: the shortest shard
+                    r = min(range(d), key=cursors.__getitem__)
+                    skipped = [e for e in skipped if e[1] != r]
+                for e in skipped:
+                    heapq.heappush(heap, e)
                 at = padded[r]
                 owner[i], start[i] = r, at
                 cursors[r] = at + size
                 padded[r] = -(-cursors[r] // PARAM_ALIGN) * PARAM_ALIGN
                 load[r] += costs[i]
+                heapq.heappush(heap, (load[r], r))
     else:
         if strategy == "ping_pong":
             order = np.argsort(numel, kind="stable").tolist()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -19,7 +20,13 @@ from costmodel.optimizer import layouts as lay
 from costmodel.optimizer.elementwise import adam_bytes_per_element
 from costmodel.optimizer.newton_schulz import NsSettings
 from costmodel.optimizer.plan_types import OptimizerPlan, StageOptimizerPlan
-from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer, chunk_buffers, rank_work
+from costmodel.optimizer.stage_builder import (
+    Grid,
+    StageBuilder,
+    Timer,
+    inventory_chunk_buffers,
+    rank_work,
+)
 from costmodel.optimizer.summary import optimizer_report
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
@@ -31,35 +38,23 @@ __all__ = ["Grid", "build_optimizer_plan", "cached_inventory", "clear_caches", "
 
 _CACHE: OrderedDict[tuple, OptimizerPlan] = OrderedDict()
 _CACHE_SIZE = 256
-_INVENTORIES: OrderedDict[tuple, Inventory] = OrderedDict()
-_INVENTORY_CACHE_SIZE = 64
 
 
 def cached_inventory(scenario) -> Inventory:  # noqa: ANN001 - workloads.scenario.Scenario
-    """``workloads.inventory.inventory_for(scenario)``, memoised on what the inventory depends on
-    (model, tp, pp, vpp, ep, etp, QKV split, pipeline split): shared by every plan and memory
-    estimate of the same sizes."""
+    """``workloads.inventory.inventory_for(scenario)`` (memoised there on what the inventory depends
+    on: shared by every plan and memory estimate of the same sizes)."""
     from workloads.inventory import inventory_for
 
-    p = scenario.par
-    key = (scenario.model, p.tp, p.pp, p.vpp, p.ep, p.expert_tp, scenario.optimizer.split_qkv, p.pipeline_split)
-    inv = _INVENTORIES.get(key)
-    if inv is None:
-        inv = inventory_for(scenario)
-        _INVENTORIES[key] = inv
-        if len(_INVENTORIES) > _INVENTORY_CACHE_SIZE:
-            _INVENTORIES.popitem(last=False)
-    else:
-        _INVENTORIES.move_to_end(key)
-    return inv
+    return inventory_for(scenario)
 
 
 def clear_caches() -> None:
     """Forget every memoised plan, inventory, layer-wise layout and Newton–Schulz work (cold timings)."""
     from costmodel.optimizer import newton_schulz
+    from workloads.inventory import clear_inventory_cache
 
     _CACHE.clear()
-    _INVENTORIES.clear()
+    clear_inventory_cache()
     lay.clear_memo()
     newton_schulz._tensor_work.cache_clear()
 
@@ -139,43 +134,63 @@ def _fsdp_shards(b: StageBuilder, buf) -> None:  # noqa: ANN001 - stage_builder.
 
 def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings,  # noqa: ANN001
            fsdp: bool = False) -> StageOptimizerPlan:
-    tensors = inv.stage_tensors(s)
+    """One stage's plan. Buffers of equal content (other chunks and stages of the same layers) share
+    their work through :meth:`StageBuilder.replay`: the cost is per distinct chunk, not per tensor."""
     b = StageBuilder(s, grid, spec, timer, st)
-    buffers = [buf for c in range(inv.vpp) for buf in chunk_buffers([t for t in tensors if t.chunk == c], c, spec.kind)]
+    buffers = [buf for c in range(inv.vpp) for buf in inventory_chunk_buffers(inv, s, c, spec.kind)]
     dist = spec.resolved_distribution
     if fsdp:
         for buf in buffers:
-            _fsdp_shards(b, buf)
+            b.replay([buf], "fsdp", partial(_fsdp_shards, buf=buf))
     elif dist == "element_wise":
         for buf in buffers:
-            b.element_wise(buf, np.arange(len(buf.numel)))
+            b.replay([buf], "element_wise", partial(_element_wise, buf=buf))
     elif dist == "replicated":
         for buf in buffers:
-            b.ddp(buf, gather_op=None)
-            b.step_whole(buf, np.arange(len(buf.numel)), np.full(len(buf.numel), -1, dtype=np.int64))
+            b.replay([buf], "replicated", partial(_replicated, buf=buf))
     elif spec.layer_wise_layout == "current":
         strategy = spec.resolved_load_balance
         for buf in buffers:
-            b.layer_wise_current(buf, np.flatnonzero(buf.muon), strategy)
-            b.element_wise(buf, np.flatnonzero(~buf.muon))
+            b.replay([buf], "current", partial(_current, buf=buf, strategy=strategy), strategy)
     else:  # legacy: whole parameters of the whole stage assigned per dp group
         strategy = spec.resolved_load_balance
         for group in ("dp", "expert_dp"):
             bufs = [buf for buf in buffers if buf.group == group]
-            if not bufs:
-                continue
-            numel = np.concatenate([buf.numel for buf in bufs])
-            cost = np.concatenate([buf.cost for buf in bufs])
-            owner = np.empty(len(numel), dtype=np.int64)
-            order = _sub_optimizer_order(bufs)
-            owner[order] = lay.whole_param_owner(numel[order], cost[order], grid.size(group), strategy)
-            at = 0
-            for buf in bufs:
-                n = len(buf.numel)
-                b.ddp(buf, gather_op="all_gather_v")
-                b.step_whole(buf, np.arange(n), owner[at:at + n])
-                at += n
+            if bufs:
+                b.replay(bufs, "legacy", partial(_legacy, bufs=bufs, group=group, strategy=strategy), strategy)
     return b.finish(rank_work)
+
+
+def _element_wise(b: StageBuilder, buf) -> None:  # noqa: ANN001 - stage_builder._Buffer
+    """Element-wise distributed optimizer (AdamW) over the whole buffer."""
+    b.element_wise(buf, np.arange(len(buf.numel)))
+
+
+def _replicated(b: StageBuilder, buf) -> None:  # noqa: ANN001 - stage_builder._Buffer
+    """Replicated optimizer: the buffer all-reduced, every rank steps every parameter."""
+    b.ddp(buf, gather_op=None)
+    b.step_whole(buf, np.arange(len(buf.numel)), np.full(len(buf.numel), -1, dtype=np.int64))
+
+
+def _current(b: StageBuilder, buf, strategy: str) -> None:  # noqa: ANN001 - stage_builder._Buffer
+    """Current layer-wise layout: Muon parameters in layer-wise buckets, the others element-wise."""
+    b.layer_wise_current(buf, np.flatnonzero(buf.muon), strategy)
+    b.element_wise(buf, np.flatnonzero(~buf.muon))
+
+
+def _legacy(b: StageBuilder, bufs: list, group: str, strategy: str) -> None:
+    """Legacy layer-wise layout: whole parameters of the stage's ``group`` buffers owned by one rank."""
+    numel = np.concatenate([buf.numel for buf in bufs])
+    cost = np.concatenate([buf.cost for buf in bufs])
+    owner = np.empty(len(numel), dtype=np.int64)
+    order = _sub_optimizer_order(bufs)
+    owner[order] = lay.whole_param_owner(numel[order], cost[order], b.grid.size(group), strategy)
+    at = 0
+    for buf in bufs:
+        n = len(buf.numel)
+        b.ddp(buf, gather_op="all_gather_v")
+        b.step_whole(buf, np.arange(n), owner[at:at + n])
+        at += n
 
 
 def _sub_optimizer_order(bufs: list) -> np.ndarray:
@@ -207,7 +222,7 @@ def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings) -> tuple
                          f"by one rank ({spec.resolved_load_balance}), updated parameters gathered with a "
                          "variable-size all_gather_v per bucket")
         if dist == "layer_wise" and spec.layer_wise_layout == "current" and any(
-                t.dp_group == "expert_dp" and t.optimizer == "adamw" for t in inv.tensors):
+                t.dp_group == "expert_dp" and t.optimizer == "adamw" for t in inv.by_content.values()):
             notes.append("expert-parallel non-Muon parameters modelled on element-wise buckets over expert_dp "
                          "(Megatron asserts on them in the current layout; use the legacy layout)")
     if dist == "replicated":

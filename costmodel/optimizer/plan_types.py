@@ -16,7 +16,9 @@ work, so ``ranks`` holds one :class:`RankWork` per distinct pair (``multiplicity
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -66,14 +68,31 @@ class RoleOwnership:
     """Which Muon items one dp role (dense or expert) of a stage owns, and the TP calls each makes.
 
     ``owner[i]`` is the dp index stepping item ``i`` (-1 = every rank, replicated optimizer);
-    ``item_calls[i]`` are the Newton-Schulz TP collectives of one call on item ``i``.
+    ``names[i]`` its parameter name and ``item_calls[i]`` the Newton-Schulz TP collectives of one
+    call on it, both listed on first use from ``name_parts`` (a function giving a buffer's item
+    names, positions of the items there) and ``call_parts`` (calls per distinct tensor, the
+    items' distinct-tensor ids).
     """
 
     group: Literal["dp", "expert_dp"]
     size: int
-    names: tuple[str, ...]
     owner: np.ndarray
-    item_calls: tuple[tuple[CollectiveCall, ...], ...]
+    name_parts: tuple[tuple[Callable[[], list[str]], np.ndarray], ...] = ()
+    call_parts: tuple[tuple[list[tuple[CollectiveCall, ...]], np.ndarray], ...] = ()
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        """Parameter name of every item."""
+        out: list[str] = []
+        for names_of, idx in self.name_parts:
+            names = names_of()
+            out += [names[i] for i in idx.tolist()]
+        return tuple(out)
+
+    @cached_property
+    def item_calls(self) -> tuple[tuple[CollectiveCall, ...], ...]:
+        """Newton-Schulz TP collectives of one call on every item."""
+        return tuple(calls[j] for calls, ids in self.call_parts for j in ids.tolist())
 
     def owned_items(self, index: int) -> list[int]:
         """Item positions stepped by dp index ``index``."""

@@ -20,8 +20,10 @@ its expert-role work (see :mod:`costmodel.optimizer.plan_types`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from functools import cached_property, partial
 
 import numpy as np
 
@@ -49,7 +51,7 @@ from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from workloads.comm import CollectiveCall, merge_calls
 from workloads.flops import newton_schulz_cost_proxy
-from workloads.inventory import TensorSpec
+from workloads.inventory import Inventory, TensorSpec
 
 GROUPS = ("dp", "expert_dp")
 
@@ -80,6 +82,7 @@ class Timer:
         self.system, self.precision, self.shape_of = system, precision, shape_of
         self._ns: dict[NsWork, tuple[float, float]] = {}
         self._calls: dict[CollectiveCall, float] = {}
+        self.memo: dict[str, dict] = {}  # per-plan memos of the stage builders (see StageBuilder)
         self.s_per_byte = 0.0
         if system is not None:
             from costmodel.compute import memory_time_s
@@ -119,9 +122,22 @@ class _Role:
     ns_s: np.ndarray = field(init=False)
     tp_s: np.ndarray = field(init=False)
     mem_bytes: np.ndarray = field(init=False)
-    names: list[str] = field(default_factory=list)
+    names: list[tuple[_Buffer, np.ndarray]] = field(default_factory=list)  # (buffer, item positions) per step
     owners: list[np.ndarray] = field(default_factory=list)
-    calls: list[tuple[CollectiveCall, ...]] = field(default_factory=list)
+    calls: list[tuple[list[tuple[CollectiveCall, ...]], np.ndarray]] = field(default_factory=list)  # (per distinct, ids)
+
+    def absorb(self, other: _Role, target: dict[int, _Buffer]) -> None:
+        """Add ``other``'s work as if done on buffers ``target[id(recorded buffer)]`` (same contents)."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, np.ndarray):
+                mine += theirs
+            elif f.name == "names":
+                mine.extend((target.get(id(b), b), idx) for b, idx in theirs)
+            elif isinstance(mine, list):
+                mine.extend(theirs)
+            elif isinstance(mine, (int, float)) and not isinstance(mine, bool) and f.name != "size":
+                setattr(self, f.name, mine + theirs)
 
     def __post_init__(self) -> None:
         z = np.zeros(self.size)
@@ -144,19 +160,30 @@ class _Buffer:
     """Parameters of one buffer (stage, chunk, dp group) in backprop order.
 
     Expert copies of one tensor share its :class:`TensorSpec`: ``unique`` lists the distinct
-    tensors and ``tid`` maps every item to its entry there.
+    tensors (one of each content: :func:`workloads.inventory.content_id`) and ``tid`` maps every
+    item to its entry there. ``key`` names the content (buffers with equal keys hold equal items);
+    ``names`` (built on first use) are the items' parameter names.
     """
 
     chunk: int
     group: str
-    tensors: list[TensorSpec]
-    names: list[str]
     numel: np.ndarray
     cost: np.ndarray
     muon: np.ndarray
     position: np.ndarray  # index in the chunk's backprop order (bucket readiness)
     unique: tuple[TensorSpec, ...] = ()
     tid: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    key: tuple = ()
+    name_source: Callable[[], list[str]] | None = field(default=None, repr=False)
+
+    @cached_property
+    def names(self) -> list[str]:
+        """Parameter name of every item (expert copies numbered as Megatron's local experts)."""
+        return self.name_source() if self.name_source is not None else []
+
+
+def _names_of(buf: _Buffer) -> list[str]:
+    return buf.names
 
 
 def _cost(t: TensorSpec) -> int:
@@ -164,36 +191,76 @@ def _cost(t: TensorSpec) -> int:
     return newton_schulz_cost_proxy(*shape) if len(shape) == 2 else t.local_numel
 
 
-def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str) -> list[_Buffer]:
-    """Split one chunk's tensors (definition order) into dense and expert buffers, backprop order."""
-    runs: dict[str, list[tuple[TensorSpec, int, int]]] = {g: [] for g in GROUPS}  # (tensor, copies, first position)
+def _item_names(tensors: list[TensorSpec]) -> list[str]:
+    """Names of the items of distinct tensors ``tensors`` (expert copies numbered, highest first)."""
+    return [n for t in tensors
+            for n in ([f"{t.name}{k}" for k in reversed(range(t.experts_per_rank))] if t.num_experts > 1
+                      else [t.name] * t.experts_per_rank)]
+
+
+def _skeletons(tensors: Sequence[TensorSpec], kind: str) -> list[tuple[str, tuple[int, ...], dict[str, np.ndarray]]]:
+    """(group, positions in ``tensors`` of the distinct entries, read-only arrays) of each buffer of
+    a chunk whose tensors (definition order) are ``tensors``."""
+    runs: dict[str, list[tuple[int, int, int]]] = {g: [] for g in GROUPS}  # (index in tensors, copies, first position)
     pos = 0
-    for t in reversed(tensors):
+    for k in range(len(tensors) - 1, -1, -1):
+        t = tensors[k]
         if t.optimizer == "none":
             continue
         copies = t.experts_per_rank
-        runs[t.dp_group].append((t, copies, pos))
+        runs[t.dp_group].append((k, copies, pos))
         pos += copies
     out = []
     for g in GROUPS:
         items = runs[g]
         if not items:
             continue
-        uniq = tuple(t for t, _, _ in items)
+        uniq = [tensors[k] for k, _, _ in items]
         counts = np.array([c for _, c, _ in items], dtype=np.int64)
         firsts = np.array([p for _, _, p in items], dtype=np.int64)
         tid = np.repeat(np.arange(len(items), dtype=np.int64), counts)
         offset = np.arange(len(tid), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-        names = [n for t, c, _ in items
-                 for n in ([f"{t.name}{k}" for k in reversed(range(c))] if t.num_experts > 1 else [t.name] * c)]
-        out.append(_Buffer(
-            chunk=chunk, group=g, tensors=[uniq[i] for i in tid.tolist()], names=names,
-            numel=np.array([t.local_numel for t in uniq], dtype=np.int64)[tid],
-            cost=np.array([_cost(t) for t in uniq], dtype=np.float64)[tid],
-            muon=np.array([kind == "muon" and t.optimizer == "muon" for t in uniq], dtype=bool)[tid],
-            position=firsts[tid] + offset, unique=uniq, tid=tid,
-        ))
+        arrays = {"numel": np.array([t.local_numel for t in uniq], dtype=np.int64)[tid],
+                  "cost": np.array([_cost(t) for t in uniq], dtype=np.float64)[tid],
+                  "muon": np.array([kind == "muon" and t.optimizer == "muon" for t in uniq], dtype=bool)[tid],
+                  "position": firsts[tid] + offset, "tid": tid}
+        for a in arrays.values():
+            a.setflags(write=False)
+        out.append((g, tuple(k for k, _, _ in items), arrays))
     return out
+
+
+def chunk_buffers(tensors: Sequence[TensorSpec], chunk: int, kind: str) -> list[_Buffer]:
+    """Split one chunk's tensors (definition order) into dense and expert buffers, backprop order."""
+    return [_Buffer(chunk=chunk, group=g, unique=tuple(tensors[k] for k in picks), key=(object(), g),
+                    name_source=lambda picks=picks: _item_names([tensors[k] for k in picks]),  # type: ignore[misc]
+                    **arrays)
+            for g, picks, arrays in _skeletons(tensors, kind)]
+
+
+_SKELETONS: OrderedDict[tuple, list[tuple[str, tuple[int, ...], dict[str, np.ndarray]]]] = OrderedDict()
+_SKELETON_CACHE_SIZE = 4096
+
+
+def inventory_chunk_buffers(inv: Inventory, stage: int, chunk: int, kind: str) -> list[_Buffer]:
+    """:func:`chunk_buffers` of chunk ``chunk`` of ``stage``, memoised on the chunk's content
+    (:meth:`Inventory.chunk_key`): equal chunks of any inventory share their arrays; names are
+    listed from the chunk's own tensors when asked for."""
+    key = inv.chunk_key(stage, chunk)
+    skel = _SKELETONS.get((key, kind))
+    rep = inv.by_content
+    if skel is None:
+        skel = _SKELETONS[(key, kind)] = _skeletons([rep[i] for i in key], kind)
+        if len(_SKELETONS) > _SKELETON_CACHE_SIZE:
+            _SKELETONS.popitem(last=False)
+
+    def names(picks: tuple[int, ...]) -> list[str]:
+        tensors = inv.chunk_tensors(stage, chunk)
+        return _item_names([tensors[k] for k in picks])
+
+    return [_Buffer(chunk=chunk, group=g, unique=tuple(rep[key[k]] for k in picks), key=(key, kind, g),
+                    name_source=lambda picks=picks: names(picks), **arrays)  # type: ignore[misc]
+            for g, picks, arrays in skel]
 
 
 class StageBuilder:
@@ -205,8 +272,27 @@ class StageBuilder:
         self.buckets: list[tuple[tuple[int, int], dict]] = []  # (sort key, Bucket kwargs)
         self.gb = spec.grad_bytes
         self.grad_dtype = "fp32" if self.gb == 4 else "bf16"
-        self._muon_memo: dict[int, tuple[float, float, float, float, tuple[CollectiveCall, ...]]] = {}
-        self._buffer_memo: dict[int, tuple[_Buffer, np.ndarray, list[tuple[CollectiveCall, ...]]]] = {}
+        self._muon_memo = timer.memo.setdefault("muon_item", {})  # shared by the plan's stages
+        self._buffer_memo = timer.memo.setdefault("buffer_rows", {})
+        self._effects = timer.memo.setdefault("buffer_effects", {})
+
+    def replay(self, bufs: Sequence[_Buffer], op: str, run: Callable[[StageBuilder], None], *args: object) -> None:
+        """Run ``run(builder)`` (which works on buffers ``bufs`` only), or replay what it did on
+        earlier buffers of the same contents and bucket sizes in this plan: their buckets, owners
+        and per-rank work are the same (only stage, chunk and names differ)."""
+        key = (op, *((b.key, self.bucket_size(b.chunk)) for b in bufs), *args)
+        hit = self._effects.get(key)
+        if hit is None:
+            sub = StageBuilder(self.stage, self.grid, self.spec, self.timer, self.st)
+            run(sub)
+            hit = self._effects[key] = (tuple(bufs), sub.roles, sub.buckets)
+        sources, roles, buckets = hit
+        target = {id(src): buf for src, buf in zip(sources, bufs, strict=True)}
+        for g, role in roles.items():
+            self.roles[g].absorb(role, target)
+        for (chunk, ready), kw in buckets:
+            buf = next(b for src, b in zip(sources, bufs, strict=True) if src.chunk == -chunk)
+            self.buckets.append(((-buf.chunk, ready), {**kw, "stage": self.stage, "chunk": buf.chunk}))
 
     def bucket_size(self, chunk: int) -> int | None:
         """Elements per bucket; None (one bucket) for pp ranks > 0, chunks > 0, or no overlap."""
@@ -225,7 +311,8 @@ class StageBuilder:
             reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind)))
 
     def muon_item(self, t: TensorSpec) -> tuple[float, float, float, float, tuple[CollectiveCall, ...]]:
-        """(NS FLOPs, NS s, TP comm s, HBM bytes, TP calls) of stepping one copy of ``t``."""
+        """(NS FLOPs, NS s, TP comm s, HBM bytes, TP calls) of stepping one copy of ``t`` (memoised per
+        plan on the tensor object: buffers hold one representative per content)."""
         key = id(t)
         if key not in self._muon_memo:
             w = tensor_ns_work(t, self.st)
@@ -237,8 +324,8 @@ class StageBuilder:
     def _per_tensor(self, buf: _Buffer) -> tuple[np.ndarray, list[tuple[CollectiveCall, ...]]]:
         """(numel, NS FLOPs, NS s, TP comm s, HBM bytes) per distinct tensor of ``buf`` as an
         (items, 4) array without numel, and each one's TP calls (empty for non-Muon tensors)."""
-        hit = self._buffer_memo.get(id(buf))
-        if hit is not None and hit[0] is buf:
+        hit = self._buffer_memo.get(buf.key)
+        if hit is not None:
             return hit[1], hit[2]
         muon = np.zeros(len(buf.unique), dtype=bool)
         muon[buf.tid] = buf.muon
@@ -252,7 +339,7 @@ class StageBuilder:
                 rows.append((0.0, 0.0, 0.0, float(t.local_numel * adam_bytes_per_element(self.gb))))
                 calls.append(())
         per = np.array(rows, dtype=np.float64).reshape(len(rows), 4)
-        self._buffer_memo[id(buf)] = (buf, per, calls)
+        self._buffer_memo[buf.key] = (buf, per, calls)
         return per, calls
 
     def step_whole(self, buf: _Buffer, sel: np.ndarray, owner: np.ndarray) -> None:
@@ -266,8 +353,8 @@ class StageBuilder:
         is_muon = buf.muon[sel]
         if is_muon.any():
             picked = sel[is_muon]
-            role.names.extend([buf.names[i] for i in picked.tolist()])
-            role.calls.extend([calls[j] for j in buf.tid[picked].tolist()])
+            role.names.append((buf, picked))
+            role.calls.append((calls, buf.tid[picked]))
         role.owners.append(owner[is_muon])
 
     def element_wise(self, buf: _Buffer, sel: np.ndarray) -> None:
@@ -316,9 +403,10 @@ class StageBuilder:
         used = sum(b.used_numel for b in buckets)
         padding = sum(b.numel for b in buckets) / used - 1 if used else 0.0
         roles = tuple(
-            RoleOwnership(group=r.group, size=r.size, names=tuple(r.names),  # type: ignore[arg-type]
+            RoleOwnership(group=r.group, size=r.size,  # type: ignore[arg-type]
                           owner=np.concatenate(r.owners) if r.owners else np.zeros(0, dtype=np.int64),
-                          item_calls=tuple(r.calls))
+                          name_parts=tuple((partial(_names_of, b), idx) for b, idx in r.names),
+                          call_parts=tuple(r.calls))
             for r in self.roles.values())
         ranks = rank_work(self)
         g = self.grid
