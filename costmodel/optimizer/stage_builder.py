@@ -434,8 +434,26 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
     ns_s = D.ns_s[dd] + E.ns_s[ee]
     tp_s = D.tp_s[dd] + E.tp_s[ee]
     mem_s = (D.mem_bytes[dd] + E.mem_bytes[ee]) * b.timer.s_per_byte
-    return tuple(
-        RankWork(rank=int(first[i]), owned_numel=int(owned[i]), newton_schulz_flops=float(flops[i]),
-                 newton_schulz_s=float(ns_s[i]), elementwise_s=float(mem_s[i]), tp_comm_s=float(tp_s[i]),
-                 multiplicity=int(counts[i]), dense_rank=int(dd[i]), expert_rank=int(ee[i]))
-        for i in range(len(keys)))
+    values = np.stack([owned, flops, ns_s, mem_s, tp_s], axis=1)
+    return classes_of(values, first, counts, dd, ee, lambda v: RankWork(
+        rank=0, owned_numel=int(v[0]), newton_schulz_flops=float(v[1]), newton_schulz_s=float(v[2]),
+        elementwise_s=float(v[3]), tp_comm_s=float(v[4])))
+
+
+def classes_of(values: np.ndarray, first: np.ndarray, counts: np.ndarray, dense: np.ndarray, expert: np.ndarray,
+               build: Callable[[list[float]], RankWork]) -> tuple[RankWork, ...]:
+    """RankWork of every rank class (``values`` one row per class): built once per distinct row
+    (``build``), then copied with each class's first GPU, multiplicity and dp indices. Thousands of
+    classes doing the same work (a dense model's expert-dp classes) cost one construction each."""
+    rows, inverse = np.unique(values, axis=0, return_inverse=True)
+    protos = [build(r) for r in rows.tolist()]
+    out = []
+    new = object.__new__
+    for p, r, m, dr, er in zip(inverse.ravel().tolist(), first.tolist(), counts.tolist(), dense.tolist(),
+                               expert.tolist(), strict=True):
+        w = new(RankWork)
+        d = w.__dict__
+        d.update(protos[p].__dict__)  # the frozen dataclass's fields (set without running __init__)
+        d["rank"], d["multiplicity"], d["dense_rank"], d["expert_rank"] = r, m, dr, er
+        out.append(w)
+    return tuple(out)
