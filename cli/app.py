@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from typing import Annotated
 
 import typer
 
@@ -19,6 +20,7 @@ COMMAND_MODULES = (
     "cli.cmd_predict",
     "cli.cmd_compare",
     "cli.cmd_plan",
+    "cli.cmd_sweep",
     "cli.cmd_collective",
     "cli.cmd_validate",
     "cli.cmd_reference",
@@ -28,8 +30,35 @@ for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
+def version_text() -> str:
+    """``muonsim X.Y.Z`` from the installed package metadata (or 'not installed' from a bare checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"muonsim {version('muonsim')}"
+    except PackageNotFoundError:
+        return "muonsim (version unknown: not installed; run 'pip install .')"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_show_version,
+                                          help="print the version and exit")] = False,
+) -> None:
+    """Predict, explain and plan LLM training steps with Muon and AdamW on GB300 NVL72 clusters."""
+
+
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (output streams made safe for non-UTF-8 encodings first)."""
+    from cli.terminal import make_streams_safe
+
+    make_streams_safe()
     app()
 
 

@@ -49,7 +49,7 @@ def catalog(json_out: JsonOpt = False) -> None:
     for s in systems:
         pk = s.gpu.peak_flops_per_s
         t.add_row(s.name, s.gpu.name, str(s.nvlink.domain_size), f"{s.nvlink.gpu_bandwidth_Bps / 1e9:.0f}",
-                  f"{s.scale_out.nic_bandwidth_Bps / 1e9:.0f}", f"{pk.bf16 / 1e15:.2f}", f"{pk.fp8 / 1e15:.2f}",
+                  f"{s.scale_out.nic_bandwidth_Bps / 1e9:.0f}", f"{pk.bf16 / 1e15:.2f}", f"{pk.fp8 / 1e15:.2f}" if pk.fp8 is not None else "-",
                   f"{pk.fp4 / 1e15:.1f}" if pk.fp4 else "-", f"{s.gpu.hbm_bytes / 1e9:.0f}")
     m_t = Table(title="Models")
     for col in ("name", "layers", "hidden", "attention", "experts (top-k)", "vocab", "MTP"):
@@ -182,7 +182,8 @@ def inventory(
     console = Console()
     console.print(st_t)
     mt = Table(title=f"memory per GPU, GB (capacity {sc.system.gpu.hbm_bytes / 1e9:.0f} GB; "
-                     f"recompute {sc.par.recompute})")
+                     f"recompute {sc.par.recompute}; total = peak: the activations and the optimizer "
+                     "workspace never coexist)")
     names = list(memory[0].components_bytes)
     for col in ("stage", *(n.replace("_", " ") for n in names), "total", "fits"):
         mt.add_column(col, justify="right")

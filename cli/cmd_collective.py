@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,28 +15,38 @@ _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
+SIZE_CONVENTION = "sizes: G, GB = 1e9 B; GiB = 2^30 B (nccl-tests' -e 8G is 8 GiB)"
+MAX_SWEEP_SIZES = 200
+
+
 def parse_size(text: str, what: str = "size") -> float:
-    """Bytes from '4G', '512MB', '1GiB', '1e9' or '4096' (GB = 1e9 bytes; GiB = 2^30)."""
+    """Bytes from '4G', '512MB', '1GiB', '1e9' or '4096' (see :data:`SIZE_CONVENTION`)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise CliError(f"{what} '{text}' is not a size; use bytes or a unit, e.g. 4096, 512M, 4GB, 1GiB")
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if value < 0:
-        raise CliError(f"{what} must be >= 0")
+    if not math.isfinite(value):
+        raise CliError(f"{what} '{text}' is not a finite size")
     return value
 
 
 def size_sweep(min_bytes: float, max_bytes: float, factor: float) -> list[float]:
-    """Sizes from min to max multiplying by ``factor`` (nccl-tests ``-b -e -f``)."""
-    if factor <= 1:
-        raise CliError(f"--step-factor must be > 1, got {factor}")
+    """Sizes from min multiplying by ``factor`` (nccl-tests ``-b -e -f``), ending at max.
+
+    When max is not on the grid (``--min-size 1KB --max-size 8GB``: 1000·2^23 > 8e9) the sweep adds
+    max itself as its last size rather than stopping short of it.
+    """
+    if not math.isfinite(factor) or factor <= 1:
+        raise CliError(f"--step-factor must be a number > 1, got {factor}")
     if min_bytes <= 0 or max_bytes < min_bytes:
         raise CliError(f"need 0 < --min-size <= --max-size, got {min_bytes:g} and {max_bytes:g}")
     sizes: list[float] = []
     s = min_bytes
-    while s <= max_bytes * (1 + 1e-9) and len(sizes) < 200:
+    while s <= max_bytes * (1 + 1e-9) and len(sizes) < MAX_SWEEP_SIZES:
         sizes.append(s)
         s *= factor
+    if sizes[-1] < max_bytes * (1 - 1e-9) and len(sizes) < MAX_SWEEP_SIZES:
+        sizes.append(max_bytes)
     return sizes
 
 
@@ -65,9 +76,9 @@ def collective(
     op: Annotated[str, typer.Argument(help="all_reduce, reduce_scatter, all_gather, all_gather_v, broadcast, all_to_all, send_recv")],
     system: Annotated[str, typer.Option("--system", help="system: catalogue name or YAML file")] = "gb300-nvl72",
     gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in the job (default 72, or the ranks listed in --measured FILE)")] = None,
-    size: Annotated[str | None, typer.Option("--size", help="one size (bytes, or 512M, 4GB, 1GiB)")] = None,
-    min_size: Annotated[str | None, typer.Option("--min-size", help="sweep start (default 1KB)")] = None,
-    max_size: Annotated[str | None, typer.Option("--max-size", help="sweep end (default 8GB)")] = None,
+    size: Annotated[str | None, typer.Option("--size", help="one size: bytes, or 512M, 4GB (decimal), 1GiB (binary)")] = None,
+    min_size: Annotated[str | None, typer.Option("--min-size", help="sweep start (default 1KB = 1000 bytes; 1KiB = 1024)")] = None,
+    max_size: Annotated[str | None, typer.Option("--max-size", help="sweep end, always included (default 8GB = 8e9 bytes; 8GiB = 2^33)")] = None,
     step_factor: Annotated[float, typer.Option("--step-factor", help="sweep multiplier")] = 2.0,
     group: Annotated[str, typer.Option("--group", help="tp, cp, dp, etp, ep, expert_dp, pp or world")] = "world",
     algorithm: Annotated[str | None, typer.Option("--algorithm", help="force ring, tree, nvls, nvls_tree, pat, direct, or the idealised hierarchical (never chosen by the tuner)")] = None,
@@ -110,6 +121,7 @@ def collective(
     if json_out:
         print_json({
             "op": op, "system": sys_spec.name, "gpus": gpus, "group": group, "group_size": shape.size,
+            "size_convention": SIZE_CONVENTION,
             "domains": shape.domains, "ranks_per_domain": shape.ranks_per_domain, "tiers": shape.fabric_tiers,
             "results": [{"size_bytes": r.size_bytes, "time_s": r.time_s, "algbw_Bps": r.algbw_Bps,
                          "busbw_Bps": r.busbw_Bps, "algorithm": r.algorithm, "detail": r.detail} for r in rows],
@@ -117,6 +129,7 @@ def collective(
         return
     typer.echo(f"# {op} on {sys_spec.name}: group '{group}' of {shape.size} ranks over {shape.domains} NVLink "
                f"domain(s), {shape.ranks_per_domain} per domain, fabric tiers crossed {shape.fabric_tiers}")
+    typer.echo(f"# {SIZE_CONVENTION}; GB/s = 1e9 B/s")
     typer.echo(f"# {'size (B)':>14} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}  algorithm")
     for r in rows:
         typer.echo(f"  {r.size_bytes:>14.0f} {r.time_s * 1e6:>12.2f} {r.algbw_Bps / 1e9:>13.2f} "

@@ -10,13 +10,18 @@ ranked among the plans. See :mod:`costmodel.planner` for the search.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import signal
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from cli.cluster import SchedulerOpt
 from cli.common import (
     CalibrationOpt,
     CliError,
@@ -59,7 +64,11 @@ def with_bound_flags(func: Any) -> Any:
 
 
 def _progress() -> tuple[Any, Any]:
-    """A rich progress display on stderr and the callback the planner reports to."""
+    """A rich progress display on stderr and the callback the planner reports to.
+
+    When stderr is not a terminal (a pipe, a log file, a test), each stage is announced by one
+    line ``plan: STAGE`` instead of a progress bar: a script knows the search is under way.
+    """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -73,39 +82,46 @@ def _progress() -> tuple[Any, Any]:
             for other in tasks.values():
                 progress.update(other, visible=False)
             tasks[label] = progress.add_task(label, total=total)
+            if not console.is_terminal:
+                print(f"plan: {label}", file=sys.stderr, flush=True)
         progress.update(tasks[label], completed=done, total=max(total, done))
 
     return progress, report
 
 
-def _base_and_reference(scenario_file: Path | None, flags: dict[str, str]) -> tuple[Any, dict[str, str], str | None]:
-    """(base scenario, raw pins, why the reference is invalid or None)."""
-    from costmodel.planner.pins import SEARCH_KEYS
-    from costmodel.planner.plan import scenario_from_config
-    from topologies.inputs import UserInputError
-    from workloads.scenario import DEFAULT_SCENARIO, build_config, load_scenario_config
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[list[int]]:
+    """SIGTERM behaves like Ctrl-C while the search runs: stop the workers, keep what was found.
 
-    pins = {k: v for k, v in flags.items() if k in SEARCH_KEYS}
-    rest = {k: v for k, v in flags.items() if k not in SEARCH_KEYS}
-    if scenario_file is not None:
-        config = load_scenario_config(scenario_file, rest)
-    else:
-        config = build_config(DEFAULT_SCENARIO.model_dump(), rest, source="scenario")
-    singles = {k: v.strip() for k, v in pins.items() if "," not in v}
-    if singles:  # the reference takes the single-valued pins when they make a valid scenario
-        try:
-            pinned = build_config(config.model_dump(), singles)
-            scenario_from_config(pinned).validate()
-            config = pinned
-        except UserInputError:
-            pass
-    base = scenario_from_config(config)
+    Yields a list that holds the signal number once one arrived (the exit code becomes 128 + it).
+    """
+    received: list[int] = []
+
+    def handler(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
-        base.validate()
-        error = None
-    except UserInputError as err:
-        error = str(err)
-    return base, pins, error
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _base_and_reference(scenario_file: Path | None, flags: dict[str, str]) -> tuple[Any, dict[str, str], str | None, Any]:
+    """(base scenario, raw pins, why the reference is invalid or None, the base's Layered config).
+
+    The base takes the defaults of its model × system (GPUs, precision, batch, sequence and the
+    reference layout) for what neither the file nor a flag sets.
+    """
+    from cli.common import layered_scenario
+    from costmodel.planner.base import plan_base, split_pins
+
+    pins, rest = split_pins(flags)
+    layered = layered_scenario(scenario_file, rest)
+    base, error = plan_base(layered.config, pins)
+    base.check_precision()  # not searched: no candidate could fix it
+    return base, pins, error, layered
 
 
 @user_errors
@@ -116,15 +132,18 @@ def plan(
     memory_headroom: Annotated[float, typer.Option("--memory-headroom", metavar="FRACTION", help="fraction of HBM kept free")] = 0.1,
     top_k: Annotated[int, typer.Option("--top-k", metavar="INT", help="best plans re-ranked with the discrete-event engine (0 = none)")] = 5,
     limit: Annotated[int, typer.Option("--limit", metavar="INT", help="plans listed")] = 10,
-    jobs: Annotated[int, typer.Option("--jobs", metavar="INT", help="worker processes (0 = every core)")] = 0,
+    jobs: Annotated[int, typer.Option("--jobs", metavar="INT", help="worker processes (0 = every core; ignored with --scheduler)")] = 0,
     explain: Annotated[list[str] | None, typer.Option("--explain", metavar="SETTINGS", help='why not this configuration? e.g. "tp=2,pp=8" (repeatable)')] = None,
     samples: Annotated[int, typer.Option("--samples", metavar="INT", help="calibration-uncertainty draws for the sensitivity (0 = none)")] = 16,
     sensitivity_sigma: Annotated[float | None, typer.Option("--sensitivity-sigma", metavar="REL", help="assumed relative 1-sigma for factors without a fitted uncertainty")] = None,
     seed: Annotated[int, typer.Option("--seed", help="random seed of the sensitivity draws")] = 0,
     exhaustive: Annotated[bool, typer.Option("--exhaustive", help="evaluate every candidate (no pruning)")] = False,
+    allow_hypothetical: Annotated[bool, typer.Option("--allow-hypothetical", help="also search layout / load-balance pairs "
+                                  "Megatron-Core does not have (legacy with lpt or none, current with ping_pong or none)")] = False,
     calibration: CalibrationOpt = None,
     json_out: JsonOpt = False,
     html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write plotly figures (all plans, Pareto front, breakdowns)")] = None,
+    scheduler: SchedulerOpt = None,
     *, scenario_flags: dict[str, str], bounds: dict[str, int | None],
 ) -> None:
     """Search parallel layouts and optimizer choices: the fastest plans that fit in memory."""
@@ -142,8 +161,8 @@ def plan(
     queries = tuple(explain or ())
     for q in queries:
         parse_query(q)
-    base, raw_pins, reference_error = _base_and_reference(scenario_file, scenario_flags)
-    pins = parse_pins(raw_pins, bounds)
+    base, raw_pins, reference_error, layered = _base_and_reference(scenario_file, scenario_flags)
+    pins = parse_pins(raw_pins, bounds, allow_hypothetical)
     memory_budget_bytes(base, memory_headroom)
     profile = load_calibration(calibration)
     label = "datasheet defaults"
@@ -151,12 +170,13 @@ def plan(
         base = profile.apply(base)
         label = profile.label(base.system.name)
     options = PlanOptions(pins=pins, headroom=memory_headroom, top_k=top_k, limit=limit, jobs=jobs, samples=samples,
-                          assumed_sigma=sensitivity_sigma, seed=seed, explain=queries, exhaustive=exhaustive)
+                          assumed_sigma=sensitivity_sigma, seed=seed, explain=queries, exhaustive=exhaustive,
+                          scheduler=scheduler)
     progress, report = _progress()
-    with progress:
+    with _terminate_as_interrupt() as terminated, progress:
         outcome = run_plan(base, options, reference_error=reference_error, profile=profile,
                            calibration_label=label, progress=report)
-    result = outcome.result
+    result = outcome.result = outcome.result.model_copy(update={"scenario_source": layered.summary()})
     if html is not None:
         from costmodel.planner.figures import plan_html
 
@@ -164,13 +184,12 @@ def plan(
     if json_out:
         print_json(result.model_dump(mode="json"))
     else:
-        from rich.console import Console
-
+        from cli.terminal import console as make_console
         from costmodel.planner.render import render
 
-        console = Console()
+        console = make_console()
         console.print(render(result, outcome.best_report))
         if html is not None:
             console.print(f"wrote {html}")
     if result.interrupted:
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(128 + terminated[0] if terminated else EXIT_INTERRUPTED)

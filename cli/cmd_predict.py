@@ -18,7 +18,8 @@ from cli.common import (
     check_output_paths,
     check_release,
     print_json,
-    resolve_scenario,
+    release_settings_lines,
+    resolve_release_scenario,
     user_errors,
     with_scenario_flags,
     write_text_atomically,
@@ -37,7 +38,7 @@ def predict(
     engine: EngineOpt = "analytic",
     json_out: JsonOpt = False,
     trace: Annotated[Path | None, typer.Option("--trace", metavar="FILE", help="write a Perfetto/Chrome trace (des engine)")] = None,
-    html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write a plotly HTML report")] = None,
+    html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write a plotly page: the DES timeline beside the breakdown")] = None,
     calibration: CalibrationOpt = None,
     release: ReleaseOpt = None,
     *, scenario_flags: dict[str, str],
@@ -50,25 +51,30 @@ def predict(
     if trace is not None and engine != "des":
         raise CliError("--trace needs the simulated timeline: add --engine des")
     check_output_paths(trace, html)
-    sc = resolve_scenario(scenario_file, scenario_flags)
+    check_release(None, release, "")
+    sc, layered, chosen = resolve_release_scenario(scenario_file, scenario_flags, release)
     profile = load_calibration(calibration)
-    check_release(profile, release, sc.system.name)
     report = run_predict(sc, engine, profile, release)  # type: ignore[arg-type]
     from costmodel import exporters
 
     texts: list[tuple[Path, str]] = []
     if trace is not None:
         texts.append((trace, exporters.trace_json(report)))
-    if html is not None:
-        texts.append((html, exporters.to_html(report)))
+    if html is not None:  # the page shows the simulated timeline whatever the engine
+        timeline = report if report.events else run_predict(sc, "des", profile, release)  # type: ignore[arg-type]
+        texts.append((html, exporters.to_html(report, timeline)))
     for path, text in texts:  # only after the prediction (and every export) succeeded
         write_text_atomically(path, text)
     if json_out:
-        print_json(report.to_json_dict())
+        data = report.to_json_dict() | {"layout": layered.to_json_dict()}
+        data["recipe_settings"] = chosen.to_json_dict() if chosen is not None else None
+        print_json(data)
         return
-    from rich.console import Console
+    from cli.terminal import console as make_console
 
-    console = Console()
-    console.print(exporters.render_table(report))
+    console = make_console()
+    console.print(exporters.render_table(report, layout=layered.summary()))
+    for line in release_settings_lines(chosen):
+        console.print(line, markup=False, highlight=False)
     for path, _ in texts:
         console.print(f"wrote {path}")

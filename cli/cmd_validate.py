@@ -7,6 +7,7 @@ named efficiency factors and writes a profile, reporting held-out error (each co
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,6 +17,7 @@ import typer
 from cli.common import (
     CliError,
     JsonOpt,
+    WideOpt,
     print_json,
     user_errors,
     with_scenario_flags,
@@ -26,7 +28,7 @@ RunsArg = Annotated[list[Path] | None, typer.Argument(
     help="runs files: CSV/JSON of the measured-run schema, Megatron training logs (.log/.txt/.out), "
          "reference-backend JSON", show_default=False)]
 DatasetOpt = Annotated[list[str] | None, typer.Option(
-    "--dataset", metavar="NAME", help="a shipped dataset (megatron-bridge); repeatable")]
+    "--dataset", metavar="NAME", help="a shipped dataset (megatron-bridge, megatron-ci, megatron-ci-all); repeatable")]
 WarmupOpt = Annotated[int, typer.Option("--warmup", min=0, help="Megatron logs: warm-up iterations to skip")]
 
 
@@ -37,9 +39,10 @@ def register(app: typer.Typer) -> None:
 
 
 def _gather_runs(paths: list[Path] | None, datasets: list[str] | None, flags: dict[str, str],
-                 warmup: int) -> tuple[list[Any], str]:
-    """All runs from files and datasets (one-line errors), and a description of where they came from."""
-    from workloads.datasets import load_dataset
+                 warmup: int) -> tuple[list[Any], str, list[Any]]:
+    """All runs from files and datasets (one-line errors), a description of where they came from,
+    and the dataset rows that are not runs (with their reasons)."""
+    from workloads.datasets import load_dataset_rows
     from workloads.loaders import LOG_SUFFIXES, load_many
 
     paths = list(paths or [])
@@ -52,9 +55,10 @@ def _gather_runs(paths: list[Path] | None, datasets: list[str] | None, flags: di
     if flags and not any(p.suffix.lower() in LOG_SUFFIXES for p in paths):
         raise CliError(f"scenario flags ({', '.join(sorted(flags))}) describe training logs; "
                        "no log file was given (CSV and JSON runs carry their own scenario)")
-    runs = load_many(paths, flags, warmup, preloaded={f"dataset '{d}'": load_dataset(d) for d in datasets})
+    loaded = {d: load_dataset_rows(d) for d in datasets}
+    runs = load_many(paths, flags, warmup, preloaded={f"dataset '{d}'": rows[0] for d, rows in loaded.items()})
     where = ", ".join([f"dataset {d}" for d in datasets] + [p.name for p in paths])
-    return runs, where
+    return runs, where, [s for rows in loaded.values() for s in rows[1]]
 
 
 def _calibration(path: Path | None, datasheet: bool) -> Any:
@@ -83,16 +87,17 @@ def validate(
     json_out: JsonOpt = False,
     html: Annotated[Path | None, typer.Option("--html", help="write a plotly scatter + histogram page")] = None,
     warmup: WarmupOpt = 10,
+    wide: WideOpt = False,
     *, scenario_flags: dict[str, str],
 ) -> None:
     """How wrong is the model on measured runs? Predicted vs measured, MAPE, bias, worst case, Kendall τ."""
     from costmodel.calibrate.validation import validate_runs
 
-    runs, where = _gather_runs(runs_files, dataset, scenario_flags, warmup)
+    runs, where, skipped = _gather_runs(runs_files, dataset, scenario_flags, warmup)
     profile = _calibration(calibration, datasheet)
     reference_runs = [r for r in runs if r.phase_times_s or r.collectives]
     step_runs = [r for r in runs if not (r.phase_times_s or r.collectives)]
-    report = validate_runs(step_runs, profile, engine) if step_runs else None
+    report = validate_runs(step_runs, profile, engine, skipped) if step_runs or skipped else None
     reference = _reference_checks(reference_runs, profile) if reference_runs else []
     if html is not None:
         if report is None or not report.rows:
@@ -110,7 +115,7 @@ def validate(
         print_json(data)
         return
     if report is not None:
-        _print_validation(report, where)
+        _print_validation(report, where, wide)
     for check in reference:
         _print_reference(check)
     if html is not None:
@@ -143,18 +148,40 @@ def _reference_model(run: Any) -> Any:
     return load_shapes(shapes)
 
 
-def _print_validation(report: Any, where: str) -> None:
-    from rich.console import Console
+def short_run_ids(rows: list[Any]) -> dict[str, str]:
+    """Run ids without what the table shows elsewhere: the system (rows are grouped by it) and the
+    prefix every id shares (``mb-``), e.g. 'mb-26.08-qwen3-30b-a3b-gb200-nvl72-mxfp8-8g-gbs512' ->
+    '26.08-qwen3-30b-a3b-mxfp8-8g-gbs512'."""
+    ids = [r.run_id for r in rows]
+    prefix = os.path.commonprefix(ids) if len(ids) > 1 else ""
+    prefix = prefix[: prefix.rfind("-") + 1] if "-" in prefix else ""
+    return {r.run_id: r.run_id[len(prefix):].replace(f"-{r.system}", "") or r.run_id for r in rows}
+
+
+def _print_validation(report: Any, where: str, wide: bool = False) -> None:
+    from rich import box
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 120))
-    table = Table(title=f"predicted vs measured step time ({where}; calibration: {report.calibration}, "
-                        f"engine {report.engine})")
-    for col in ("run", "measured s", "predicted s", "error %"):
-        table.add_column(col, justify="left" if col == "run" else "right")
-    for r in sorted(report.rows, key=lambda r: (r.system, r.model, r.run_id)):
+    from cli.terminal import console as make_console
+
+    console = make_console(wide=wide)
+    console.print(f"[bold]predicted vs measured step time, s[/bold] ({where}; calibration: {report.calibration}, "
+                  f"engine {report.engine})", highlight=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("run (by system)", overflow="fold")
+    for col in ("measured", "predicted", "error %"):
+        table.add_column(col, justify="right", no_wrap=True)
+    rows = sorted(report.rows, key=lambda r: (r.system, r.model, r.run_id))
+    short = {r.run_id: r.run_id for r in rows} if wide else short_run_ids(rows)
+    system = None
+    for r in rows:
+        if r.system != system:
+            if system is not None:
+                table.add_section()
+            system = r.system
+            table.add_row(f"[bold]{system}[/bold]", "", "", "")
         mark = " *" if r.in_training_set else ""
-        table.add_row(r.run_id + mark, f"{r.measured_step_time_s:.3f}", f"{r.predicted_step_time_s:.3f}",
+        table.add_row(short[r.run_id] + mark, f"{r.measured_step_time_s:.3f}", f"{r.predicted_step_time_s:.3f}",
                       f"{r.error_pct:+.1f}")
     console.print(table)
     if report.n_in_training_set:
@@ -162,11 +189,10 @@ def _print_validation(report: Any, where: str) -> None:
                       "training error (see 'muonsim calibrate' for held-out error)")
     if report.unsupported:
         console.print(f"unsupported runs ({len(report.unsupported)}), not predicted:")
-        for u in report.unsupported:
-            console.print(f"  {u.run_id}: {u.reason}", markup=False)
-    summary = Table(title="errors by system")
-    for col in ("system", "n", "MAPE %", "median APE %", "bias %", "worst %", "Kendall τ"):
-        summary.add_column(col, justify="left" if col == "system" else "right")
+        _print_unsupported(console, report.unsupported)
+    summary = Table(title="errors by system", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for col in ("system", "n", "MAPE %", "median %", "bias %", "worst %", "Kendall τ"):
+        summary.add_column(col, justify="left" if col == "system" else "right", no_wrap=True)
     for name, m in [*report.by_system.items(), ("overall", report.metrics)]:
         summary.add_row(name, str(m.n), _fmt(m.mape_pct), _fmt(m.median_ape_pct), _fmt(m.bias_pct, "+.1f"),
                         _fmt(m.max_ape_pct), _fmt(m.kendall_tau, ".2f"))
@@ -196,11 +222,17 @@ def calibrate(
     holdout: Annotated[str, typer.Option("--holdout", metavar="configuration|model",
                                          help="what is held out together: a configuration, or a whole model")] = "configuration",
     no_cv: Annotated[bool, typer.Option("--no-cv", help="skip the held-out evaluation")] = False,
+    skip_reconstructed: Annotated[bool, typer.Option(
+        "--skip-reconstructed", help="predict and score, but do not fit on, runs whose recipe settings are a "
+                                     "reconstruction (the settings file's match_status)")] = False,
+    release_residuals: Annotated[bool, typer.Option(
+        "--release-residuals", help="diagnostic: the held-out bias each release family leaves (not fitted)")] = False,
     loss: Annotated[str, typer.Option("--loss", help="soft_l1, huber or linear")] = "soft_l1",
     microbench: Annotated[bool, typer.Option(
-        "--microbench", help="measure this machine (GEMM, gloo α-β) instead of fitting runs")] = False,
+        "--microbench", help="measure this machine (GEMM, eager dispatch, gloo α-β) instead of fitting runs")] = False,
     json_out: JsonOpt = False,
     warmup: WarmupOpt = 10,
+    wide: WideOpt = False,
     *, scenario_flags: dict[str, str],
 ) -> None:
     """Fit the named efficiency factors to measured runs; report held-out error; write a profile."""
@@ -216,12 +248,12 @@ def calibrate(
     from costmodel.calibrate.fit import DEFAULT_FACTORS, DEFAULT_RELEASE_FACTORS, FitSettings
     from costmodel.calibrate.fit_runs import calibrate as run_calibration
 
-    runs, where = _gather_runs(runs_files, dataset, scenario_flags, warmup)
+    runs, where, skipped = _gather_runs(runs_files, dataset, scenario_flags, warmup)
     fitted = _factor_list(factors, DEFAULT_FACTORS)
     per_release = _factor_list(release_factors, DEFAULT_RELEASE_FACTORS)
     try:
         settings = FitSettings(factors=fitted, release_factors=tuple(f for f in per_release if f in fitted),
-                               loss=loss, folds=folds, holdout=holdout,
+                               loss=loss, folds=folds, holdout=holdout, fit_reconstructed=not skip_reconstructed,
                                min_release_runs=min_release_runs)
     except ValueError as err:
         raise CliError(str(err)) from None
@@ -231,15 +263,33 @@ def calibrate(
             print(msg, file=sys.stderr, flush=True)
 
     report = run_calibration(runs, settings, name=name or out.stem, fitted_on=f"{where} ({len(runs)} runs)",
-                             cross_validate=not no_cv, progress=progress)
+                             cross_validate=not no_cv, progress=progress, skipped=skipped)
     if not report.result.fits.systems:
         raise CliError("no supported run to fit (all runs are unsupported; see 'muonsim validate')")
     write_text_atomically(out, report.profile.to_yaml())
+    warnings = underdetermined_warnings(report.profile)
+    for warning in warnings:
+        typer.echo(f"warning: {warning}", err=True)
     if json_out:
-        print_json(report.to_json_dict())
+        print_json(report.to_json_dict() | {"warnings": warnings})
         return
-    _print_calibration(report)
+    _print_calibration(report, wide)
+    if release_residuals:
+        _print_release_residuals(report)
     typer.echo(f"wrote {out}")
+
+
+def underdetermined_warnings(profile: Any) -> list[str]:
+    """One line per system (or release) whose fit has more factors than runs to determine them."""
+    out = []
+    for system, cal in profile.systems.items():
+        sets = [(system, cal)] + [(f"{system} release {tag}", rel) for tag, rel in cal.releases.items()]
+        for scope, fitted in sets:
+            n, k = fitted.n_runs or 0, len(fitted.factors)
+            if k > n:
+                out.append(f"{scope}: {k} factors fitted from {n} run{'s' if n != 1 else ''}; the runs cannot "
+                           "determine them (the values lean on their priors); give more runs or fewer --factors")
+    return out
 
 
 def _factor_list(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -248,24 +298,34 @@ def _factor_list(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(f.strip() for f in text.split(",") if f.strip())
 
 
-def _print_calibration(report: Any) -> None:
-    from rich.console import Console
+def _print_calibration(report: Any, wide: bool = False) -> None:
+    from rich import box
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 120))
-    fac = Table(title="fitted factors per system (± 1 σ)")
-    fac.add_column("system")
+    from cli.terminal import console as make_console
+
+    console = make_console(wide=wide)
+    fac = Table(title="fitted factors per system (± 1 σ)", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    fac.add_column("system", no_wrap=True)
     fac.add_column("runs", justify="right")
-    fac.add_column("factors")
-    fac.add_column("releases refined")
+    fac.add_column("factor", no_wrap=True)
+    fac.add_column("value ± σ", justify="right", no_wrap=True)
+    refined = []
     for system, cal in report.profile.systems.items():
-        text = ", ".join(f"{k} {v:.3g} ± {cal.uncertainty.get(k, float('nan')):.2g}" for k, v in cal.factors.items())
-        fac.add_row(system, str(cal.n_runs), text or "(none identifiable)", ", ".join(cal.releases) or "-")
+        items = list(cal.factors.items()) or [("(none identifiable)", None)]
+        for k, (name, value) in enumerate(items):
+            cell = "-" if value is None else f"{value:.3g} ± {cal.uncertainty.get(name, float('nan')):.2g}"
+            fac.add_row(system if k == 0 else "", str(cal.n_runs) if k == 0 else "", name, cell)
+        fac.add_section()
+        refined.append(f"{system}: {', '.join(cal.releases) or '-'}")
     console.print(fac)
-    table = Table(title=f"step-time error: held-out ({report.result.settings.heldout_scheme}) vs training vs datasheet")
-    for col in ("scope", "n", "held-out MAPE %", "bias %", "median %", "worst %", "Kendall τ",
-                "train MAPE %", "datasheet MAPE %"):
-        table.add_column(col, justify="left" if col == "scope" else "right")
+    console.print("releases refined: " + "; ".join(refined), highlight=False)
+    table = Table(title=f"step-time error, %: held-out ({report.result.settings.heldout_scheme}) MAPE, bias, "
+                        "median and worst APE, Kendall τ; training and datasheet MAPE",
+                  box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    headers = ("scope", "n", "held-out", "bias", "median", "worst", "τ", "train", "datasheet")
+    for col in headers:
+        table.add_column(col, justify="left" if col == "scope" else "right", no_wrap=col == "scope")
     for scope, kinds in report.metrics_table().items():
         h, t, d = kinds.get("heldout"), kinds.get("train"), kinds.get("datasheet")
         table.add_row(scope, str((h or t).n), _fmt(h.mape_pct if h else None), _fmt(h.bias_pct if h else None, "+.1f"),
@@ -275,8 +335,37 @@ def _print_calibration(report: Any) -> None:
     console.print(table)
     if report.unsupported:
         console.print(f"{len(report.unsupported)} unsupported runs were not used:")
-        for u in report.unsupported:
+        _print_unsupported(console, report.unsupported)
+
+
+UNSUPPORTED_LISTED = 30  # longer lists are summarised by reason (every run is in --json)
+
+
+def _print_unsupported(console: Any, unsupported: list[Any]) -> None:
+    """Each unsupported run with its reason, or, for long lists, how many runs share each reason."""
+    if len(unsupported) <= UNSUPPORTED_LISTED:
+        for u in unsupported:
             console.print(f"  {u.run_id}: {u.reason}", markup=False)
+        return
+    import re
+    from collections import Counter
+
+    counts = Counter(re.sub(r"\s*\([^)]*\)", "", u.reason) for u in unsupported)  # details in brackets vary
+    for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        console.print(f"  {n:4d} x {reason}", markup=False)
+    console.print("  (every run with its reason: --json)")
+
+
+def _print_release_residuals(report: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="diagnostic: held-out error per release family (what a release multiplier would absorb)")
+    for col in ("release", "n", "MAPE %", "bias %", "worst %"):
+        table.add_column(col, justify="left" if col == "release" else "right")
+    for family, m in report.release_residuals().items():
+        table.add_row(family or "-", str(m.n), _fmt(m.mape_pct), _fmt(m.bias_pct, "+.1f"), _fmt(m.max_ape_pct))
+    Console(width=max(Console().width, 100)).print(table)
 
 
 def _microbench(out: Path, name: str | None, json_out: bool) -> None:
@@ -290,6 +379,9 @@ def _microbench(out: Path, name: str | None, json_out: bool) -> None:
         print_json(profile.model_dump(mode="json"))
         return
     typer.echo("GEMM: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in local.gemm_flops_per_s.items()))
+    if local.dispatch_s is not None and local.memory_Bps is not None:
+        typer.echo(f"eager PyTorch dispatch {local.dispatch_s * 1e6:.2f} us per operator; element-wise "
+                   f"{local.memory_Bps / 1e9:.1f} GB/s")
     for op, fit in local.collectives.items():
         typer.echo(f"gloo {op} ({local.world_size} ranks): alpha {fit.alpha_s * 1e6:.0f} us, "
                    f"beta {fit.beta_Bps / 1e9:.2f} GB/s")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +23,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 SCENARIO_FLAGS: dict[str, tuple[str, str, str]] = {
     "model": ("model", "NAME|FILE", "model: catalogue name or YAML file"),
     "system": ("system", "NAME|FILE", "system: catalogue name or YAML file"),
-    "gpus": ("gpus", "INT", "GPUs in the job"),
-    "precision": ("precision", "PREC", "bf16, fp8-cs, mxfp8 or nvfp4"),
+    "gpus": ("gpus", "INT", "GPUs in the job (default, like every layout value: the model's defaults on the system)"),
+    "precision": ("precision", "PREC", "bf16, fp16, fp8-cs, fp8-delayed, fp8-blockwise, mxfp8 or nvfp4 (those the GPU supports)"),
     "tp": ("tp", "INT", "tensor parallel size"),
     "pp": ("pp", "INT", "pipeline parallel size"),
     "vpp": ("vpp", "INT", "virtual pipeline chunks per stage"),
@@ -49,23 +50,109 @@ SCENARIO_FLAGS: dict[str, tuple[str, str, str]] = {
     "ns_steps": ("ns_steps", "INT", "Newton-Schulz iterations"),
     "ns_coefficients": ("ns_coefficients", "NAME", "quintic, simple, polar_express, cans, aol, deepseekv4, cubic5"),
     "matmul_precision": ("matmul_precision", "PREC", "Newton-Schulz matmul precision: bf16, tf32, fp32"),
-    "syrk": ("use_syrk", "BOOL", "use SYRK for the symmetric Newton-Schulz products"),
+    "syrk": ("use_syrk", "BOOL", "use SYRK for the symmetric Newton-Schulz products (needs --eo-version >= 0.4)"),
+    "eo_version": ("eo_version", "VER", "Emerging-Optimizers version, default 0.3.0 (Megatron-Core's pin)"),
     "split_qkv": ("split_qkv", "BOOL", "orthogonalise Q, K, V separately"),
     "grad_dtype": ("grad_reduce_dtype", "DTYPE", "gradient reduce dtype: fp32 or bf16"),
+    "fp8_param_gather": ("fp8_param_gather", "BOOL", "keep TE weights in FP8 and gather them so (AdamW, fp8-cs/mxfp8)"),
+    "reuse_grad_buf_for_mxfp8_param_ag": ("reuse_grad_buf_for_mxfp8_param_ag", "BOOL",
+                                          "mxfp8: gather BF16 parameters into the gradient buffer"),
     "gpus_per_domain": ("gpus_per_domain", "INT", "GPUs used per NVLink domain (placement policy override)"),
 }
+
+# Recipe settings (Megatron names; lists joined with '+'; booleans on/off): workloads/runtime.py and the
+# recipe fields of Parallelism / OptimizerSpec / Placement. Shown in their own help panel.
+RECIPE_FLAGS: dict[str, tuple[str, str, str]] = {
+    "recompute_modules": ("recompute_modules", "LIST", "selective recompute modules, e.g. core_attn+mla_up_proj"),
+    "recompute_method": ("recompute_method", "MODE", "full recompute: uniform or block"),
+    "recompute_num_layers": ("recompute_num_layers", "INT", "full recompute: layers per block"),
+    "pipeline_model_parallel_layout": ("pipeline_model_parallel_layout", "LAYOUT", "e.g. 'Et*4|(t*4|)*14tmL'"),
+    "account_for_embedding_in_pipeline_split": ("account_for_embedding_in_pipeline_split", "BOOL",
+                                                "the embedding counts as a layer in the pipeline split"),
+    "account_for_loss_in_pipeline_split": ("account_for_loss_in_pipeline_split", "BOOL",
+                                           "the loss counts as a layer in the pipeline split"),
+    "cuda_graph_impl": ("cuda_graph_impl", "MODE", "none, local, transformer_engine or full_iteration"),
+    "cuda_graph_scope": ("cuda_graph_scope", "LIST", "attn, mlp, moe, moe_router, moe_preprocess ... (+-joined)"),
+    "moe_token_dispatcher_type": ("moe_token_dispatcher_type", "MODE", "allgather, alltoall or flex"),
+    "moe_flex_dispatcher_backend": ("moe_flex_dispatcher_backend", "MODE", "deepep or hybridep"),
+    "moe_hybridep_num_sms": ("moe_hybridep_num_sms", "INT", "SMs of the HybridEP kernels"),
+    "moe_deepep_num_sms": ("moe_deepep_num_sms", "INT", "SMs of the DeepEP kernels"),
+    "delay_wgrad_compute": ("delay_wgrad_compute", "BOOL", "delay expert wgrad under the combine (with EP overlap)"),
+    "moe_shared_expert_overlap": ("moe_shared_expert_overlap", "BOOL", "shared expert on a side stream"),
+    "moe_permute_fusion": ("moe_permute_fusion", "BOOL", "fused token permute/unpermute"),
+    "moe_router_fusion": ("moe_router_fusion", "BOOL", "fused router top-k/softmax"),
+    "moe_grouped_gemm": ("moe_grouped_gemm", "BOOL", "grouped expert GEMM (off: one GEMM per expert)"),
+    "moe_router_dtype": ("moe_router_dtype", "DTYPE", "router logits dtype: fp32 or fp64"),
+    "tp_comm_overlap_cfg": ("tp_comm_overlap_cfg", "CFG", "per GEMM GEMM:METHOD[:NUM_SM], +-joined, e.g. "
+                                                          "qkv_dgrad:bulk:8+proj_fprop:ring_exchange"),
+    "overlap_p2p_comm": ("overlap_p2p_comm", "BOOL", "asynchronous pipeline sends/receives"),
+    "batch_p2p_comm": ("batch_p2p_comm", "BOOL", "batched pipeline sends/receives"),
+    "defer_embedding_wgrad_compute": ("defer_embedding_wgrad_compute", "BOOL", "output-layer wgrad in the drain"),
+    "wgrad_deferral_limit": ("wgrad_deferral_limit", "INT", "micro-batches with deferred output-layer wgrad"),
+    "cpu_offloading": ("cpu_offloading", "BOOL", "offload activations to the host"),
+    "cpu_offloading_num_layers": ("cpu_offloading_num_layers", "INT", "layers offloaded"),
+    "fine_grained_activation_offloading": ("fine_grained_activation_offloading", "BOOL", "offload offload_modules"),
+    "offload_modules": ("offload_modules", "LIST", "modules whose activations are offloaded (+-joined)"),
+    "cross_entropy_loss_fusion": ("cross_entropy_loss_fusion", "BOOL", "fused cross-entropy"),
+    "cross_entropy_fusion_impl": ("cross_entropy_fusion_impl", "MODE", "native or te"),
+    "attention_backend": ("attention_backend", "MODE", "auto, flash, fused, unfused or local"),
+    "apply_rope_fusion": ("apply_rope_fusion", "BOOL", "fused RoPE"),
+    "bias_activation_fusion": ("bias_activation_fusion", "BOOL", "fused SwiGLU"),
+    "gradient_accumulation_fusion": ("gradient_accumulation_fusion", "BOOL", "wgrad accumulates into main_grad in the GEMM"),
+    "use_transformer_engine_op_fuser": ("use_transformer_engine_op_fuser", "BOOL", "TE op fuser"),
+    "first_last_layers_bf16": ("first_last_layers_bf16", "BOOL", "keep first/last layers in BF16"),
+    "num_layers_at_start_in_bf16": ("num_layers_at_start_in_bf16", "INT", "BF16 layers at the start"),
+    "num_layers_at_end_in_bf16": ("num_layers_at_end_in_bf16", "INT", "BF16 layers at the end"),
+    "cuda_device_max_connections": ("cuda_device_max_connections", "INT", "CUDA_DEVICE_MAX_CONNECTIONS (1-32)"),
+    "nccl_nvls_enable": ("nccl_nvls_enable", "BOOL", "NCCL_NVLS_ENABLE: NVLink SHARP collectives"),
+    "nvte_fwd_layernorm_sm_margin": ("nvte_fwd_layernorm_sm_margin", "INT", "NVTE_FWD_LAYERNORM_SM_MARGIN"),
+    "nvte_bwd_layernorm_sm_margin": ("nvte_bwd_layernorm_sm_margin", "INT", "NVTE_BWD_LAYERNORM_SM_MARGIN"),
+    "num_of_hybrid_ep_ranks_per_nvlink_domain": ("num_of_hybrid_ep_ranks_per_nvlink_domain", "INT",
+                                                 "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"),
+    "use_mnnvl": ("use_mnnvl", "BOOL", "USE_MNNVL"),
+    "nccl_p2p_net_chunksize": ("nccl_p2p_net_chunksize", "BYTES", "NCCL_P2P_NET_CHUNKSIZE"),
+    "overlap_grad_reduce": ("overlap_grad_reduce", "BOOL", "overlap the gradient reduce-scatter with backward"),
+    "bucket_size": ("bucket_size_elements", "INT", "DDP bucket size (elements)"),
+    "fp8_param_gather": ("fp8_param_gather", "BOOL", "FP8 parameter all-gather"),
+    "reuse_grad_buf_for_mxfp8_param_ag": ("reuse_grad_buf_for_mxfp8_param_ag", "BOOL",
+                                          "MXFP8 parameter all-gather into the gradient buffer"),
+    "overlap_param_gather_with_optimizer_step": ("overlap_param_gather_with_optimizer_step", "BOOL",
+                                                 "first chunk's gather overlaps the optimizer step"),
+    "align_param_gather": ("align_param_gather", "BOOL", "issue all chunks' parameter gathers together"),
+    "num_distributed_optimizer_instances": ("num_distributed_optimizer_instances", "INT",
+                                            "distributed-optimizer instances (partial sharding)"),
+    "average_in_collective": ("average_in_collective", "BOOL", "average in the reduction (no 1/dp pre-scaling pass)"),
+    "data_parallel_sharding_strategy": ("data_parallel_sharding_strategy", "MODE",
+                                        "Megatron-FSDP: no_shard, optim, optim_grads, optim_grads_params"),
+    "fsdp_double_buffer": ("fsdp_double_buffer", "BOOL", "Megatron-FSDP double buffer"),
+    "nccl_ub": ("nccl_ub", "BOOL", "Megatron-FSDP NCCL user buffers"),
+    "suggested_communication_unit_size": ("suggested_communication_unit_size", "INT",
+                                          "Megatron-FSDP communication unit (elements)"),
+    "keep_fp8_transpose_cache": ("keep_fp8_transpose_cache", "BOOL", "Megatron-FSDP FP8 transpose cache"),
+    "use_precision_aware_optimizer": ("use_precision_aware_optimizer", "BOOL", "precision-aware optimizer"),
+    "main_grads_dtype": ("main_grads_dtype", "DTYPE", "fp32, bf16, fp16 or fp8"),
+    "main_params_dtype": ("main_params_dtype", "DTYPE", "fp32, bf16, fp16 or fp8"),
+    "exp_avg_dtype": ("exp_avg_dtype", "DTYPE", "fp32, bf16, fp16 or fp8"),
+    "exp_avg_sq_dtype": ("exp_avg_sq_dtype", "DTYPE", "fp32, bf16, fp16 or fp8"),
+    "optimizer_cpu_offload": ("optimizer_cpu_offload", "BOOL", "optimizer state and step on the host"),
+    "use_tp_pp_dp_mapping": ("use_tp_pp_dp_mapping", "BOOL", "rank order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp"),
+}
+SCENARIO_FLAGS.update(RECIPE_FLAGS)
 
 
 # Options shared by several verbs (one definition each).
 ScenarioFileArg = Annotated[Path | None, typer.Argument(help="scenario YAML (default: built-in scenario)")]
 EngineOpt = Annotated[str, typer.Option("--engine", metavar="analytic|des", help="step engine")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+WideOpt = Annotated[bool, typer.Option("--wide", help="wide tables (160 columns) instead of fitting the terminal")]
 CalibrationOpt = Annotated[Path | None, typer.Option(
     "--calibration", metavar="FILE",
     help="calibration profile YAML; default: the built-in profile; 'none': datasheet defaults")]
 ReleaseOpt = Annotated[str | None, typer.Option(
     "--release", metavar="TAG",
-    help="software release whose fitted factors to use, e.g. 26.04 (default: the profile's default release)")]
+    help="take the Megatron-Bridge recipe settings of release TAG for this model and system (e.g. 26.06; the "
+         "newest release's when TAG has none) under the settings you give; also the profile's factors for TAG "
+         "if it has any")]
 
 
 class CliError(Exception):
@@ -109,7 +196,7 @@ def with_scenario_flags(func: F) -> F:
     params = [p for p in sig.parameters.values() if p.name != "scenario_flags"]
     for flag, (_, metavar, help_text) in SCENARIO_FLAGS.items():
         option = typer.Option(None, f"--{flag.replace('_', '-')}", metavar=metavar, help=help_text,
-                              rich_help_panel="Scenario")
+                              rich_help_panel="Recipe settings" if flag in RECIPE_FLAGS else "Scenario")
         params.append(inspect.Parameter(flag, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=str | None))
 
     @functools.wraps(func)
@@ -125,15 +212,84 @@ def with_scenario_flags(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+FLAG_OF_KEY = {key: f"--{flag.replace('_', '-')}" for flag, (key, _, _) in SCENARIO_FLAGS.items()}
+
+
+def layered_scenario(scenario_file: Path | None, flags: dict[str, Any]):  # noqa: ANN201
+    """The layered configuration (model × system defaults < file < flags), not yet validated."""
+    from workloads.scenario import read_scenario_file
+    from workloads.scenario_defaults import layered_config
+
+    data = read_scenario_file(scenario_file) if scenario_file is not None else None
+    return layered_config(data, flags, file=str(scenario_file) if scenario_file is not None else None)
+
+
+def resolve_with_layout(scenario_file: Path | None, flags: dict[str, Any]):  # noqa: ANN201
+    """(validated Scenario, its Layered configuration) from an optional YAML file plus flags.
+
+    The scenario inherits the defaults of its model on its system for what neither the file nor a
+    flag sets; an error caused by an inherited value names it and where it came from.
+    """
+    from workloads.scenario_defaults import resolve_layered
+
+    layered = layered_scenario(scenario_file, flags)
+    return resolve_layered(layered, FLAG_OF_KEY), layered
+
+
 def resolve_scenario(scenario_file: Path | None, flags: dict[str, Any]):  # noqa: ANN201
     """Build and validate a Scenario from an optional YAML file plus flags (raises UserInputError)."""
-    from workloads.scenario import DEFAULT_SCENARIO, build_config, load_scenario_config
+    return resolve_with_layout(scenario_file, flags)[0]
 
+
+def resolve_release_scenario(scenario_file: Path | None, flags: dict[str, Any], release: str | None):  # noqa: ANN201
+    """(Scenario, its Layered configuration, ReleaseSettings or None).
+
+    With ``release``, the published recipe settings of that release for the scenario's model and
+    system fill every setting the user did not give (flags or scenario file), on top of the model ×
+    system defaults; without, or when the model never ran on the system, muonsim's defaults."""
+    from topologies.inputs import UserInputError, load_yaml_file
+    from workloads.recipe_settings import recipe_for, release_settings
+
+    scenario, layered = resolve_with_layout(scenario_file, flags)
+    if release is None:
+        return scenario, layered, None
+    choice = recipe_for(scenario.model.name, scenario.system.name, release, scenario.gpus, scenario.precision.value)
+    if choice is None:
+        return scenario, layered, None
+    user = set(flags)
     if scenario_file is not None:
-        config = load_scenario_config(scenario_file, flags)
-    else:
-        config = build_config(DEFAULT_SCENARIO.model_dump(), flags, source="scenario")
-    return config.resolve()
+        data = load_yaml_file(scenario_file, "scenario file")
+        user |= {k for section in data.values() if isinstance(section, dict) for k in section} | set(data)
+    p = scenario.par
+    chosen = release_settings(choice, user, {"pp": p.pp, "vpp": p.vpp, "ep": p.ep})
+    try:
+        scenario, layered = resolve_with_layout(scenario_file, {**chosen.applied, **flags})
+    except UserInputError as err:
+        raise UserInputError(f"with the recipe settings of release {choice.release} ({choice.run_id}): {err}") from None
+    return scenario, layered, chosen
+
+
+def release_settings_lines(chosen: Any) -> list[str]:
+    """What ``predict``/``compare`` print about the recipe settings they used (one item per line)."""
+    from workloads.scenario import setting_default
+
+    if chosen is None:
+        return []
+
+    def show(v: Any) -> str:
+        if isinstance(v, tuple):
+            return "+".join(str(getattr(x, "gemm", x)) for x in v) or "[]"
+        return str(v)
+
+    differ = {k: v for k, v in chosen.applied.items() if v != setting_default(k)}
+    lines = [f"recipe settings: {chosen.choice.source}",
+             "  applied, differing from muonsim's defaults: "
+             + (", ".join(f"{k}={show(v)}" for k, v in sorted(differ.items())) or "none"),
+             f"  applied, equal to muonsim's defaults: {len(chosen.applied) - len(differ)} settings (--json lists all)"]
+    if chosen.kept:
+        lines.append("  yours kept: " + ", ".join(chosen.kept))
+    lines += [f"  not applied: {k} ({why})" for k, why in chosen.skipped.items()]
+    return lines
 
 
 def load_calibration(path: Path | None, use_default: bool = True):  # noqa: ANN201
@@ -151,21 +307,30 @@ def load_calibration(path: Path | None, use_default: bool = True):  # noqa: ANN2
 
 
 def check_release(profile: Any, release: str | None, system_name: str) -> None:
-    """Raise CliError unless ``release`` (if given) has fitted factors for ``system_name`` in ``profile``."""
-    if release is None:
-        return
-    if profile is None:
-        raise CliError("--release needs a calibration profile (not --calibration none)")
-    cal = profile.systems.get(system_name)
-    if profile._release_entry(system_name, release) is None:
-        known = ", ".join(sorted(cal.releases)) if cal is not None and cal.releases else "none"
-        raise CliError(f"release '{release}' has no fitted factors for {system_name} in calibration "
-                       f"'{profile.name}'; known releases: {known}")
+    """Raise CliError for a malformed ``release`` tag (digits and dots, e.g. 26.04 or 26.04.01).
+
+    A release selects recipe settings (:func:`resolve_release_scenario`); the profile's factors for it
+    apply only when the profile has release entries (the built-in profile has none: it fits hardware)."""
+    import re
+
+    if release is not None and not re.fullmatch(r"\d+(\.\d+){1,2}", release):
+        raise CliError(f"--release '{release}' is not a release tag like 26.04 or 26.04.01")
+
+
+def finite_json(data: Any) -> Any:
+    """``data`` with every NaN or infinite float replaced by None (strict JSON has no NaN/Infinity)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite_json(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite_json(v) for v in data]
+    return data
 
 
 def print_json(data: Any) -> None:
-    """Write JSON to stdout (machine-readable output for ``--json``)."""
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    """Write strict JSON to stdout (``--json``): non-finite numbers become null, never NaN/Infinity."""
+    sys.stdout.write(json.dumps(finite_json(data), indent=2, default=str, allow_nan=False) + "\n")
 
 
 ENGINES = ("analytic", "des")

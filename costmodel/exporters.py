@@ -11,22 +11,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from costmodel.report import StepReport
+from costmodel.report import OptimizerKernelsOut, StepReport, breakdown_rows
+
+__all__ = ["breakdown_rows", "optimizer_kernels_text", "render_table", "to_chrome_trace", "to_html", "trace_json"]
 
 STREAM_ORDER = ("compute", "tp", "cp", "ep", "pp", "dp", "optimizer")
 
 
-def breakdown_rows(report: StepReport) -> list[tuple[str, float]]:
-    """(label, seconds) rows of the additive breakdown, in display order."""
-    b = report.breakdown_s
-    rows = [("compute", b.compute), ("pipeline bubble", b.pipeline_bubble)]
-    rows += [(f"exposed comm: {k}", v) for k, v in b.exposed_comm.items()]
-    rows += [("optimizer step", b.optimizer), ("other", b.other)]
-    return rows
+def optimizer_kernels_text(k: OptimizerKernelsOut) -> str:
+    """One line on the optimizer step's kernels on the critical GPU: launches, GPU and host time."""
+    per = f", {k.launches_per_muon_tensor:.0f} per Muon tensor x {k.muon_tensors}" if k.launches_per_muon_tensor else ""
+    bound = "launch-bound" if k.host_idle_s > 0 else "GPU-bound"
+    return (f"{k.launches:,.0f} launches{per}; GPU {k.gpu_s * 1e3:.1f} ms, host issue {k.issue_s * 1e3:.1f} ms "
+            f"({bound})")
 
 
-def render_table(report: StepReport) -> Any:
-    """A rich renderable: headline figures and the breakdown of the step time."""
+def render_table(report: StepReport, layout: str | None = None) -> Any:
+    """A rich renderable: headline figures and the breakdown of the step time (``layout``: where the
+    scenario's layout came from, one line)."""
     from rich.console import Group
     from rich.table import Table
 
@@ -37,6 +39,10 @@ def render_table(report: StepReport) -> Any:
                  f"tp {par.get('tp')} pp {par.get('pp')} vpp {par.get('vpp')} cp {par.get('cp')} ep {par.get('ep')}, "
                  f"mbs {par.get('micro_batch_size')} gbs {par.get('global_batch_size')} seq {par.get('seq_length')}, "
                  f"{sc.get('optimizer', {}).get('kind')}")
+    opt = report.optimizer
+    if opt is not None and opt.hypothetical:
+        reason = next((n for n in opt.notes if n.startswith("hypothetical")), "hypothetical")
+        head.add_row("[yellow]hypothetical[/yellow]", reason.removeprefix("hypothetical: "))
     head.add_row("step time", f"{report.step_time_s:.3f} s")
     head.add_row("tokens/s/GPU", f"{report.tokens_per_s_per_gpu:,.0f}")
     head.add_row("model TFLOP/s/GPU", f"{report.model_tflops_per_gpu:,.0f}  (MFU {report.mfu * 100:.1f} %)")
@@ -44,7 +50,11 @@ def render_table(report: StepReport) -> Any:
     if mem is not None:
         head.add_row("memory/GPU", f"{mem.total_bytes / 1e9:,.1f} GB of {mem.capacity_bytes / 1e9:,.0f} GB"
                      + ("" if mem.fits else "  (does NOT fit)"))
+    if report.optimizer is not None and report.optimizer.kernels is not None:
+        head.add_row("optimizer kernels", optimizer_kernels_text(report.optimizer.kernels))
     head.add_row("calibration", report.calibration)
+    if layout:
+        head.add_row("layout from", layout.removeprefix("layout: "))
     t = Table(title="where the step time goes")
     t.add_column("part")
     t.add_column("seconds", justify="right")
@@ -88,30 +98,10 @@ def trace_json(report: StepReport) -> str:
     return json.dumps(to_chrome_trace(report))
 
 
-def to_html(report: StepReport) -> str:
-    """A self-contained plotly HTML report: timeline (when the engine recorded one) and breakdown."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
+def to_html(report: StepReport, timeline: StepReport | None = None) -> str:
+    """A self-contained plotly HTML page: the DES timeline beside the breakdown (see
+    :func:`costmodel.report_figures.predict_html`; ``timeline``: a DES report of the same scenario
+    when ``report`` has no events)."""
+    from costmodel.report_figures import predict_html
 
-    has_events = bool(report.events)
-    rows = 2 if has_events else 1
-    titles = (["timeline (s)"] if has_events else []) + ["step-time breakdown (s)"]
-    fig = make_subplots(rows=rows, cols=1, subplot_titles=titles, vertical_spacing=0.12,
-                        row_heights=[0.7, 0.3] if has_events else [1.0])
-    if has_events:
-        by_cat: dict[str, list[Any]] = {}
-        for ev in report.events:
-            by_cat.setdefault(ev.category or ev.stream, []).append(ev)
-        for cat, evs in sorted(by_cat.items()):
-            fig.add_trace(go.Bar(
-                x=[e.duration_s for e in evs], base=[e.start_s for e in evs], y=[f"{e.rank}/{e.stream}" for e in evs],
-                orientation="h", name=cat, text=[e.name for e in evs], hovertemplate="%{text}<br>start %{base:.4f} s"
-                "<br>duration %{x:.5f} s<extra></extra>"), row=1, col=1)
-        fig.update_yaxes(autorange="reversed", row=1, col=1)
-    labels, values = zip(*breakdown_rows(report), strict=True)
-    fig.add_trace(go.Bar(x=list(values), y=list(labels), orientation="h", name="breakdown", showlegend=False),
-                  row=rows, col=1)
-    fig.update_layout(barmode="overlay", height=400 + (600 if has_events else 0),
-                      title=f"muonsim: {report.step_time_s:.3f} s/step, {report.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
-                            f"{report.model_tflops_per_gpu:,.0f} TFLOP/s/GPU ({report.engine})")
-    return fig.to_html(include_plotlyjs=True, full_html=True)
+    return predict_html(report, timeline)

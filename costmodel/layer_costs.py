@@ -1,27 +1,31 @@
-"""One layer's costs for one micro-batch on one rank: compute time and its collectives.
+"""One layer's costs for one micro-batch on one rank: the building blocks.
 
 :func:`layer_ops` lists the operations (:mod:`workloads.operations`), :func:`ops_time` prices them
-(:mod:`costmodel.compute`), :func:`layer_comm` builds the TP / CP / EP collectives of the forward
-and backward pass as :class:`CommBlock` s, with the exposed share decided by
-:mod:`costmodel.comm_exposure`. :func:`layer_cache_key` names everything these depend on (the step
+(:mod:`costmodel.compute` per kernel, :mod:`costmodel.kernels` per pass, with the CUDA-graph capture
+of :mod:`costmodel.cuda_graphs` and the host synchronisations of :func:`pass_time_s`),
+:func:`layer_parts` names the GEMM and expert seconds the overlap mechanisms need, and
+:func:`collective_s` prices one collective. :mod:`costmodel.layer_comm` builds the layer's TP / CP /
+EP collectives from them. :func:`layer_cache_key` names everything these depend on (the step
 structure and the planner's bound cache them by it). Times in seconds, sizes in bytes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from costmodel.comm_exposure import ep_paired_share, exposed_fraction
+from costmodel.comm_exposure import ep_paired_share
 from costmodel.compute import operation_time_s
-from costmodel.moe_dispatch import dispatch_cost
+from costmodel.cuda_graphs import NO_GRAPHS, GraphCapture
+from costmodel.kernels import StreamCost
 from topologies.collectives import collective_cost
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from workloads.operations import (
-    ACT_BYTES,
+    KernelOptions,
     LayerOps,
+    Operation,
     RankShape,
     embedding_operations,
     layer_operations,
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
     from workloads.scenario import Scenario
 
 COMM_KINDS = ("tp", "cp", "ep")
+LAYER_GROUP_KINDS = ("tp", "cp", "ep", "etp", "etp_ep", "pp")  # placement shapes layer_comm reads
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class CommBlock:
     latency_s: float
     link: str  # "nvlink" or "network"
     exposed_fraction: float = 1.0
+    bytes: float = 0.0  # message bytes of the collectives (nccl-tests sizes, summed); 0: not recorded
 
     @property
     def exposed_s(self) -> float:
@@ -57,18 +63,130 @@ class CommBlock:
         return self.time_s * self.exposed_fraction
 
 
+HOST_SYNC_DISPATCH = ("alltoall", "allgather")  # dispatchers whose token counts go to the host (cuda_sync_point)
+
+
+def kernel_options(scenario: Scenario) -> KernelOptions:
+    """The recipe settings that change a layer's kernels (:class:`workloads.operations.KernelOptions`)."""
+    rt = scenario.runtime
+    moe = scenario.model.moe is not None
+    sync = moe and (rt.moe_token_dispatcher_type in HOST_SYNC_DISPATCH
+                    or (rt.moe_token_dispatcher_type == "flex" and rt.moe_flex_dispatcher_backend == "deepep"))
+    return KernelOptions(router_fusion=rt.moe_router_fusion, permute_fusion=rt.moe_permute_fusion,
+                         router_dtype=rt.moe_router_dtype or "bf16", grouped_gemm=rt.moe_grouped_gemm,
+                         gradient_accumulation_fusion=rt.gradient_accumulation_fusion,
+                         cross_entropy_fusion=rt.cross_entropy_loss_fusion, dispatcher_host_sync=sync,
+                         unfused_attention=rt.unfused_attention)
+
+
 def rank_shape(scenario: Scenario) -> RankShape:
+    """What one rank sees of one micro-batch, with the recipe's kernel options."""
     p = scenario.par
     return RankShape(micro_batch_size=p.micro_batch_size, seq_length=p.seq_length, tp=p.tp, cp=p.cp, ep=p.ep,
                      etp=p.expert_tp, sequence_parallel=p.uses_sequence_parallel and p.tp > 1,
-                     precision=scenario.precision.value, microbatches=scenario.num_microbatches)
+                     precision=scenario.precision.value, microbatches=scenario.num_microbatches,
+                     moe_dispatcher=scenario.runtime.moe_token_dispatcher_type if scenario.model.moe else "flex",
+                     options=kernel_options(scenario))
+
+
+def pass_stream(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
+                kind: str = "dense", framework_s: float = 0.0) -> StreamCost:
+    """GPU and host-issue seconds of one pass (forward or backward) of one layer of ``kind``.
+
+    Uncaptured kernels cost ``kernel_issue_s`` each on the host, captured ones none; each graph
+    replay costs one issue; ``framework_s`` is the pass's framework host time beyond the launches
+    (:func:`framework_host_s`). The pass takes ``max(Σ GPU, Σ issue)`` (:mod:`costmodel.kernels`).
+    """
+    gpu = launches = captured = 0.0
+    for o in ops:
+        gpu += operation_time_s(o, system)
+        launches += o.kernels
+        if capture.captures(o, kind):
+            captured += o.kernels
+    issued = launches - captured + capture.graphs_per_pass(kind)
+    return StreamCost(gpu, issued * system.efficiency.kernel_issue_s + framework_s, launches, captured)
+
+
+TRANSFORMER_KINDS = ("dense", "moe", "mtp")
+
+
+def framework_host_s(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
+                     kind: str = "dense") -> tuple[float, float]:
+    """(forward, backward) host seconds of the framework's Python for one transformer layer of one
+    micro-batch, beyond its kernel launches: Megatron-Core's module hierarchy, Transformer Engine's
+    module logic and the autograd bookkeeping (``EfficiencyFactors.layer_host_s`` per pass), plus
+    the MoE block's router, token dispatcher and expert modules in an MoE layer (``moe_host_s``).
+
+    Forward and backward each cost ``layer_host_s``; a backward that recomputes forward work adds
+    that work's share of the forward kernels (full recompute: one more forward); kernels replayed
+    from a CUDA graph skip their Python, so each pass keeps only its uncaptured kernels' share.
+    Embedding and output blocks count none (their host time is their kernels' issue time).
+    """
+    if kind not in TRANSFORMER_KINDS:
+        return 0.0, 0.0
+    eff = system.efficiency
+    per_pass = eff.layer_host_s + (eff.moe_host_s if kind == "moe" else 0.0)
+
+    def eager(part: tuple[Operation, ...]) -> float:
+        return sum(o.kernels for o in part if not capture.captures(o, kind))
+
+    fwd_kernels = sum(o.kernels for o in ops.forward)
+    if fwd_kernels <= 0:
+        return 0.0, 0.0
+    recomputed = tuple(o for o in ops.backward if o.name.startswith("recompute."))
+    own = tuple(o for o in ops.backward if not o.name.startswith("recompute."))
+    own_kernels = sum(o.kernels for o in own)
+    fwd = per_pass * eager(ops.forward) / fwd_kernels
+    bwd = per_pass * (eager(own) / own_kernels if own_kernels else 0.0) + per_pass * eager(recomputed) / fwd_kernels
+    return fwd, bwd
+
+
+def pass_windows(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
+                 kind: str = "dense", framework_s: float = 0.0) -> tuple[float, float]:
+    """(seconds, host slack seconds) of one pass on the compute stream: :func:`pass_stream` per
+    window between host synchronisations. An operation marked ``host_sync`` (the dispatcher's token
+    counts copied to the host) ends a window: the host waits ``host_sync_s`` for the GPU to drain and
+    copy, and cannot issue the next window's kernels ahead, so each window costs
+    ``max(Σ GPU, Σ issue)`` on its own. Captured (CUDA-graph) work never syncs: Megatron cannot
+    capture a host synchronisation. ``framework_s`` (:func:`framework_host_s`) is shared by the
+    windows in proportion to their launches; the slack is what the GPU waits for the host."""
+    cuts = [i for i, o in enumerate(ops) if o.host_sync and i > 0 and not capture.captures(o, kind)]
+    bounds = list(zip([0, *cuts], [*cuts, len(ops)], strict=True))
+    launches = sum(o.kernels for o in ops) or 1.0
+    total = slack = 0.0
+    for a, b in bounds:
+        window = ops[a:b]
+        share = framework_s * sum(o.kernels for o in window) / launches
+        st = pass_stream(window, system, capture, kind, share)
+        total += st.time_s
+        slack += max(0.0, st.issue_s - st.gpu_s)
+    return total + system.efficiency.host_sync_s * len(cuts), slack
+
+
+def pass_time_s(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
+                kind: str = "dense", framework_s: float = 0.0) -> float:
+    """Seconds of one pass on the compute stream (:func:`pass_windows`)."""
+    return pass_windows(ops, system, capture, kind, framework_s)[0]
 
 
 @lru_cache(maxsize=4096)
-def ops_time(ops: LayerOps, system: SystemSpec) -> tuple[float, float, float, float]:
-    """(forward s, backward s, forward attention-core s, backward attention-core s)."""
-    f = sum(operation_time_s(o, system) for o in ops.forward)
-    b = sum(operation_time_s(o, system) for o in ops.backward)
+def layer_passes(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
+                 kind: str = "dense") -> tuple[tuple[float, float], tuple[float, float]]:
+    """((forward s, forward host slack s), (backward s, backward host slack s)) of one layer
+    (:func:`pass_windows` with the framework's host time, :func:`framework_host_s`)."""
+    host_f, host_b = framework_host_s(ops, system, capture, kind)
+    return (pass_windows(ops.forward, system, capture, kind, host_f),
+            pass_windows(ops.backward, system, capture, kind, host_b))
+
+
+@lru_cache(maxsize=4096)
+def ops_time(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
+             kind: str = "dense") -> tuple[float, float, float, float]:
+    """(forward s, backward s, forward attention-core s, backward attention-core s) of one layer.
+
+    Pass times are kernel-level (:func:`pass_time_s`); attention-core seconds are GPU time.
+    """
+    (f, _), (b, _) = layer_passes(ops, system, capture, kind)
     fa = sum(operation_time_s(o, system) for o in ops.forward if o.kind == "attention")
     ba = sum(operation_time_s(o, system) for o in ops.backward if o.kind == "attention")
     return f, b, fa, ba
@@ -83,6 +201,57 @@ def layer_ops(model: ModelSpec, shape: RankShape, kind: str, recompute: str, mod
     if kind == "mtp":
         return mtp_operations(model, shape, recompute, modules)
     return layer_operations(model, shape, kind == "moe", recompute, modules)
+
+
+BF16_SUFFIX = ":bf16"  # a layer kind kept in BF16 (first_last_layers_bf16): e.g. "dense:bf16"
+
+
+def bf16_shape(kind: str, shape: RankShape) -> RankShape:
+    """The rank shape a layer of ``kind`` runs its operations at: a layer kept in BF16 by
+    ``first_last_layers_bf16`` (kind marked ``:bf16``) runs its GEMMs in BF16 (no quantization casts)
+    whatever the scenario's precision; its activations and collectives are the same bf16 tensors."""
+    return replace(shape, precision="bf16") if BF16_SUFFIX in kind else shape
+
+
+@dataclass(frozen=True)
+class LayerParts:
+    """GPU seconds of the parts of one layer the overlap mechanisms need (one micro-batch)."""
+
+    gemm_s: dict[str, float]  # GEMM operations by name ('linear_qkv', 'mlp.linear_fc1.dgrad', ...)
+    shared_expert_s: tuple[float, float] = (0.0, 0.0)  # (forward, backward) of the shared experts
+    expert_wgrad_s: float = 0.0  # the routed experts' weight-gradient GEMMs (backward)
+    mlp_side_s: tuple[float, float] = (0.0, 0.0)  # (fwd, bwd) between dispatch and combine: experts, shared experts
+    attn_side_s: tuple[float, float] = (0.0, 0.0)  # (fwd, bwd) the rest: norms, attention, router (recompute incl.)
+
+
+MLP_SIDE_MODULES = frozenset({"moe", "moe_act", "shared_experts"})
+
+
+@lru_cache(maxsize=4096)
+def layer_parts(ops: LayerOps, system: SystemSpec) -> LayerParts:
+    """The :class:`LayerParts` of a layer's operations (GEMMs and experts without recomputed work;
+    the two sides of the MoE block with it)."""
+    gemm: dict[str, float] = {}
+    shared = [0.0, 0.0]
+    mlp = [0.0, 0.0]
+    attn = [0.0, 0.0]
+    wgrad = 0.0
+    for i, seq in enumerate((ops.forward, ops.backward)):
+        for o in seq:
+            t = operation_time_s(o, system)
+            if o.module in MLP_SIDE_MODULES:
+                mlp[i] += t
+            else:
+                attn[i] += t
+            if o.name.startswith("recompute."):
+                continue
+            if o.kind in ("gemm", "grouped_gemm"):
+                gemm[o.name] = gemm.get(o.name, 0.0) + t
+                if o.module == "moe" and o.name.endswith(".wgrad"):
+                    wgrad += t
+            if o.module == "shared_experts":
+                shared[i] += t
+    return LayerParts(gemm, (shared[0], shared[1]), wgrad, (mlp[0], mlp[1]), (attn[0], attn[1]))
 
 
 COLL_CACHE: dict[tuple, tuple[SystemSpec, tuple[float, float, str]]] = {}
@@ -121,96 +290,37 @@ class CommAcc:
     time_s: float = 0.0
     latency_s: float = 0.0
     by_link: dict[str, float] = field(default_factory=dict)
+    bytes: float = 0.0
 
-    def add(self, t: tuple[float, float, str], count: float = 1.0) -> None:
+    def add(self, t: tuple[float, float, str], count: float = 1.0, size_bytes: float = 0.0) -> None:
         self.time_s += t[0] * count
         self.latency_s += t[1] * count
         self.by_link[t[2]] = self.by_link.get(t[2], 0.0) + t[0] * count
+        self.bytes += size_bytes * count
 
     @property
     def link(self) -> str:
         return max(self.by_link, key=lambda k: self.by_link[k]) if self.by_link else "nvlink"
 
 
-def layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str, GroupShape],
-                attn_s: tuple[float, float], overlap: bool, compute_s: tuple[float, float] = (0.0, 0.0)
-                ) -> tuple[tuple[CommBlock, ...], tuple[CommBlock, ...]]:
-    """Forward and backward collective blocks of one layer (kind: dense, moe, embedding, output, mtp).
+def hide_under_host(blocks: tuple[CommBlock, ...], slack_s: float) -> tuple[CommBlock, ...]:
+    """``blocks`` with ``slack_s`` seconds of their exposed time hidden, every block's exposed share
+    scaled alike: in a launch-bound pass the GPU waits ``slack_s`` for the host to issue kernels, and
+    the collectives (kernels on the GPU too) run in that wait; the pass takes
+    ``max(host issue, GPU compute + collectives)`` instead of adding the collectives to the host time."""
+    exposed = sum(b.exposed_s for b in blocks)
+    if slack_s <= 0 or exposed <= 0:
+        return blocks
+    keep = max(0.0, exposed - slack_s) / exposed
+    return tuple(replace(b, exposed_fraction=b.exposed_fraction * keep) for b in blocks)
 
-    ``attn_s`` and ``compute_s``: (forward, backward) attention-core and whole-layer compute seconds
-    of one micro-batch, which decide what overlaps (:mod:`costmodel.comm_exposure`).
-    """
-    system, model, p = scenario.system, scenario.model, scenario.par
-    h = model.hidden_size
-    fwd = {k: CommAcc() for k in COMM_KINDS}
-    bwd = {k: CommAcc() for k in COMM_KINDS}
-    full_recompute = p.recompute == "full"
-    moe_recompute = p.recompute == "selective" and "moe" in p.recompute_modules
-    attn_recompute = p.recompute == "selective" and "core_attn" in p.recompute_modules
-    act = shape.tokens * h * ACT_BYTES
-    tps = shapes["tp"]
-    if tps.size > 1:
-        sp = shape.sequence_parallel
-        ag, rs = collective_s("all_gather", act, tps, system), collective_s("reduce_scatter", act, tps, system)
-        ar = collective_s("all_reduce", act, tps, system)
-        if kind == "embedding":  # vocab-parallel lookup: RS (SP) or AR forward; AG of dy backward (SP)
-            fwd["tp"].add(rs if sp else ar)
-            if sp:
-                bwd["tp"].add(ag)
-        elif kind == "output":  # column-parallel logits: AG of x forward (SP); RS dx + AG x (SP) or AR dx
-            if sp:
-                fwd["tp"].add(ag)
-                bwd["tp"].add(rs)
-                bwd["tp"].add(ag)
-            else:
-                bwd["tp"].add(ar)
-        else:  # column/row pairs: attention, dense MLP or shared experts (routed experts need none)
-            shared = bool(model.moe and model.moe.shared_expert_ffn_hidden_size)
-            pairs = 1 + (1 if kind in ("dense", "mtp") or shared else 0)
-            if sp:  # fwd AG x + RS y; bwd AG dy + AG x (wgrad) + RS dx
-                fwd["tp"].add(ag, pairs)
-                fwd["tp"].add(rs, pairs)
-                bwd["tp"].add(ag, 2 * pairs)
-                bwd["tp"].add(rs, pairs)
-            else:  # fwd AR after the row-parallel GEMM; bwd AR after the column-parallel dgrad
-                fwd["tp"].add(ar, pairs)
-                bwd["tp"].add(ar, pairs)
-    cps = shapes["cp"]
-    if cps.size > 1 and kind in ("dense", "moe", "mtp"):
-        att = model.attention
-        if att.kind == "gqa":
-            width = 2 * att.num_kv_heads // shape.tp * att.head_dim
-        else:
-            width = att.num_heads // shape.tp * (att.qk_head_dim + att.qk_pos_emb_head_dim + att.v_head_dim)
-        kv = collective_s("all_gather", cps.size * shape.tokens * width * ACT_BYTES, cps, system)
-        fwd["cp"].add(kv)
-        bwd["cp"].add(kv, 2.0)
-    eps = shapes["ep"]
-    is_moe = kind == "moe" or (kind == "mtp" and model.is_moe_layer(model.num_layers - 1))
-    if is_moe and model.moe is not None:
-        send = shape.sp_tokens * model.moe.topk * h * ACT_BYTES
-        if eps.size > 1:
-            a2a = dispatch_cost(shape.sp_tokens, h, model.moe.num_experts, model.moe.topk, eps, system)
-            fwd["ep"].add(a2a, 2)
-            bwd["ep"].add(a2a, 2)
-        etps = shapes["etp"]
-        if etps.size > 1:
-            gathered = send * etps.size
-            for acc in (fwd["ep"], bwd["ep"]):
-                acc.add(collective_s("all_gather", gathered, etps, system))
-                acc.add(collective_s("reduce_scatter", gathered, etps, system))
-    # recomputed modules repeat their forward collectives in backward (CP's ring runs inside core_attn)
-    redo = COMM_KINDS if full_recompute else (("ep",) if moe_recompute else ()) + (("cp",) if attn_recompute else ())
-    for k in redo:
-        bwd[k].add((fwd[k].time_s, fwd[k].latency_s, fwd[k].link))
-    paired = ep_paired_share(scenario)
 
-    def blocks(acc: dict[str, CommAcc], attn: float, other: float) -> tuple[CommBlock, ...]:
-        return tuple(CommBlock(k, a.time_s, a.latency_s, a.link,
-                               exposed_fraction(k, a.time_s, p, system.efficiency, overlap, attn, other, paired))
-                     for k, a in ((k, acc[k]) for k in COMM_KINDS) if a.time_s > 0)
-
-    return blocks(fwd, attn_s[0], compute_s[1]), blocks(bwd, attn_s[1], compute_s[0])
+def host_slack_s(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
+                 kind: str = "dense") -> tuple[float, float]:
+    """(forward, backward) seconds the GPU idles waiting for the host in one layer's passes:
+    ``max(0, host issue − GPU)`` summed over the passes' windows (0 when GPU-bound)."""
+    (_, slack_f), (_, slack_b) = layer_passes(ops, system, capture, kind)
+    return slack_f, slack_b
 
 
 def layer_cache_key(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str, GroupShape]) -> tuple:
@@ -219,7 +329,10 @@ def layer_cache_key(scenario: Scenario, shape: RankShape, kind: str, shapes: dic
     Shared by this module's cache and the planner's bound (:mod:`costmodel.planner.bound`); model
     and system are keyed by identity, so caches must also hold the objects.
     """
-    p = scenario.par
+    p, rt = scenario.par, scenario.runtime
     return (id(scenario.model), id(scenario.system), shape, kind, p.recompute, tuple(p.recompute_modules),
             tuple(shapes.values()), p.uses_sequence_parallel, p.tp_comm_overlap, p.ep_comm_overlap,
-            ep_paired_share(scenario))
+            ep_paired_share(scenario), GraphCapture.of(rt), rt.tp_comm_overlap_cfg, rt.delay_wgrad_compute,
+            rt.moe_shared_expert_overlap, rt.moe_flex_dispatcher_backend, rt.moe_hybridep_num_sms,
+            rt.moe_deepep_num_sms, rt.num_of_hybrid_ep_ranks_per_nvlink_domain)
+

@@ -25,6 +25,23 @@ The two phases are pipelined in chunks, so the time is the slower of the two (at
 rates and size efficiency of :mod:`topologies.algorithms`) plus one collective latency. The combine
 moves the same bytes in reverse. Inside one NVLink domain there is nothing to de-duplicate and the
 plain all-to-all of :mod:`topologies.collectives` is used.
+
+**The allgather dispatcher** (``moe_token_dispatcher_type="allgather"``, Megatron-Core's own default,
+``MoEAllGatherTokenDispatcher`` in ``transformer/moe/token_dispatcher.py``): every rank gathers
+*all* tokens of its expert-tensor-and-model-parallel group (``tp_ep``: etp × ep ranks, consecutive
+in rank order) and picks those routed to its local experts. Per MoE layer and micro-batch, with
+``T`` the tokens of one rank (sequence-parallel shard), ``n = etp·ep``, ``E`` experts, ``h``:
+
+- forward dispatch: all-gathers of the routing map (``[T, E]`` bool, 1 B), the routing
+  probabilities (``[T, E]`` in the router's dtype, BF16 by default) and the hidden states
+  (``[T, h]`` BF16), each ``n·T·width`` bytes gathered; forward combine: a reduce-scatter of the
+  experts' outputs ``[n·T, h]`` back to ``[T, h]``;
+- backward: the combine's all-gather of the output gradient, the dispatch's reduce-scatters of the
+  hidden-state and probability gradients (the routing map has none).
+
+Nothing crosses an etp group separately (etp is inside the group). Its compute (the permutation of
+the gathered tokens and the scatter-add of the outputs into the gathered buffer) is in
+:mod:`workloads.operations`.
 """
 
 from __future__ import annotations
@@ -37,8 +54,9 @@ from topologies.algorithms import links_for, saturation
 from topologies.collectives import collective_cost
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
+from workloads.comm import CollectiveCall
 
-Dispatcher = Literal["flex", "alltoall"]
+Dispatcher = Literal["flex", "alltoall", "allgather"]
 DEFAULT_DISPATCHER: Dispatcher = "flex"  # what the Megatron-Bridge perf recipes run (module docstring)
 
 
@@ -92,3 +110,32 @@ def dispatch_cost(tokens: int, hidden: int, num_experts: int, topk: int, shape: 
     t_net = net_b / lk.network_Bps(shape)
     latency = e.collective_base_latency_s + e.network_step_latency_s
     return latency + max(t_nvl, t_net) / sat, latency, "network" if t_net > t_nvl else "nvlink"
+
+
+ROUTING_MAP_BYTES = 1  # torch.bool
+PROB_BYTES = 2  # router probabilities in the activation dtype (Megatron moe_router_dtype unset)
+
+
+def allgather_dispatch_calls(tokens: int, hidden: int, num_experts: int, group_size: int,
+                             act_bytes: int = 2, prob_bytes: int = PROB_BYTES
+                             ) -> tuple[tuple[CollectiveCall, ...], tuple[CollectiveCall, ...]]:
+    """(forward, backward) collectives of the allgather dispatcher for one MoE layer and micro-batch.
+
+    ``tokens``: the rank's tokens (sequence-parallel shard); ``group_size``: etp·ep. Sizes follow the
+    nccl-tests convention (the whole gathered array, bytes). Empty for a group of one rank.
+    """
+    if group_size <= 1:
+        return (), ()
+    n, t = group_size, tokens
+
+    def call(op: str, width: int, dtype: str, nbytes: int, phase: str) -> CollectiveCall:
+        return CollectiveCall(op, "etp_ep", n, dtype, n * t * width * nbytes, 1, phase)  # type: ignore[arg-type]
+
+    fwd = (call("all_gather", num_experts, "bool", ROUTING_MAP_BYTES, "moe_dispatch_routing_map"),
+           call("all_gather", num_experts, "bf16", prob_bytes, "moe_dispatch_probs"),
+           call("all_gather", hidden, "bf16", act_bytes, "moe_dispatch_tokens"),
+           call("reduce_scatter", hidden, "bf16", act_bytes, "moe_combine"))
+    bwd = (call("all_gather", hidden, "bf16", act_bytes, "moe_combine_grad"),
+           call("reduce_scatter", hidden, "bf16", act_bytes, "moe_dispatch_tokens_grad"),
+           call("reduce_scatter", num_experts, "bf16", prob_bytes, "moe_dispatch_probs_grad"))
+    return fwd, bwd

@@ -25,7 +25,7 @@ class Breakdown(_Out):
 
     compute: float = 0.0
     pipeline_bubble: float = 0.0
-    exposed_comm: dict[str, float] = Field(default_factory=dict, description="by kind: tp, cp, ep, dp_fsdp (Megatron-FSDP per-layer gathers and reduce-scatters), pp, dp_grad, dp_param, optimizer_tp")
+    exposed_comm: dict[str, float] = Field(default_factory=dict, description="by kind: tp, cp, ep, dp_fsdp (Megatron-FSDP per-layer gathers and reduce-scatters), offload (activation copies to and from host memory), pp, dp_grad, dp_param, optimizer_tp")
     optimizer: float = 0.0
     other: float = 0.0
 
@@ -33,6 +33,15 @@ class Breakdown(_Out):
     def total_s(self) -> float:
         """Sum of the terms: the step time they account for, in seconds."""
         return self.compute + self.pipeline_bubble + sum(self.exposed_comm.values()) + self.optimizer + self.other
+
+
+def breakdown_rows(report: StepReport) -> list[tuple[str, float]]:
+    """(label, seconds) rows of a report's additive breakdown, in display order."""
+    b = report.breakdown_s
+    rows = [("compute", b.compute), ("pipeline bubble", b.pipeline_bubble)]
+    rows += [(f"exposed comm: {k}", v) for k, v in b.exposed_comm.items()]
+    rows += [("optimizer step", b.optimizer), ("other", b.other)]
+    return rows
 
 
 class Stats(_Out):
@@ -56,6 +65,21 @@ class CollectiveOut(_Out):
     time_s: float | None = None
 
 
+class OptimizerKernelsOut(_Out):
+    """The kernels of the optimizer step on the critical GPU (launches, seconds)."""
+
+    launches: float = Field(description="kernel launches of the step on the critical GPU")
+    by_part: dict[str, float] = Field(default_factory=dict, description="launches by part: newton_schulz_gemm, "
+                                      "muon_elementwise, adam_multi_tensor, adam_param_copy, grad_norm, gather_copy")
+    muon_tensors: int = Field(0, description="Muon tensors (expert copies counted) the critical GPU steps")
+    launches_per_muon_tensor: float | None = Field(None, description="mean Newton-Schulz and element-wise launches per Muon tensor")
+    gpu_s: float = Field(description="GPU-busy seconds (kernels and blocking TP collectives)")
+    issue_s: float = Field(description="host seconds to issue the launches (kernel_issue_s each)")
+    host_idle_s: float = Field(description="seconds the GPU waits for the host (launch-bound share of the step)")
+    grad_prescale_launches: int = Field(0, description="grad_data *= 1/dp kernels before the bucket reductions (one per "
+                                        "bucket, in the backward pass, not in the step)")
+
+
 class OptimizerReport(_Out):
     """The optimizer section of a StepReport (seconds, FLOPs, bytes)."""
 
@@ -64,6 +88,8 @@ class OptimizerReport(_Out):
     layout: str | None = None
     tp_mode: str | None = None
     load_balance: str | None = None
+    hypothetical: bool = Field(False, description="a layout / load-balance pair Megatron-Core does not have (a what-if; "
+                               "the reason is in notes)")
     per_rank_compute_s: Stats
     imbalance: float = Field(description="max / mean per-rank optimizer compute")
     imbalance_lost_s: float = Field(0.0, description="(max - mean) per-rank optimizer compute")
@@ -71,6 +97,7 @@ class OptimizerReport(_Out):
     hidden_s: float = Field(description="optimizer-related communication hidden behind compute")
     newton_schulz_flops: dict[str, float] = Field(default_factory=dict, description="total, per_rank_max, per_rank_mean")
     padding_overhead_pct: float | None = None
+    kernels: OptimizerKernelsOut | None = None
     collectives: list[CollectiveOut] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 
@@ -94,6 +121,7 @@ class TimelineEvent(_Out):
     duration_s: float
     category: str = ""
     step: int = 0
+    bytes: float | None = Field(None, description="bytes the operation moves per GPU (communication; None: not recorded)")
 
 
 class StepReport(_Out):

@@ -62,6 +62,29 @@ def optimizer_section(plan: OptimizerPlan, exposed_s: float, hidden_s: float) ->
     return optimizer_report(plan, exposed_s, hidden_s)
 
 
+MFU_FLOOR = 0.05  # below: the step is almost all waiting (published runs reach 20-50 %)
+PADDING_CEILING_PCT = 100.0  # above: the optimizer's collectives move more padding than parameters
+
+
+def sanity_warnings(report: StepReport) -> list[str]:
+    """Warnings for results no real training run would accept (MFU under 5 %, the layer-wise
+    optimizer's buckets padded by more than their parameters), naming the likely cause."""
+    out = []
+    if report.step_time_s > 0 and report.mfu < MFU_FLOOR:
+        parts = [("compute", report.breakdown_s.compute), ("pipeline bubble", report.breakdown_s.pipeline_bubble),
+                 *((f"exposed {k}", v) for k, v in report.breakdown_s.exposed_comm.items()),
+                 ("optimizer step", report.breakdown_s.optimizer)]
+        name, worst = max(parts, key=lambda kv: kv[1])
+        out.append(f"MFU {report.mfu * 100:.1f} % is under {MFU_FLOOR * 100:.0f} %: {name} takes {worst:.3g} s of the "
+                   f"{report.step_time_s:.3g} s step; check the layout (too little work per data-parallel rank?)")
+    opt = report.optimizer
+    if opt is not None and opt.padding_overhead_pct is not None and opt.padding_overhead_pct > PADDING_CEILING_PCT:
+        out.append(f"{opt.kind} {opt.distribution} padding {opt.padding_overhead_pct:.0f} %: its reduce-scatter and "
+                   "all-gather move more padding than parameters (fewer matrices per bucket than data-parallel "
+                   "ranks); the legacy layout or fewer data-parallel ranks avoid it")
+    return out
+
+
 def build_report(scenario: Scenario, engine: str, step_time_s: float, breakdown: Breakdown,
                  plan: OptimizerPlan, optimizer_exposed_s: float, optimizer_hidden_s: float,
                  events: list[TimelineEvent] | None = None, warnings: list[str] | None = None) -> StepReport:
@@ -75,7 +98,7 @@ def build_report(scenario: Scenario, engine: str, step_time_s: float, breakdown:
     if scenario.precision.tensor_core_class == "fp4" and scenario.system.gpu.peak_flops_per_s.fp4 is None:
         mem_warn = [f"{scenario.system.name} has no FP4 tensor cores: {scenario.precision.value} GEMMs are "
                     "modelled at the FP8 peak", *mem_warn]
-    return StepReport(
+    report = StepReport(
         engine=engine,
         scenario=scenario.config.model_dump(mode="json"),
         step_time_s=step_time_s,
@@ -89,3 +112,5 @@ def build_report(scenario: Scenario, engine: str, step_time_s: float, breakdown:
         events=events or [],
         warnings=list(warnings or []) + mem_warn,
     )
+    extra = sanity_warnings(report)
+    return report.model_copy(update={"warnings": report.warnings + extra}) if extra else report

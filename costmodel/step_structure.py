@@ -11,11 +11,26 @@ Which collectives are on the critical path (explicit, per Megatron-Core's defaul
 - **EP** (dispatch and combine per MoE layer, forward and backward: the flex/HybridEP dispatcher of
   the published recipes, de-duplicated per NVLink domain, :mod:`costmodel.moe_dispatch`; with
   etp > 1 an all-gather / reduce-scatter of the dispatched tokens over etp).
-- **PP** point-to-point: asynchronous sends of ``sp_tokens·h`` BF16 per micro-batch; they cost time
-  through the schedule's dependencies (see :mod:`costmodel.pipeline`).
+- **PP** point-to-point: sends of ``sp_tokens·h`` BF16 per micro-batch. With Megatron's
+  ``overlap_p2p_comm`` (or without interleaving) they are asynchronous and cost time
+  through the schedule's dependencies (see :mod:`costmodel.pipeline`); the interleaved schedule
+  without it blocks every pass on its batched send/receive (a ``pp`` block of one transfer per pass).
 - **DP**: gradient reduce-scatter per bucket (from the optimizer plan) overlapped with backward
-  when ``overlap_grad_reduce``; parameter all-gather synchronous after the optimizer step or, with
-  ``hide_param_gather``, per bucket in forward order ahead of the next step's first forward.
+  when ``overlap_grad_reduce``, each after its pre-scaling kernel on the compute stream
+  (``grad_data *= 1/dp``, none with ``average_in_collective``); with distributed-optimizer
+  instances, reduce-scatter within an instance then all-reduce of the shard across them; parameter
+  all-gather synchronous after the optimizer step or, with ``hide_param_gather``, per bucket in
+  forward order ahead of the next step's first forward (``align_param_gather``: every stage from
+  the step start; otherwise each chunk's when its first forward starts).
+- **Per-iteration logging** (``log_num_zeros_in_grad``, ``log_params_norm``): kernels and a one-float
+  all-reduce each, after the gradient-norm synchronisation, counted with the optimizer step
+  (:mod:`costmodel.iteration_work`).
+- **Embedding group**: with a word embedding on both the first and the last stage (tied embeddings,
+  or MTP, with pp > 1), its gradient is all-reduced over ``embd`` once both stages have reduced
+  their DP gradients, before the optimizer step (``finalize_model_grads``); exposed, counted in ``dp_grad``.
+- **Activation offloading** (``cpu_offloading``, fine-grained ``offload_modules``): the copies to
+  and from host memory per layer, kind ``offload``, exposed beyond the layer's compute
+  (:mod:`costmodel.offload`).
 - **Megatron-FSDP** (``fsdp = dp·cp``): per layer and micro-batch, parameter all-gathers (forward
   and backward) and gradient reduce-scatters (backward) over the dp groups, kind ``dp_fsdp``,
   exposed beyond the layer's compute; no DP buckets (:mod:`costmodel.fsdp`).
@@ -33,19 +48,21 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from costmodel.compute import kernel_gpu_s
+from costmodel.layer_comm import base_kind, layer_kind_costs
 from costmodel.layer_costs import (
+    BF16_SUFFIX,
     CACHE_LIMIT,
+    LAYER_GROUP_KINDS,
     NO_COMM,
     CommBlock,
     collective_s,
     domain_link,
     layer_cache_key,
-    layer_comm,
-    layer_ops,
-    ops_time,
     rank_shape,
 )
-from costmodel.optimizer.plan_types import OptimizerPlan
+from costmodel.optimizer.kernel_sequence import grad_prescale_kernels
+from costmodel.optimizer.plan_types import Bucket, OptimizerPlan
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from workloads.operations import ACT_BYTES
@@ -110,6 +127,9 @@ class BucketCost:
     bwd_ready_fraction: float  # fraction of the chunk's backward after which the grads are complete
     reduce_latency_s: float = 0.0
     gather_latency_s: float = 0.0
+    reduce_bytes: float = 0.0  # the gradient reduction's message size (bytes, nccl-tests convention)
+    gather_bytes: float = 0.0  # the parameter gather's message size (bytes)
+    prescale_s: float = 0.0  # compute-stream seconds scaling this bucket by 1/dp before its reduction
 
     @property
     def fwd_need_fraction(self) -> float:
@@ -126,6 +146,10 @@ class StageCost:
     buckets: tuple[BucketCost, ...]  # backprop order
     optimizer_compute_s: float
     optimizer_tp_s: float
+    embedding_grad_s: float = 0.0  # all-reduce of a shared embedding's gradient with the other end of ``embd``
+    embedding_grad_latency_s: float = 0.0
+    embedding_grad_link: str = "nvlink"
+    grad_prescale_s: float = 0.0  # compute-stream seconds scaling the gradient buckets by 1/dp (end of backward)
 
     @cached_property
     def work_s(self) -> float:
@@ -161,6 +185,7 @@ class StepStructure:
     compute_slowdown: float
     plan: OptimizerPlan
     warnings: tuple[str, ...] = field(default=())
+    align_param_gather: bool = True  # every stage starts its hidden parameter gathers with the step (not at its first forward)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -172,22 +197,35 @@ def _merge(blocks: list[CommBlock]) -> tuple[CommBlock, ...]:
     for k, bs in by.items():
         t = sum(b.time_s for b in bs)
         exposed = sum(b.exposed_s for b in bs)
-        out.append(CommBlock(k, t, sum(b.latency_s for b in bs), bs[0].link, exposed / t if t > 0 else 1.0))
+        out.append(CommBlock(k, t, sum(b.latency_s for b in bs), bs[0].link, exposed / t if t > 0 else 1.0,
+                             sum(b.bytes for b in bs)))
     return tuple(out)
 
 
 def _chunk_items(scenario: Scenario) -> list[list[str]]:
-    """Layer kinds of every virtual stage (index chunk * pp + stage)."""
+    """Layer kinds of every virtual stage (index chunk * pp + stage); layers kept in BF16 by
+    ``first_last_layers_bf16`` in a low-precision run are marked ``:bf16`` (``dense:bf16``, see
+    :func:`costmodel.layer_comm.layer_kind_costs`), layers full recompute leaves out ``:norc``."""
+    from workloads.weight_memory import layer_in_bf16
+
     model, p = scenario.model, scenario.par
     counts = scenario.virtual_stage_layers
     first_moe = model.moe.first_dense_layers if model.moe is not None else model.num_layers
+    block = p.recompute_num_layers if p.recompute == "full" and p.recompute_method == "block" else None
+    lowp = scenario.precision.tensor_core_class != "bf16"
+
+    def bf16(layer: int) -> str:
+        return BF16_SUFFIX if lowp and layer_in_bf16(scenario, layer) else ""
+
     items: list[list[str]] = []
     layer = 0
-    for n in counts:
-        items.append(["moe" if i >= first_moe else "dense" for i in range(layer, layer + n)])
+    for n in counts:  # full recompute, method block: only the first recompute_num_layers of each chunk
+        items.append([("moe" if i >= first_moe else "dense") + bf16(i)
+                      + (":norc" if block is not None and i - layer >= block else "")
+                      for i in range(layer, layer + n)])
         layer += n
     items[0].insert(0, "embedding")
-    items[-1].extend(["mtp"] * model.mtp_layers)
+    items[-1].extend(["mtp" + bf16(model.num_layers)] * model.mtp_layers)
     items[-1].append("output")
     assert len(items) == p.pp * p.vpp
     return items
@@ -203,19 +241,34 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
         groups[(b.chunk, b.dp_group)] = groups.get((b.chunk, b.dp_group), 0) + b.numel
     seen: dict[tuple[int, str], int] = {}
     out = []
-    group_shapes = {g: placement.shape(g) for g in {b.dp_group for b in sp.buckets}}
+    group_shapes = {g: placement.shape(g) for b in sp.buckets for g in (b.reduce_group, b.across_group)
+                    if b.instances > 1 or g == b.reduce_group}
     for b in sorted(sp.buckets, key=lambda x: x.order):
-        shape = group_shapes[b.dp_group]
+        shape = group_shapes[b.reduce_group]
         if shape.size != b.group_size:
             shape = GroupShape.single_domain(b.group_size) if b.group_size <= shape.ranks_per_domain else shape
-        red = collective_s(b.reduce_op, b.grad_bytes, shape, system)
+        red = collective_s(b.reduce_op, b.grad_bytes, shape, system) if b.reduce_op else NO_COMM
+        if b.instances > 1:  # then the instances all-reduce each rank's reduced shard
+            across = collective_s("all_reduce", b.across_bytes, group_shapes[b.across_group], system)
+            red = (red[0] + across[0], red[1] + across[1], red[2] if red[0] >= across[0] else across[2])
         gat = collective_s(b.gather_op, b.param_bytes, shape, system) if b.gather_op else NO_COMM
         key = (b.chunk, b.dp_group)
         seen[key] = seen.get(key, 0) + b.numel
         frac = seen[key] / groups[key] if groups[key] else 1.0
         out.append(BucketCost(b.chunk, b.dp_group, red[0], gat[0], red[2], frac if overlap else 1.0,
-                              red[1], gat[1]))
+                              red[1], gat[1], reduce_bytes=float(b.grad_bytes),
+                              gather_bytes=float(b.param_bytes) if b.gather_op else 0.0,
+                              prescale_s=_prescale_s(b, system)))
     return tuple(out)
+
+
+def _prescale_s(b: Bucket, system: SystemSpec) -> float:
+    """GPU seconds of ``grad_data *= 1/dp`` on the compute stream before bucket ``b``'s reduction
+    (MCore's ``start_grad_sync``; 0 when its scaling factor is 1: see :attr:`Bucket.prescaled` and
+    :func:`grad_prescale_s`); the reduction starts after it."""
+    if not b.prescaled:
+        return 0.0
+    return sum(k.count * kernel_gpu_s(k, system) for k in grad_prescale_kernels(1, b.numel, b.grad_bytes // b.numel))
 
 
 _STAGE_CACHE_LIMIT = 2048  # entries keep their plans alive: bounded like the planner's plan cache
@@ -228,7 +281,8 @@ def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placem
     stage, placement shapes of the plan's dp groups, system and overlap (candidates sharing a plan
     share them)."""
     system = scenario.system
-    shapes = tuple(placement.shape(g) for g in ("dp", "expert_dp"))
+    shapes = tuple(placement.shapes[g] for g in ("dp", "expert_dp", "dp_instance", "dp_across", "expert_dp_instance",
+                                                 "expert_dp_across"))
     key = (id(plan), stage, shapes, id(system), overlap)
     hit = _STAGE_CACHE.get(key)
     if hit is not None and hit[0] is plan and hit[1] is system:
@@ -236,11 +290,35 @@ def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placem
     sp = next((x for x in plan.stages if x.stage == stage), None)
     crit = max(sp.ranks, key=lambda r: r.total_s) if sp and sp.ranks else None
     out = (_stage_buckets(plan, stage, scenario, placement, overlap),
-           (crit.newton_schulz_s + crit.elementwise_s) if crit else 0.0, crit.tp_comm_s if crit else 0.0)
+           (crit.total_s - crit.tp_comm_s) if crit else 0.0, crit.tp_comm_s if crit else 0.0)
     if len(_STAGE_CACHE) > _STAGE_CACHE_LIMIT:
         _STAGE_CACHE.clear()
     _STAGE_CACHE[key] = (plan, system, out)  # identity-checked: the entry keeps plan and system alive
     return out
+
+
+def _embedding_grad(plan: OptimizerPlan, stage: int, scenario: Scenario, placement) -> tuple[float, float, str]:  # noqa: ANN001
+    """(seconds, latency s, link) of ``stage``'s shared-embedding gradient all-reduce over ``embd``
+    (first and last stage, after their DP reduction: ``finalize_model_grads``); zeros without one."""
+    sp = next((x for x in plan.stages if x.stage == stage), None)
+    calls = [c for c in (sp.bucket_calls if sp else ()) if c.phase == "embedding_grad"]
+    if not calls:
+        return 0.0, 0.0, "nvlink"
+    shape = placement.shape("embd")
+    times = [collective_s(c.op, c.bytes, shape, scenario.system) for c in calls for _ in range(c.count)]
+    return sum(t[0] for t in times), sum(t[1] for t in times), times[0][2]
+
+
+def grad_prescale_s(buckets: tuple[BucketCost, ...]) -> float:
+    """Seconds the compute stream spends scaling a stage's gradient buckets before their reduction.
+
+    Megatron-Core's ``start_grad_sync`` multiplies each bucket by its ``gradient_scaling_factor``
+    (one read-write kernel per bucket, :func:`kernel_sequence.grad_prescale_kernels`) unless the
+    factor is 1: with ``average_in_collective`` the reduction averages (NCCL avg) and dense buckets
+    need no scaling; expert buckets still do when the expert-data-parallel group differs from the
+    dense one. Buckets reduced elsewhere (Megatron-FSDP per layer) or over one rank are not scaled.
+    """
+    return sum(b.prescale_s for b in buckets)
 
 
 def build_step_structure(scenario: Scenario, overlap: bool = True, plan: OptimizerPlan | None = None) -> StepStructure:
@@ -251,6 +329,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     """
     from costmodel.errors import UnsupportedScenario
     from costmodel.fsdp import add_fsdp_blocks, fsdp_unsupported_reason
+    from costmodel.offload import add_offload_blocks
     from costmodel.optimizer.plan import build_optimizer_plan
     from topologies.placement import placement_for
 
@@ -261,8 +340,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     system, model = scenario.system, scenario.model
     shape = rank_shape(scenario)
     placement = placement_for(scenario)
-    shapes = {k: placement.shape(k) for k in ("tp", "cp", "ep", "etp", "pp")}
-    recompute, modules = p.recompute, tuple(p.recompute_modules)
+    shapes = {k: placement.shape(k) for k in LAYER_GROUP_KINDS}
     items = _chunk_items(scenario)
     per_kind: dict[str, tuple[float, float, tuple[CommBlock, ...], tuple[CommBlock, ...]]] = {}
     for kind in sorted({k for kinds in items for k in kinds}):
@@ -271,16 +349,27 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
         if hit is not None and hit[0] is model and hit[1] is system:
             per_kind[kind] = hit[2]
             continue
-        ops = layer_ops(model, shape, kind, recompute, modules)
-        f, b, fa, ba = ops_time(ops, system)
-        cf, cb = layer_comm(scenario, shape, kind, shapes, (fa, ba), overlap, (f, b))
-        per_kind[kind] = (f, b, cf, cb)
+        per_kind[kind] = layer_kind_costs(scenario, shape, kind, shapes, overlap)
         if len(_KIND_CACHE) > CACHE_LIMIT:
             _KIND_CACHE.clear()
         _KIND_CACHE[key] = (model, system, per_kind[kind])  # identity-checked: ids cannot be reused
     if p.fsdp > 0:
         add_fsdp_blocks(scenario, placement, per_kind, overlap)
+    add_offload_blocks(scenario, per_kind, overlap)
     plan = build_optimizer_plan(scenario) if plan is None else plan
+    logging = scenario.runtime.log_num_zeros_in_grad or scenario.runtime.log_params_norm
+    if logging:  # per-iteration logging work in the optimizer tail (costmodel.iteration_work)
+        from costmodel.iteration_work import logging_s
+        from workloads.inventory import inventory_for
+
+        inventory = inventory_for(scenario)
+    pps = shapes["pp"]
+    p2p_bytes = float(shape.sp_tokens * model.hidden_size * ACT_BYTES)
+    pair = GroupShape(2, 2, 1) if pps.intra_domain else GroupShape(2, 1, 2)
+    p2p, p2p_lat, _ = collective_s("send_recv", p2p_bytes, pair, system) if p.pp > 1 else NO_COMM
+    # interleaved schedule without overlap_p2p_comm: every pass waits for its batched send/receive
+    blocking = (CommBlock("pp", p2p, p2p_lat, domain_link(pair)),) if p.pp > 1 and p.vpp > 1 \
+        and not scenario.runtime.overlap_p2p_comm else ()
     stages = []
     passes: dict[tuple[str, ...], tuple[int, PassCost, PassCost]] = {}  # chunks with the same layers share them
     for s in range(p.pp):
@@ -291,24 +380,28 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
             if shared is None:
                 f = sum(per_kind[k][0] for k in kinds)
                 b = sum(per_kind[k][1] for k in kinds)
-                cf = _merge([blk for k in kinds for blk in per_kind[k][2]])
-                cb = _merge([blk for k in kinds for blk in per_kind[k][3]])
-                layers = sum(1 for k in kinds if k in ("dense", "moe", "mtp"))
+                cf = _merge([blk for k in kinds for blk in per_kind[k][2]] + list(blocking))
+                cb = _merge([blk for k in kinds for blk in per_kind[k][3]] + list(blocking))
+                layers = sum(1 for k in kinds if base_kind(k) in ("dense", "moe", "mtp"))
                 shared = passes[kinds] = (layers, PassCost(f, cf), PassCost(b, cb))
             chunks.append(ChunkCost(s, c, *shared))
         buckets, opt_compute_s, opt_tp_s = _stage_optimizer(plan, s, scenario, placement, overlap)
+        if logging:
+            opt_compute_s += logging_s(scenario, inventory.stage_tensors(s), placement.shape("world"))
+        embd = _embedding_grad(plan, s, scenario, placement)
         stages.append(StageCost(stage=s, chunks=tuple(chunks), buckets=buckets,
-                                optimizer_compute_s=opt_compute_s, optimizer_tp_s=opt_tp_s))
-    pps = shapes["pp"]
-    p2p_bytes = float(shape.sp_tokens * model.hidden_size * ACT_BYTES)
-    pair = GroupShape(2, 2, 1) if pps.intra_domain else GroupShape(2, 1, 2)
-    p2p, p2p_lat, _ = collective_s("send_recv", p2p_bytes, pair, system) if p.pp > 1 else NO_COMM
+                                optimizer_compute_s=opt_compute_s, optimizer_tp_s=opt_tp_s,
+                                embedding_grad_s=embd[0], embedding_grad_latency_s=embd[1],
+                                embedding_grad_link=embd[2], grad_prescale_s=grad_prescale_s(buckets)))
+    if blocking:  # the transfers sit in the passes: nothing left for the schedule to wait on
+        p2p, p2p_lat = 0.0, 0.0
     opt = scenario.optimizer
     return StepStructure(
         pp=p.pp, vpp=p.vpp, microbatches=scenario.num_microbatches, stages=tuple(stages),
         p2p_s=p2p, p2p_latency_s=p2p_lat, p2p_bytes=p2p_bytes, p2p_link=domain_link(pair), overlap=overlap,
         overlap_grad_reduce=overlap and opt.overlap_grad_reduce,
         hide_param_gather=overlap and opt.hide_param_gather,
+        align_param_gather=opt.align_param_gather or opt.overlap_param_gather_with_optimizer_step,
         compute_slowdown=system.efficiency.overlap_compute_slowdown if overlap else 0.0,
         plan=plan,
     )

@@ -166,15 +166,21 @@ class Comm:
 
 
 class PhaseClock:
-    """Per-step wall time per phase for one rank (seconds, accumulated within a step)."""
+    """Per-step wall time per phase for one rank (seconds, accumulated within a step).
+
+    Timed blocks also record this thread's CPU time (``cpu_steps``): on a shared CPU machine a
+    block's wall time includes the time other processes held the core, its CPU time does not.
+    """
 
     def __init__(self, sync: Callable[[], None] = lambda: None) -> None:
         self.sync = sync
         self.steps: list[dict[str, float]] = []
+        self.cpu_steps: list[dict[str, float]] = []
 
     def new_step(self) -> None:
         """Start accumulating a new step."""
         self.steps.append(defaultdict(float))
+        self.cpu_steps.append(defaultdict(float))
 
     def add(self, phase: str, seconds: float) -> None:
         """Add ``seconds`` to ``phase`` of the current step."""
@@ -184,12 +190,13 @@ class PhaseClock:
     def phase(self, name: str) -> Iterator[None]:
         """Time the block (synchronising the device first and last) into ``name``."""
         self.sync()
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
             self.sync()
             self.add(name, time.perf_counter() - t)
+            self.cpu_steps[-1][name] += time.thread_time() - cpu
 
 
 @dataclass

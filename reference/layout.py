@@ -11,7 +11,7 @@ order** (reverse of definition order), as Megatron lays out its buffers (§3, §
   (round-robin in the given order), ``ping_pong`` (stable sort ascending by numel, owners
   0,1,…,d−1,d−1,…,0,0,1,…) or ``lpt`` (descending cost, least-loaded rank).
 * :func:`layer_wise_buckets` — the current per-buffer layout (``_compute_per_buffer_param_layout``):
-  chunking rule, per-chunk assignment (LPT by max·min² with the 1.3× cap and persistent loads),
+  chunking rule (:func:`close_chunk_before`, our reconstruction of Megatron's closure), per-chunk assignment (LPT by max·min² with the 1.3× cap and persistent loads),
   64-aligned starts, shard padding to lcm(64, lcm(d,128)/d), no parameter crossing a shard.
 """
 
@@ -193,31 +193,36 @@ def _padded_shard(state: _Shards) -> int:
     return round_up(max(max(state.cursors), 1), shard_pad_multiple(state.d))
 
 
-def _absorbable(chunk: Sequence[LayoutItem], item: LayoutItem, d: int, loads: list[int],
-                strategy: LoadBalance) -> bool:
-    """Whether ``item`` fits into the existing shard padding of ``chunk``'s layout."""
-    state = _assign_chunk(chunk, d, list(loads), strategy)
-    size = _padded_shard(state)
-    return any(round_up(c, PARAM_ALIGN) + item.numel <= size for c in state.cursors)
+def close_chunk_before(chunk_numel: int, chunk_largest: int, numel: int, d: int, bucket_size: int) -> bool:
+    """Whether a non-empty chunk closes before a parameter of ``numel`` elements (Megatron's rule).
+
+    Our reconstruction of ``LayerWiseDistributedOptimizer._compute_per_buffer_param_layout`` (issue 13
+    item 5; the source is not available here): the chunk (``chunk_numel`` elements, largest parameter
+    ``chunk_largest`` — the largest **in the chunk**) closes once it holds at least
+    ``max(bucket_size, floor(0.9·d·chunk_largest))`` elements and the parameter cannot be absorbed.
+    Absorption is Megatron's element-count estimate, not a replay of the assignment: estimated shard
+    ``S = round_up(max(ceil(C/d), M), shard_pad_multiple(d))``; absorbable iff ``numel <= d·S − C``
+    and ``numel <= S``.
+    """
+    if chunk_numel < max(bucket_size, int(0.9 * d * chunk_largest)):
+        return False
+    shard = round_up(max(-(-chunk_numel // d), chunk_largest), shard_pad_multiple(d))
+    return not (numel <= d * shard - chunk_numel and numel <= shard)
 
 
 def layer_wise_buckets(items: Sequence[LayoutItem], d: int, bucket_size: int,
                        strategy: LoadBalance = "lpt") -> list[BucketLayout]:
     """The current layer-wise layout of one buffer: whole parameters per shard (§4.1).
 
-    Items are walked in backprop order into chunks; a chunk closes once it holds at least
-    max(bucket_size, ⌊0.9·d·max numel⌋) elements and the next item cannot be absorbed into the
-    chunk's shard padding. Each chunk becomes one bucket of d equal, padded shards.
+    Items are walked in backprop order into chunks (closed by :func:`close_chunk_before`); each
+    chunk becomes one bucket of d equal, padded shards (assignment with loads persisting across chunks).
     """
     if not items:
         return []
-    threshold = max(bucket_size, int(0.9 * d * max(it.numel for it in items)))
-    loads = [0] * d
     chunks: list[list[LayoutItem]] = [[]]
     for it in items:
         cur = chunks[-1]
-        if cur and sum(c.numel for c in cur) >= threshold and not _absorbable(cur, it, d, loads, strategy):
-            _assign_chunk(cur, d, loads, strategy)  # commit the loads of the closed chunk
+        if cur and close_chunk_before(sum(c.numel for c in cur), max(c.numel for c in cur), it.numel, d, bucket_size):
             chunks.append([])
         chunks[-1].append(it)
     return _build_buckets(chunks, d, strategy)

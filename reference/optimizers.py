@@ -269,11 +269,19 @@ class Replicated(DistOptimizer):
 class LayerWiseLegacy(DistOptimizer):
     """Legacy layer-wise Muon: all-reduce, whole-parameter owners, variable-size all-gather."""
 
-    gather_op = "all_gather_v"
+    gather_op: str | None = "all_gather_v"
 
     def build(self) -> None:
-        """DDP buckets with whole-parameter owners (Muon parameters first, then AdamW)."""
+        """DDP buckets with whole-parameter owners (Muon parameters first, then AdamW).
+
+        Megatron-Core 0.16.1 ``shard_params`` returns early when the dp·cp group has one rank: nothing
+        is sharded, not even the experts over expert_dp; every rank owns (steps) all its parameters
+        and no parameter is gathered.
+        """
         strategy = self.cfg.resolved_load_balance
+        sharded = self.group_size("dp") > 1
+        if not sharded:
+            self.gather_op = None
         for kind in GROUP_KINDS:
             size = self.group_size(kind)
             specs = self.specs_of(kind)
@@ -281,7 +289,10 @@ class LayerWiseLegacy(DistOptimizer):
                 continue
             # all sub-optimizers' params: the Muon group, then the AdamW group, each in definition order
             ordered = sorted(specs, key=lambda s: (s.optimizer != "muon", s.order))
-            owners = assign_whole_params([layout_item(s) for s in ordered], size, strategy)
+            if sharded:
+                owners = assign_whole_params([layout_item(s) for s in ordered], size, strategy)
+            else:
+                owners = {s.name: self.group_rank(kind) for s in ordered}
             layouts = ddp_buckets(layout_items(specs), size, self.cfg.bucket_elements, False)
             self.add_buckets("legacy", kind, [with_owners(bl, owners) for bl in layouts])
 

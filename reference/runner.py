@@ -59,6 +59,7 @@ class RankOutput:
     owned: list[str]
     padding_overhead: float
     buckets: list[dict[str, Any]] = field(default_factory=list)
+    phases_cpu_s: list[dict[str, float]] = field(default_factory=list)  # thread CPU seconds of the timed phases
 
 
 def hypers(cfg: RunConfig) -> tuple[MuonHyper, AdamHyper]:
@@ -212,6 +213,7 @@ def train(cfg: RunConfig, coords: GridCoords, groups: dict[str, Group], device: 
         buckets=[{"buffer": tag, "numel": bl.numel, "dp": bl.dp,
                   "slots": [(s.name, s.start, s.numel, s.owner) for s in bl.slots]}
                  for tag, layouts in opt.layouts.items() for bl in layouts],
+        phases_cpu_s=[dict(p) for p in clock.cpu_steps],
     )
 
 

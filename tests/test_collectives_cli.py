@@ -31,8 +31,9 @@ def test_collective_table_is_nccl_tests_style(run_cli):
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert "group 'dp' of 8 ranks over 8 NVLink domain(s)" in lines[0]
-    assert "algbw (GB/s)" in lines[1] and "busbw (GB/s)" in lines[1]
-    assert lines[2].split()[0] == "256000000"
+    assert "GB = 1e9 B" in lines[1] and "GiB = 2^30 B" in lines[1]  # the size convention is stated
+    assert "algbw (GB/s)" in lines[2] and "busbw (GB/s)" in lines[2]
+    assert lines[3].split()[0] == "256000000"
 
 
 def test_forced_algorithm_is_used(run_cli):

@@ -10,8 +10,10 @@ from costmodel.des import run_des
 from costmodel.exporters import to_chrome_trace
 from workloads.scenario import DEFAULT_SCENARIO, build_config
 
+# seq 8192: long enough that the MoE passes are GPU-bound, so the EP collectives show on their own
+# track (at 2048 tokens the host's launch time hides them, costmodel.layer_costs.hide_under_host)
 SMALL = {"model": "qwen3-30b-a3b", "gpus": 16, "tp": 1, "pp": 4, "vpp": 2, "ep": 4, "micro_batch_size": 1,
-         "global_batch_size": 32, "seq_length": 2048, "optimizer": "adamw"}
+         "global_batch_size": 32, "seq_length": 8192, "optimizer": "adamw"}
 
 
 @pytest.fixture(scope="module")

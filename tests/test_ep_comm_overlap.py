@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from costmodel.analytic import run_analytic
@@ -34,14 +32,6 @@ def test_overlap_hides_ep_comm_up_to_the_paired_compute_in_both_engines() -> Non
         assert b.breakdown_s.exposed_comm.get("ep", 0.0) < 0.3 * a.breakdown_s.exposed_comm["ep"]
         assert b.step_time_s < a.step_time_s
     assert run_des(on).step_time_s == pytest.approx(run_analytic(on).step_time_s, rel=0.02)
-
-
-def test_no_partner_no_hiding() -> None:
-    """With no compute to pair with (efficiency 0) the EP time is unchanged."""
-    on = _scenario(ep_comm_overlap=True)
-    eff = on.system.efficiency.model_copy(update={"ep_comm_overlap": 0.0})
-    none = dataclasses.replace(on, system=on.system.model_copy(update={"efficiency": eff}))
-    assert run_analytic(none).step_time_s == pytest.approx(run_analytic(_scenario()).step_time_s, rel=1e-9)
 
 
 def test_planner_bound_equals_engine_with_overlap() -> None:

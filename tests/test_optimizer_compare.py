@@ -98,7 +98,11 @@ def test_hiding_never_makes_a_step_slower(engine: str, case: str) -> None:
     from costmodel.engine import predict
     from workloads.scenario import DEFAULT_SCENARIO
 
-    sc = DEFAULT_SCENARIO.resolve().with_updates(**HIDING_CASES[case])
+    # with the stages' gathers aligned (all dispatched when the step starts); unaligned (Megatron's
+    # default) each stage waits for its first gather when its first forward arrives, and with pp > 1
+    # those waits add up along the pipeline fill, which can cost more than one synchronous gather
+    # (test_dp_settings.py::test_unaligned_parameter_gathers_add_up_along_the_pipeline_fill)
+    sc = DEFAULT_SCENARIO.resolve().with_updates(**HIDING_CASES[case], align_param_gather=True)
     off = predict(sc.with_updates(hide_param_gather=False), engine).step_time_s  # type: ignore[arg-type]
     on = predict(sc.with_updates(hide_param_gather=True), engine).step_time_s  # type: ignore[arg-type]
     assert on <= off * (1 + 1e-9)

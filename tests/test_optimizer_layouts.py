@@ -121,35 +121,44 @@ def test_lpt_cap_overrides_least_loaded() -> None:
     assert lay.lpt_owner(np.array([1.0, 100.0, 90.0]), 2).tolist() == [1, 0, 1]
 
 
-def _scan_assign_lpt(numel, cost, d, loads):  # noqa: ANN001, ANN202 - the reference: scan every rank per item
-    sizes, costs, load = numel.tolist(), cost.tolist(), loads.tolist()
-    cap = lay.LPT_CAP * float(numel.sum()) / d
-    owner, start, cursors, padded = [0] * len(sizes), [0] * len(sizes), [0] * d, [0] * d
-    for i in np.argsort(-cost, kind="stable").tolist():
-        r, best = -1, float("inf")
-        for k in range(d):
-            if padded[k] + sizes[i] <= cap and load[k] < best:
-                r, best = k, load[k]
-        if r < 0:
-            r = min(range(d), key=cursors.__getitem__)
-        owner[i], start[i] = r, padded[r]
-        cursors[r] = padded[r] + sizes[i]
-        padded[r] = -(-cursors[r] // 64) * 64
-        load[r] += costs[i]
-    return owner, start, cursors, load
+def test_closure_threshold_uses_largest_param_in_the_chunk() -> None:
+    """Unequal sizes, d = 2, bucket_size 1000, cost = numel (shard_pad_multiple(2) = lcm(64, 128/2) = 64).
+
+    Backprop order [600, 500, 100, 3000, 50]. By hand:
+    - chunk [600, 500]: C = 1100, M = 600, threshold max(1000, ⌊0.9·2·600⌋ = 1080) = 1080 <= C.
+      Next 100: S = round_up(max(⌈1100/2⌉, 600), 64) = 640, padding 2·640 − 1100 = 180 >= 100 and
+      100 <= 640: absorbed.
+    - chunk [600, 500, 100]: C = 1200 >= 1080. Next 3000: S = 640, padding 80 < 3000: close.
+    - chunk [3000]: threshold max(1000, ⌊0.9·2·3000⌋ = 5400) > 3000: 50 joins; end.
+    (With the largest parameter of the whole buffer, 3000, the threshold would be 5400 everywhere and
+    the buffer one chunk.)
+    Assignment, chunk 1 (LPT, cap 1.3·1200/2 = 780): 600 -> r0 (cursor 600, aligned 640); 500 -> r1
+    (least load; cursor 500, aligned 512); 100 -> r1 (loads 600 / 500; 512 + 100 <= 780) at 512. Shard =
+    round_up(max(600, 612), 64) = 640, bucket 1280, starts 0, 640, 640 + 512 = 1152.
+    Chunk 2 (loads 600 / 600, cap 1.3·3050/2 = 1982.5): 3000 fits nowhere -> smallest cursor, r0; 50 ->
+    r1 (load 600 < 3600). Shard round_up(3000, 64) = 3008, bucket 6016, starts 0 and 3008.
+    """
+    numel = np.array([600, 500, 100, 3000, 50])
+    spans = lay.layer_wise_buckets(numel, numel.astype(float), 2, bucket_size=1000, strategy="lpt")
+    assert [(s.first, s.stop, s.numel) for s in spans] == [(0, 3, 1280), (3, 5, 6016)]
+    assert spans[0].owner.tolist() == [0, 1, 1] and spans[0].starts.tolist() == [0, 640, 1152]
+    assert spans[1].owner.tolist() == [0, 1] and spans[1].starts.tolist() == [0, 3008]
 
 
-def test_lpt_heap_assignment_equals_scanning_every_rank() -> None:
-    rng = np.random.default_rng(7)
-    for trial in range(300):
-        d = int(rng.integers(2, 40))
-        n = int(rng.integers(1, 80))
-        kinds = rng.integers(1, 5)
-        numel = rng.choice(rng.integers(1, 5000, size=kinds) * 64 + rng.integers(0, 64, size=kinds), size=n)
-        cost = numel.astype(np.float64) ** 1.5 if trial % 2 else rng.integers(1, 4, size=n).astype(np.float64)
-        loads = rng.integers(0, 3, size=d).astype(np.float64) * (trial % 3 == 0)
-        expected = _scan_assign_lpt(numel, cost, d, loads.copy())
-        got_loads = loads.copy()
-        owner, start, cursors = lay._assign_chunk(numel, cost, d, got_loads, "lpt")
-        assert owner.tolist() == expected[0] and start.tolist() == expected[1]
-        assert cursors.tolist() == expected[2] and got_loads.tolist() == expected[3]
+def test_closure_absorbs_by_element_count_estimate_not_replay() -> None:
+    """d = 2, bucket_size 1000, cost = numel; backprop order [600, 500, 150, 400].
+
+    Chunk [600, 500]: C = 1100 >= max(1000, 1080). Estimate S = round_up(max(550, 600), 64) = 640,
+    padding 1280 − 1100 = 180 >= 150: absorbed. (Replaying the assignment would put 600 on r0 and 500
+    on r1 at aligned cursor 512, leaving only 640 − 512 = 128 < 150 elements: it would close here.)
+    Chunk [600, 500, 150]: C = 1250, S = round_up(625, 64) = 640, padding 30 < 400: close.
+    Chunk 1 (cap 812.5): 600 -> r0, 500 -> r1, 150 -> r1 at 512 (cursor 662); shard round_up(662, 64)
+    = 704, bucket 1408, starts 0, 704, 704 + 512 = 1216. Chunk 2: 400 > cap 260 everywhere ->
+    smallest cursor r0; shard round_up(400, 64) = 448, bucket 896.
+    """
+    numel = np.array([600, 500, 150, 400])
+    spans = lay.layer_wise_buckets(numel, numel.astype(float), 2, bucket_size=1000, strategy="lpt")
+    assert [(s.first, s.stop, s.numel) for s in spans] == [(0, 3, 1408), (3, 4, 896)]
+    assert spans[0].owner.tolist() == [0, 1, 1] and spans[0].starts.tolist() == [0, 704, 1216]
+    assert spans[1].owner.tolist() == [0]
+    assert lay.chunk_bounds(numel.tolist(), 2, 1000) == [0, 3, 4]

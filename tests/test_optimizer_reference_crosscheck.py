@@ -22,6 +22,11 @@ CASES = [
     dict(world_size=4, tp=1, etp=1, optimizer="muon", layout="legacy"),
     dict(world_size=4, tp=2, etp=2, optimizer="muon", layout="legacy", load_balance="lpt", tp_mode="distributed"),
     dict(world_size=4, tp=2, etp=1, optimizer="muon", distribution="replicated"),
+    # small buckets: the layer-wise closure rule cuts every buffer into several chunks of unequal sizes
+    dict(world_size=4, tp=1, etp=1, optimizer="muon", bucket_size=6000),
+    dict(world_size=4, tp=2, etp=1, optimizer="muon", bucket_size=3000, load_balance="ping_pong"),
+    # dp·cp = 1, expert_dp = 2: legacy shard_params returns early (experts all-reduced, nobody gathers)
+    dict(world_size=2, tp=2, etp=1, optimizer="muon", layout="legacy"),
 ]
 
 
@@ -34,7 +39,7 @@ def _check(case: dict) -> None:
     inv = build_inventory(load_shapes("tiny"), tp=tp, etp=etp, split_qkv=True)
     spec = OptimizerSpec(kind=case["optimizer"], distribution=case.get("distribution"),
                          layer_wise_layout=case.get("layout", "current"), tp_mode=case.get("tp_mode", "duplicated"),
-                         load_balance=case.get("load_balance"))
+                         load_balance=case.get("load_balance"), bucket_size_elements=case.get("bucket_size"))
     expected = expected_rank_collectives(inv, spec, Grid(dp=w // tp, expert_dp=w // etp, tp=tp, etp=etp))
     for g in range(w):
         assert sorted(res.collectives_by_rank[g]) == sorted(expected[g]), f"GPU {g}"

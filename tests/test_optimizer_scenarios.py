@@ -101,8 +101,8 @@ def test_tp_modes_on_kimi_at_tp2(base) -> None:
 
 
 def test_hide_flag_and_forward_gather_order(base) -> None:
-    on = build_optimizer_plan(base)
-    off = build_optimizer_plan(base.with_updates(hide_param_gather=False))
+    on = build_optimizer_plan(base.with_updates(hide_param_gather=True))
+    off = build_optimizer_plan(base)  # Megatron's default: overlap_param_gather off
     assert on.hide_param_gather and not off.hide_param_gather
     fwd = on.param_gather_buckets_forward(0)
     assert [b.order for b in fwd] == sorted((b.order for b in fwd), reverse=True)

@@ -99,12 +99,12 @@ def test_kendall_tau() -> None:
 
 def test_sensitivity_samples_calibration_uncertainty(default_scenario) -> None:
     profile = CalibrationProfile(name="test", systems={"gb300-nvl72": SystemCalibration(
-        factors={"gemm_fp8": 0.6}, uncertainty={"gemm_fp8": 0.03, "newton_schulz": 0.2, "alltoall_bandwidth": 0.1})})
+        factors={"gemm_fp8": 0.6}, uncertainty={"gemm_fp8": 0.03, "newton_schulz_gemm": 0.2, "alltoall_bandwidth": 0.1})})
     options = PlanOptions(pins=parse_pins(PINS), jobs=1, samples=12, top_k=0)
     res = run_plan(default_scenario, options, engine=StubEngine(), memory_fn=stub_memory, des_fn=stub_des,
                    profile=profile).result
     s = res.sensitivity
-    assert s["samples"] == 12 and set(s["sigmas"]) == {"gemm_fp8", "newton_schulz", "alltoall_bandwidth"}
+    assert s["samples"] == 12 and set(s["sigmas"]) == {"gemm_fp8", "newton_schulz_gemm", "alltoall_bandwidth"}
     assert 0.0 <= s["top1_stability"] <= 1.0 and -1.0 <= s["kendall_tau_min"] <= s["kendall_tau_mean"] <= 1.0
     assert len(s["mean_rank"]) == len(s["plans"]) == options.sensitivity_plans
     tiny = CalibrationProfile(name="tiny", systems={"gb300-nvl72": SystemCalibration(uncertainty={"gemm_fp8": 1e-9})})

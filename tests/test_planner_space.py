@@ -122,7 +122,8 @@ def test_candidates_are_normalised_and_unique(default_scenario) -> None:
             assert c.layout in ("legacy", "current") and c.load_balance in ("none", "ping_pong", "lpt")
             assert (c.tp_mode is None) == (c.tp == 1 and c.etp == 1)
     ref = Candidate.from_scenario(default_scenario)
-    assert ref.tp_mode is None and ref.layout == "current" and ref.load_balance == "lpt" and ref.hide is True
+    # Megatron's defaults: current layout balanced by LPT, overlap_param_gather off
+    assert ref.tp_mode is None and ref.layout == "current" and ref.load_balance == "lpt" and ref.hide is False
 
 
 def test_weights_bound_is_exact_params_of_the_heaviest_stage(default_scenario) -> None:
@@ -132,3 +133,22 @@ def test_weights_bound_is_exact_params_of_the_heaviest_stage(default_scenario) -
         inv = build_inventory(default_scenario.model, tp, pp, vpp, ep, etp)
         exact = max(inv.rank_numel(s) for s in range(pp))
         assert stage_params_max(default_scenario.model, np.array([row]))[0] == pytest.approx(exact, rel=1e-12)
+
+
+def test_plan_searches_only_megatron_pairs_unless_hypothetical_allowed(default_scenario) -> None:
+    """Megatron-Core has two layer-wise (layout, load balance) pairs: legacy/ping_pong (shard_params) and
+    current/lpt (the per-buffer layout). The other four are what-ifs, searched only when allowed and
+    labelled "hypothetical" (label and PlanRow)."""
+    raw = {"pp": "4", "vpp": "2", "cp": "1", "micro_batch_size": "1", "recompute": "none", "optimizer": "muon"}
+    real, _ = enumerate_candidates(default_scenario, parse_pins(raw))
+    assert {(c.layout, c.load_balance) for c in real} == {("legacy", "ping_pong"), ("current", "lpt")}
+    assert not any(c.hypothetical or "hypothetical" in c.label() for c in real)
+    every, _ = enumerate_candidates(default_scenario, parse_pins(raw, allow_hypothetical=True))
+    assert {(c.layout, c.load_balance) for c in every} == {(a, b) for a in ("legacy", "current")
+                                                           for b in ("none", "ping_pong", "lpt")}
+    hyp = [c for c in every if c.hypothetical]
+    assert len(hyp) == 2 * len(every) // 3 and all(c.label().endswith("(hypothetical)") for c in hyp)
+    with pytest.raises(UserInputError, match="allow-hypothetical") as err:
+        parse_pins(raw | {"layer_wise_layout": "legacy", "load_balance": "lpt"})
+    assert "\n" not in str(err.value)
+    assert parse_pins(raw | {"layer_wise_layout": "legacy", "load_balance": "lpt"}, allow_hypothetical=True)

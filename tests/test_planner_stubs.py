@@ -45,7 +45,7 @@ class StubEngine:
             opt *= {"none": 1.3, "ping_pong": 1.1, "lpt": 1.0}[o.resolved_load_balance]
             if p.tp > 1 or p.expert_tp > 1:
                 opt *= {"duplicated": 1.2, "distributed": 1.05, "blockwise": 0.95}[o.tp_mode]
-            opt /= sc.system.efficiency.newton_schulz
+            opt /= sc.system.efficiency.newton_schulz_gemm / 0.65
         return {"optimizer": opt, "comm:dp_grad": 0.04, "comm:dp_param": 0.0 if o.hide_param_gather else 0.06,
                 "other": 0.01 if o.hide_param_gather else 0.0}
 

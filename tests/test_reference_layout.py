@@ -108,3 +108,29 @@ def test_distributed_optimizer_bucket_invariants_hold(sizes, dp, bucket):
         assert b.numel % math.lcm(dp, 128) == 0 and all(s.start % 64 == 0 for s in b.slots)
         assert b.slots[-1].end <= b.numel
         assert sum(s.numel for s in b.slots[:-1]) < bucket or len(b.slots) == 1  # closes at the first >= size
+
+
+def test_closure_rule_unequal_sizes_hand_derived():
+    """Megatron's closure (largest parameter in the chunk; element-count absorption estimate), d = 2,
+    bucket_size 1000, cost = numel, shard_pad_multiple(2) = 64.
+
+    [600, 500, 100, 3000, 50]: chunk [600, 500] (C 1100 >= max(1000, ⌊0.9·2·600⌋ = 1080)) absorbs 100
+    (S = round_up(max(550, 600), 64) = 640, padding 180); then C 1200, padding 80 < 3000: close.
+    [3000] stays open (threshold ⌊0.9·2·3000⌋ = 5400) and takes 50. Layouts: chunk 1 LPT (cap 780):
+    600 -> r0, 500 -> r1, 100 -> r1 at 512; shard 640, bucket 1280. Chunk 2: 3000 -> r0 (fits nowhere,
+    smallest cursor), 50 -> r1; shard 3008, bucket 6016.
+
+    [600, 500, 150, 400]: 150 is absorbed by the estimate (padding 180) even though the real placement
+    leaves only 128 free elements; then padding 30 < 400 closes. Chunk 1: 600 -> r0, 500 -> r1,
+    150 -> r1 at 512; shard round_up(662, 64) = 704, bucket 1408; chunk 2: 400 -> r0, bucket 896.
+    """
+    buckets = layer_wise_buckets(_items([600, 500, 100, 3000, 50]), d=2, bucket_size=1000, strategy="lpt")
+    assert [b.numel for b in buckets] == [1280, 6016]
+    assert [(s.name, s.owner, s.start) for s in buckets[0].slots] == [("p0", 0, 0), ("p1", 1, 640), ("p2", 1, 1152)]
+    assert [(s.name, s.owner, s.start) for s in buckets[1].slots] == [("p3", 0, 0), ("p4", 1, 3008)]
+
+    buckets = layer_wise_buckets(_items([600, 500, 150, 400]), d=2, bucket_size=1000, strategy="lpt")
+    assert [b.numel for b in buckets] == [1408, 896]
+    assert [(s.name, s.owner, s.start) for s in buckets[0].slots] == [("p0", 0, 0), ("p1", 1, 704), ("p2", 1, 1216)]
+    assert [(s.name, s.owner) for s in buckets[1].slots] == [("p3", 0)]
+    _check_layer_wise_invariants(buckets, _items([600, 500, 150, 400]), 2)

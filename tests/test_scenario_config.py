@@ -40,7 +40,7 @@ def test_model_and_system_paths_in_a_scenario_file_may_be_relative_to_it(tmp_pat
     (tmp_path / "my-model.yaml").write_text((root / "workloads/data/models/llama3-8b.yaml").read_text())
     (tmp_path / "my-system.yaml").write_text((root / "topologies/data/systems/dgx-h100.yaml").read_text())
     f = tmp_path / "s.yaml"
-    f.write_text("model: my-model.yaml\nsystem: my-system.yaml\ngpus: 8\n"
+    f.write_text("model: my-model.yaml\nsystem: my-system.yaml\ngpus: 8\nprecision: fp8-cs\n"
                  "parallelism: {pp: 1, vpp: 1, ep: 1, micro_batch_size: 1, global_batch_size: 128,"
                  " seq_length: 8192}\n", encoding="utf-8")
     monkeypatch.chdir(root)  # not the scenario's directory

@@ -33,9 +33,11 @@ def test_megatron_rank_order():
     assert p.group_ranks("pp", 3) == [3, 67, 131, 195]
     assert p.group_ranks("ep", 0) == list(range(8))
     assert p.group_ranks("expert_dp", 1) == list(range(1, 64, 8))
-    for kind in GROUP_KINDS:  # every kind partitions the ranks
+    for kind in GROUP_KINDS:  # every kind partitions the ranks (embd: the first and last stage only)
         seen = Counter(r for i in range(p.group_count(kind)) for r in p.group_ranks(kind, i))
-        assert sorted(seen) == list(range(256)) and set(seen.values()) == {1}
+        ranks = [*range(64), *range(192, 256)] if kind == "embd" else list(range(256))
+        assert sorted(seen) == ranks and set(seen.values()) == {1}
+    assert p.group_ranks("embd", 3) == [3, 195]  # Megatron's default_embedding_ranks: first and last stage
 
 
 def _brute_shape(p, kind):

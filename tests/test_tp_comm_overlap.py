@@ -8,8 +8,6 @@ from costmodel.analytic import run_analytic
 from costmodel.calibrate.fit import FitSettings
 from costmodel.des import run_des
 from topologies.inputs import UserInputError
-from workloads.datasets import get_dataset, load_dataset
-from workloads.loaders import load_runs
 from workloads.scenario import build_config
 
 LLAMA_TP4 = {"model": "llama3.1-405b", "system": "gb300-nvl72", "gpus": 256, "precision": "fp8-cs",
@@ -21,15 +19,17 @@ def _scenario(**flags: object):  # noqa: ANN202
     return build_config({}, {**LLAMA_TP4, **flags}).resolve()
 
 
-def test_overlap_hides_the_named_fraction_of_tp_comm_in_both_engines() -> None:
+def test_overlap_hides_tp_comm_in_both_engines_alike() -> None:
     off, on = _scenario(), _scenario(tp_comm_overlap=True)
-    hidden = on.system.efficiency.tp_comm_overlap
+    exposed = {}
     for engine in (run_analytic, run_des):
         tp_off = engine(off).breakdown_s.exposed_comm["tp"]
-        tp_on = engine(on).breakdown_s.exposed_comm["tp"]
+        tp_on = engine(on).breakdown_s.exposed_comm.get("tp", 0.0)
         assert tp_off > 1.0  # seconds: TP=4 sequence-parallel collectives of a 405B model are visible
-        assert tp_on == pytest.approx((1 - hidden) * tp_off, rel=0.02)
+        assert tp_on < 0.5 * tp_off  # the per-GEMM overlap (costmodel.tp_overlap) hides most of it
         assert engine(on).step_time_s < engine(off).step_time_s
+        exposed[engine] = tp_on
+    assert exposed[run_des] == pytest.approx(exposed[run_analytic], rel=0.05, abs=0.05)
 
 
 def test_overlap_needs_sequence_parallelism() -> None:
@@ -37,18 +37,6 @@ def test_overlap_needs_sequence_parallelism() -> None:
         _scenario(tp_comm_overlap=True, sequence_parallel=False)
     assert "\n" not in str(info.value)
     assert _scenario(tp_comm_overlap=True, tp=1, pp=16, vpp=2, gpus=256).par.tp_comm_overlap  # tp 1: nothing to hide
-
-
-def test_recipe_settings_mark_llama_runs_with_tp_and_leave_the_table_untouched() -> None:
-    raw = {r.run_id: r for r in load_runs(get_dataset("megatron-bridge").path)}
-    runs = load_dataset("megatron-bridge")
-    assert all(r.tp_comm_overlap is None for r in raw.values())  # the published table has no such column
-    marked = [r for r in runs if r.tp_comm_overlap]
-    assert marked and all(r.model.startswith("llama") and r.tp > 1 for r in marked)
-    assert {r.run_id for r in marked} == {r.run_id for r in runs if r.model.startswith("llama") and r.tp > 1}
-    assert all(r.model_dump(exclude={"tp_comm_overlap"}) == raw[r.run_id].model_dump(exclude={"tp_comm_overlap"})
-               for r in runs)
-    assert marked[0].scenario_overrides()["tp_comm_overlap"] is True
 
 
 def test_fit_settings_folds() -> None:

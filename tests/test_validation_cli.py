@@ -54,6 +54,12 @@ def test_validate_json_lists_rows_metrics_and_unsupported(run_cli, b300_csv):
     assert "fsdp" in reasons["with-fsdp"].lower()
     assert reasons["tp-too-big"].startswith("invalid scenario:")
     assert data["mape_pct"] == pytest.approx(sum(abs(r["error_pct"]) for r in data["rows"]) / 10)
+    # each row carries the recipe settings its prediction used (the B300 runs' own, joined from the file)
+    by_id = {r["run_id"]: r for r in data["rows"]}
+    deepseek = next(r for rid, r in by_id.items() if "26.06-deepseek-v3-dgx-b300" in rid)
+    assert deepseek["settings"]["moe_flex_dispatcher_backend"] == "hybridep"
+    assert deepseek["settings"]["pipeline_model_parallel_layout"].startswith("Et")  # reconstructed, 8 stages
+    assert "Megatron-Bridge@" in deepseek["settings_source"]["source_ref"]
 
 
 def test_validate_calibration_none_means_datasheet_like_predict(run_cli, b300_csv):

@@ -198,3 +198,20 @@ def test_leave_one_model_out_holds_out_every_run_of_a_model_together():
             assert again.heldout_predictions_s[r.run_id] == pytest.approx(result.heldout_predictions_s[r.run_id], rel=0.05)
     with pytest.raises(ValueError, match="holdout 'system' unknown"):
         FitSettings(holdout="system")
+
+
+def test_runs_with_untrusted_settings_are_scored_but_not_fitted():
+    """A run marked not trainable (reconstructed recipe settings) cannot pull the factors, yet is predicted."""
+    import dataclasses
+
+    from costmodel.calibrate.fit import calibrate_runs
+
+    runs = make_runs(n=20, noise=0.0)
+    wild = [dataclasses.replace(r, measured_step_time_s=r.measured_step_time_s * 3.0, trainable=False) if i < 4 else r
+            for i, r in enumerate(runs)]
+    settings = FitSettings(factors=("gemm_fp8", "attention", "network_bandwidth"), release_factors=(), folds=0)
+    clean = calibrate_runs(runs[4:], {"sys": DEFAULTS}, settings, cross_validate=False)  # as if the 4 were absent
+    marked = calibrate_runs(wild, {"sys": DEFAULTS}, settings)
+    for name in TRUE:
+        assert marked.fits.systems["sys"].values[name] == pytest.approx(clean.fits.systems["sys"].values[name], rel=1e-6)
+    assert set(marked.heldout_predictions_s) == {r.run_id for r in runs}  # still predicted and scored

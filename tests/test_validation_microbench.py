@@ -12,6 +12,7 @@ from costmodel.calibrate.profile import (
     NewtonSchulzFit,
     load_profile,
 )
+from costmodel.kernels import KernelSpec
 from workloads.flops import newton_schulz_flops
 
 
@@ -33,25 +34,38 @@ def test_ns_gemm_flops_match_the_project_flop_count():
         assert sum(f * k for f, k in ns_gemm_flops(*shape)) == newton_schulz_flops(*shape, 5)
 
 
+def _local(**kw) -> LocalMeasurements:  # noqa: ANN003
+    return LocalMeasurements(machine="test", gemm_flops_per_s={"bf16": 5e11, "fp32": 1e11},
+                             gemm_overhead_s={"bf16": 1e-5}, dispatch_s=2e-6, memory_Bps=1e10, **kw)
+
+
 def test_newton_schulz_fit_recovers_efficiency_and_call_cost():
-    rate, overhead = 4e11, 1e-5
+    """NS calls timed as GEMMs / 0.8 + their 5 other kernels (norm, clamp_min, divide, two casts at
+    dispatch + bytes / bandwidth) + 50 us per call: the fit recovers 0.8 and 50 us."""
+    local = _local()
     shapes = [(32, 64), (64, 192), (128, 512), (256, 1024)]
-    gemm = [sum((f / rate + overhead) * k for f, k in ns_gemm_flops(*s)) for s in shapes]
-    fit = fit_newton_schulz([(s, g / 0.8 + 5e-5) for s, g in zip(shapes, gemm, strict=True)], rate, overhead)
+    times = []
+    for rows, cols in shapes:
+        gemm = sum((f / 5e11 + 1e-5) * k for f, k in ns_gemm_flops(rows, cols))
+        m = rows * cols
+        other = 5 * 2e-6 + (4 * m + 8 + 8 * m + 6 * m + 6 * m) / 1e10
+        times.append(gemm / 0.8 + other + 5e-5)
+    fit = fit_newton_schulz(list(zip(shapes, times, strict=True)), local)
     assert fit.efficiency == pytest.approx(0.8, rel=1e-6)
     assert fit.call_overhead_s == pytest.approx(5e-5, rel=1e-6)
 
 
 def test_local_measurements_times_and_yaml_round_trip(tmp_path):
-    local = LocalMeasurements(
-        machine="test", gemm_flops_per_s={"bf16": 5e11, "fp32": 1e11}, gemm_overhead_s={"bf16": 1e-5},
-        newton_schulz={"bf16": NewtonSchulzFit(efficiency=0.8, call_overhead_s=2e-5)},
-        collectives={"all_gather": CollectiveFit(alpha_s=5e-5, beta_Bps=5e9)})
+    local = _local(newton_schulz={"bf16": NewtonSchulzFit(efficiency=0.8, call_overhead_s=2e-5)},
+                   collectives={"all_gather": CollectiveFit(alpha_s=5e-5, beta_Bps=5e9)})
     assert local.gemm_time_s(1e9, "bf16") == pytest.approx(1e9 / 5e11 + 1e-5)
     assert local.gemm_time_s(1e9, "fp32") == pytest.approx(1e-2)
-    gemms = [(1e9, 2)]
-    assert local.newton_schulz_time_s(gemms, calls=3) == pytest.approx(2 * (2e-3 + 1e-5) / 0.8 + 3 * 2e-5)
-    assert local.newton_schulz_time_s(gemms, calls=3, dtype="fp32") == pytest.approx(2e-2)  # no NS fit: GEMMs
+    ns = KernelSpec("ns_gemm", "ns_gemm", 2, flops=1e9)
+    copy = KernelSpec("copy", "memory", 3, bytes=1e6)
+    # host-synchronous: the sum of dispatch + execution of every kernel, plus the per-call NS cost
+    assert local.kernels_time_s([ns, copy], ns_calls=3) == pytest.approx(
+        2 * (2e-3 + 1e-5) / 0.8 + 3 * (2e-6 + 1e-4) + 3 * 2e-5)
+    assert local.kernels_time_s([KernelSpec("g", "ns_gemm", 2, flops=1e9, tensor_class="fp32")]) == pytest.approx(2e-2)
     assert local.collective_time_s("all_gather_v", 5e9) == pytest.approx(1 + 5e-5)
     assert local.collective_time_s("broadcast", 1.0) is None
     path = tmp_path / "local.yaml"
@@ -70,4 +84,6 @@ def test_microbench_cli_writes_a_local_profile(run_cli, tmp_path):
     assert set(local.collectives) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
     assert all(fit.beta_Bps > 1e6 for fit in local.collectives.values())
     assert 0.1 < local.newton_schulz["bf16"].efficiency <= 1.5
+    assert local.dispatch_s is not None and 0 < local.dispatch_s < 1e-3
+    assert local.memory_Bps is not None and local.memory_Bps > 1e8
     assert "GFLOP/s" in result.stdout

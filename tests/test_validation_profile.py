@@ -87,4 +87,6 @@ def test_builtin_default_profile_records_its_training_set_and_heldout_error():
         assert cal.cross_validation is not None and cal.cross_validation["n"] == cal.n_runs
     assert p.cross_validation is not None and p.cross_validation["n"] == len(p.training_run_ids)
     assert set(p.training_run_ids) <= {r.run_id for r in load_dataset("megatron-bridge")}
-    assert p.default_release in p.release_multipliers
+    # the built-in profile fits hardware, not releases: no release multipliers, no release entries
+    assert p.default_release is None and not p.release_multipliers
+    assert all(not cal.releases for cal in p.systems.values())

@@ -25,6 +25,7 @@ def local_profile(tmp_path_factory) -> Path:
     """A fixed local profile (the CLI microbenchmark is tested elsewhere; here rates only scale times)."""
     local = LocalMeasurements(
         machine="test", gemm_flops_per_s={"bf16": 4e11, "fp32": 1e11}, gemm_overhead_s={"bf16": 1e-5, "fp32": 1e-6},
+        dispatch_s=2e-6, memory_Bps=2e10,
         newton_schulz={"bf16": NewtonSchulzFit(efficiency=0.8, call_overhead_s=0.0)},
         collectives={op: CollectiveFit(alpha_s=1e-4, beta_Bps=5e9)
                      for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast")})
@@ -54,6 +55,10 @@ def test_reference_run_matches_the_model_collectives_and_flops(run_cli, referenc
     ns = [p for p in check["phases"] if p["phase"] == "newton_schulz"]
     assert {p["rank"] for p in ns} == {0, 1}
     assert all(p["measured_s"] > 0 and p["predicted_s"] > 0 and math.isfinite(p["error_pct"]) for p in ns)
+    opt = {p["rank"]: p for p in check["phases"] if p["phase"] == "optimizer"}
+    assert set(opt) == {0, 1}
+    for p in ns:  # the optimizer step contains the orthogonalisation, and more kernels than its FLOPs
+        assert opt[p["rank"]]["predicted_s"] > p["predicted_s"] > p["flop_only_s"] > 0
     text = run_cli("validate", reference_run, "--calibration", local_profile)
     assert "collectives: exact match on all 2 ranks" in text.stdout
     assert "newton_schulz: measured" in text.stdout

@@ -52,4 +52,4 @@ def fabric_figure_html(layout: FabricLayout, system: SystemSpec, max_domains: in
         title=f"{system.name}: {layout.gpus} GPUs, {layout.domains} domain(s), {layout.tiers}-tier fabric{part}",
         yaxis={"tickvals": list(LAYERS.values()), "ticktext": list(LAYERS), "showgrid": False},
         xaxis={"visible": False}, plot_bgcolor="white", height=600)
-    return fig.to_html(include_plotlyjs="cdn", full_html=True)
+    return fig.to_html(include_plotlyjs=True, full_html=True)

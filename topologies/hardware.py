@@ -31,11 +31,19 @@ class Precision(StrEnum):
     FP8_CS = "fp8-cs"  # FP8 with current (per-tensor) scaling
     MXFP8 = "mxfp8"  # FP8 with E8M0 scale per 32 elements
     NVFP4 = "nvfp4"  # FP4 with E4M3 scale per 16 elements + fp32 tensor scale
+    FP16 = "fp16"  # FP16 GEMMs (Megatron --fp16, dynamic loss scaling): the BF16 tensor-core rate
+    FP8_DELAYED = "fp8-delayed"  # FP8 with delayed (amax-history) per-tensor scaling, TE's default recipe
+    FP8_BLOCKWISE = "fp8-blockwise"  # FP8 with an fp32 scale per 1x128 (activations) / 128x128 (weights) block
 
     @property
     def tensor_core_class(self) -> str:
         """The peak-FLOP class this precision runs at: 'bf16', 'fp8' or 'fp4'."""
-        return {"bf16": "bf16", "fp8-cs": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}[self.value]
+        return TENSOR_CORE_CLASS[self.value]
+
+
+# the peak-FLOP class of each precision (FP16 runs at the BF16 rate on every GPU here)
+TENSOR_CORE_CLASS = {"bf16": "bf16", "fp16": "bf16", "fp8-cs": "fp8", "fp8-delayed": "fp8", "fp8-blockwise": "fp8",
+                     "mxfp8": "fp8", "nvfp4": "fp4"}
 
 
 class _Strict(BaseModel):
@@ -46,10 +54,24 @@ class PeakFlops(_Strict):
     """Dense tensor-core peaks per GPU in FLOP/s (training uses dense, never the sparse figure)."""
 
     bf16: float = Field(gt=0)
-    fp8: float = Field(gt=0)
+    fp8: float | None = Field(default=None, gt=0, description="None when the GPU has no FP8 tensor cores (A100)")
     fp4: float | None = Field(default=None, gt=0, description="None when the GPU has no FP4")
     tf32: float = Field(gt=0)
     fp32: float = Field(gt=0, description="non-tensor FP32 peak")
+
+    def has_class(self, tensor_class: str) -> bool:
+        """Whether a peak exists for ``tensor_class`` (fp4 falls back to fp8)."""
+        if tensor_class == "fp4":
+            return self.fp4 is not None or self.fp8 is not None
+        return getattr(self, tensor_class) is not None
+
+    def of_class(self, tensor_class: str) -> float:
+        """Dense peak in FLOP/s of ``tensor_class`` (bf16, fp8, fp4, tf32, fp32; fp4 falls back to
+        fp8). Raises ValueError for a class the GPU lacks (scenario validation refuses it first)."""
+        value = (self.fp4 if self.fp4 is not None else self.fp8) if tensor_class == "fp4" else getattr(self, tensor_class)
+        if value is None:
+            raise ValueError(f"no {tensor_class} tensor cores")
+        return float(value)
 
 
 class GpuSpec(_Strict):
@@ -60,6 +82,27 @@ class GpuSpec(_Strict):
     hbm_bytes: float = Field(gt=0, description="usable HBM capacity per GPU")
     hbm_bandwidth_Bps: float = Field(gt=0)
     sm_count: int = Field(gt=0)
+    precisions: tuple[Precision, ...] | None = Field(
+        default=None, description="training precisions the tensor cores run natively; default: every precision whose "
+        "peak class (bf16, fp8) the GPU has, plus the block-scaled mxfp8 and nvfp4 when the GPU has an FP4 peak (Blackwell's tensor cores brought "
+        "both MX block scaling and FP4; Hopper runs FP8 with per-tensor scaling only)")
+    fp8_gemm_any_layout: bool = Field(True, description="tensor cores take FP8 operands in every layout (Blackwell); "
+                                      "False on Hopper, whose FP8 GEMMs are TN only, so Transformer Engine keeps a "
+                                      "transposed FP8 copy of every weight for the backward GEMMs")
+    host_link_Bps: float = Field(64e9, gt=0, description="GPU <-> host memory bandwidth per GPU per direction "
+                                 "(activation and optimizer offloading); default PCIe Gen5 x16 nominal")
+    host_memory_Bps: float = Field(100e9, gt=0, description="host (CPU) memory bandwidth available to one GPU's "
+                                   "offloaded optimizer step (the CPU's memory bandwidth / GPUs sharing it); the "
+                                   "default is an assumption")
+
+    @property
+    def supported_precisions(self) -> tuple[Precision, ...]:
+        """The training precisions this GPU's tensor cores support (see ``precisions``)."""
+        if self.precisions is not None:
+            return self.precisions
+        peaks, block_scaled = self.peak_flops_per_s, (Precision.MXFP8, Precision.NVFP4)
+        return tuple(x for x in Precision if getattr(peaks, x.tensor_core_class) is not None
+                     and (x not in block_scaled or peaks.fp4 is not None))
 
 
 class NvlinkSpec(_Strict):
@@ -110,10 +153,15 @@ class EfficiencyFactors(_Strict):
     grouped_gemm: float = Field(default=0.85, gt=0, le=1.5, description="grouped expert GEMM efficiency relative to a dense GEMM of the per-expert size (assumption: no grouped-GEMM measurement in the reference; calibrated)")
     attention: float = Field(default=0.45, gt=0, le=1, description="flash attention (fwd + bwd) fraction of BF16 dense peak (assumption: MoE end-to-end MFU is ~40-45 % of BF16 peak, §6.2; calibrated)")
     memory_bandwidth: float = Field(default=0.80, gt=0, le=1, description="achieved fraction of HBM bandwidth for memory-bound element-wise kernels; §6.3: STREAM 87-95 % of nominal, fused framework kernels lower")
-    newton_schulz: float = Field(default=1.0, gt=0, le=1.5, description="Newton-Schulz GEMM efficiency relative to a dense GEMM of the same size")
+    newton_schulz_gemm: float = Field(default=0.65, gt=0, le=1, description="large Newton-Schulz GEMM (torch matmul/addmm, as Emerging-Optimizers runs them) fraction of dense peak of its matmul class; §6.1: torch BF16 matmul on B200 3072^3 67 %, 8192^3 63 % [S59]. Its own factor: NS GEMMs are eager torch calls, not the fitted Megatron GEMM efficiency")
+    newton_schulz_half_efficiency_flops: float = Field(default=5e9, gt=0, description="NS GEMM size (FLOPs) reaching half of newton_schulz_gemm (scaled by the class's peak ratio to BF16, as for gemm_half_efficiency_flops); §6.1: torch BF16 2048^3 (17 GFLOP) reaches 50 % where 8192^3 reaches 63 % on B200 [S59] -> 0.65 x F/(F + 5e9)")
     quantize_bandwidth: float = Field(default=0.75, gt=0, le=1, description="achieved fraction of HBM bandwidth for FP8/MXFP8/NVFP4 cast kernels; §6.1: MXFP8 casts run at 5.4-6.5 TB/s of 8 TB/s on B200 [S61]")
-    tp_comm_overlap: float = Field(default=0.8, ge=0, le=1, description="fraction of the TP/SP all-gather/reduce-scatter time hidden behind the GEMMs when the scenario turns tp_comm_overlap on (TE userbuffers: ring-exchange all-gathers overlap all but nothing, pipelined reduce-scatters leave their last split exposed; 0.8 is an assumption, not a measurement); fitted by calibrate")
-    ep_comm_overlap: float = Field(default=0.84, ge=0, le=1, description="share of the paired micro-batch's layer compute under which EP dispatch/combine can hide when the scenario turns ep_comm_overlap on: 1 - 24/148, the dispatch/combine kernels take ~24 of 148 SMs (DeepEP/HybridEP on GB200 [S58]); an assumption until calibrated")
+    host_sync_s: float = Field(default=1.0e-5, ge=0, description="seconds one host synchronisation costs the compute stream (a D2H copy of a few bytes, cudaStreamSynchronize, the host waking up) before the host can issue again; the MoE dispatchers that need token counts on the host pay it once per MoE layer forward (costmodel.layer_costs.pass_time_s). Assumption: ~10 us, not measured here")
+    # --- kernels (costmodel.kernels) ---
+    kernel_issue_s: float = Field(default=5.0e-6, gt=0, description="host seconds to issue one kernel from eager PyTorch (Python + ATen dispatcher + cudaLaunchKernel); a stream of eager kernels takes at least the sum of these (CUDA graphs remove them for captured work). Assumption: the dispatcher part measured on CPU tensors by 'muonsim calibrate --microbench' (1-6 us/op on a 2-core VM) plus the launch call, 1.78 us for an empty kernel on B300 [S9]; fitted by calibrate")
+    layer_host_s: float = Field(default=0.0, ge=0, description="host seconds of the framework's Python per transformer-layer pass (forward, backward, recompute) beyond the kernel launches: Megatron-Core's module hierarchy, Transformer Engine's module logic and autograd bookkeeping; a pass takes max(GPU time, host time), so it matters only for launch-bound small layers (costmodel.layer_costs.framework_host_s). Default 0: not modelled unless a calibration profile sets it (costmodel/data/ci_calibration.yaml fits it on the Megatron CI timings: 2.3-3.8 ms). Calibration prior 1 ms (PRIOR_CENTERS): a vanilla PyTorch GPT layer on tiny CPU tensors takes 1.6 ms forward + backward on this project's 2-core VM (benchmarks/bench_layer_host.py), ~0.8 ms per pass, a lower bound for Megatron-Core + TE")
+    moe_host_s: float = Field(default=0.0, ge=0, description="host seconds of an MoE block's Python per layer pass on top of layer_host_s: the router (gating, score function, top-k, auxiliary loss), the token dispatcher (routing maps, permutation indices, the tokens-per-expert host copy) and the experts' module logic (costmodel.layer_costs.framework_host_s). Default 0: not modelled unless a calibration profile sets it (the CI profile fits 2.1-2.9 ms). Calibration prior 1 ms: an assumption (the order of the layer's own)")
+    kernel_min_s: float = Field(default=1.78e-6, gt=0, description="minimum GPU time of one kernel (launch latency, ramp-up and tail of a tiny grid): an empty <<<1,1>>> kernel launch takes 1.78 us on B300 [S9]")
     # --- communication (topologies.collectives) ---
     nvlink_bandwidth: float = Field(default=0.802, gt=0, le=1, description="NCCL effective NVLink fraction of the link rate: SM100_NVLINK_BW 40.1 of 50 GB/s (Blackwell), SM90_NVLINK_BW 20.6 of 25 = 0.824 (Hopper) [S27]")
     nvls_bandwidth: float = Field(default=0.74, gt=0, le=1, description="NCCL nvlsEfficiency (0.74 Blackwell, 0.85 Hopper) [S27]: NCCL's tuner rates NVLS at (effective NVLink per GPU) x this; NVLS all-reduce busbw = 2 x that (n-independent)")
@@ -165,16 +213,26 @@ class SystemSpec(_Strict):
 
     def peak_flops_per_s(self, precision: Precision | str) -> float:
         """Dense tensor-core peak for ``precision`` in FLOP/s (FP4 falls back to FP8 when absent)."""
-        cls = Precision(precision).tensor_core_class
-        peaks = self.gpu.peak_flops_per_s
-        if cls == "fp4":
-            return peaks.fp4 if peaks.fp4 is not None else peaks.fp8
-        return float(getattr(peaks, cls))
+        return self.gpu.peak_flops_per_s.of_class(Precision(precision).tensor_core_class)
+
+    def supports(self, precision: Precision | str) -> bool:
+        """Whether the GPU's tensor cores run ``precision`` (:attr:`GpuSpec.supported_precisions`)."""
+        return Precision(precision) in self.gpu.supported_precisions
 
     def with_efficiency(self, **overrides: float) -> SystemSpec:
         """A copy with some efficiency factors replaced (how calibration is applied)."""
         eff = self.efficiency.model_copy(update=overrides)
         return self.model_copy(update={"efficiency": EfficiencyFactors.model_validate(eff.model_dump())})
+
+    def without_nvls(self) -> SystemSpec:
+        """The system as NCCL sees it with ``NCCL_NVLS_ENABLE=0``: no NVLink SHARP algorithms (the
+        tuner picks ring / tree / PAT instead); itself when it has no NVLS."""
+        return _without_nvls(self) if self.nvlink.nvls else self
+
+
+@cache
+def _without_nvls(system: SystemSpec) -> SystemSpec:
+    return system.model_copy(update={"nvlink": system.nvlink.model_copy(update={"nvls": False})})
 
 
 def system_names() -> list[str]:

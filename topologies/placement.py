@@ -1,7 +1,8 @@
 """Placement of Megatron's process groups onto GPUs, NVLink domains and fabric tiers.
 
 Rank order (Megatron-Core ``RankGenerator``, order "tp-cp-ep-dp-pp" [S47]): tp fastest, then cp,
-then dp, then pp; expert layers re-view the same ranks as etp fastest, then ep, then expert-dp,
+then dp, then pp (with ``--use-tp-pp-dp-mapping``, order "tp-cp-ep-pp-dp": pp stride tp·cp, dp
+stride tp·pp, expert-dp stride etp·ep·pp; :func:`place_job`); expert layers re-view the same ranks as etp fastest, then ep, then expert-dp,
 then pp. A group kind is therefore a set of ranks ``base + k * stride`` (k = 0..size-1):
 
 =========== ============================ =========================
@@ -12,10 +13,24 @@ cp          cp                           tp
 dp          dp × cp (gradient group)     tp
 etp         etp                          1
 ep          ep                           etp
+etp_ep      etp · ep                     1
 expert_dp   gpus / (etp · ep · pp)       etp · ep
+dp_instance dp × cp / k                  tp
+dp_across   k                            tp · dp × cp / k
 pp          pp                           gpus / pp
+embd        2 (1 when pp = 1)            (pp − 1) · gpus / pp
 world       gpus                         1
 =========== ============================ =========================
+
+``embd`` is Megatron's embedding group (``default_embedding_ranks``): the first and the last pipeline
+stage's rank at the same position, over which a word embedding duplicated on the last stage (tied
+output layer, or the MTP layers' copy) has its gradient all-reduced. There are gpus / pp such groups.
+
+With ``k = instances`` distributed-optimizer instances (Megatron ``--num-distributed-optimizer-instances``)
+the data-parallel group splits into ``k`` instance groups of consecutive dp ranks (``dp_instance``,
+``expert_dp_instance``) that shard the optimizer, and the groups across them (``dp_across``,
+``expert_dp_across``) that all-reduce the reduced shards (Megatron-Core's intra / inter distributed-
+optimizer-instance groups).
 
 Ranks fill ``gpus_per_domain`` slots of each NVLink domain in order (:mod:`topologies.layout`).
 
@@ -33,7 +48,7 @@ on request (:meth:`JobPlacement.group_gpus`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 
 from topologies.groups import GroupShape
@@ -41,7 +56,8 @@ from topologies.hardware import SystemSpec
 from topologies.inputs import UserInputError
 from topologies.layout import FabricLayout, fabric_layout
 
-GROUP_KINDS = ("tp", "cp", "dp", "etp", "ep", "expert_dp", "pp", "world")
+GROUP_KINDS = ("tp", "cp", "dp", "etp", "ep", "etp_ep", "expert_dp", "pp", "embd", "world", "dp_instance",
+               "dp_across", "expert_dp_instance", "expert_dp_across")
 
 
 def default_gpus_per_domain(system: SystemSpec, gpus: int, block: int = 1) -> int:
@@ -81,6 +97,8 @@ class JobPlacement:
     etp: int
     pp: int
     layout: FabricLayout | None = None
+    tp_pp_dp: bool = False  # Megatron --use-tp-pp-dp-mapping: order tp-cp-ep-pp-dp (pp inside dp)
+    instances: int = 1  # distributed-optimizer instances (1: the optimizer shards over the whole dp group)
 
     @property
     def dp(self) -> int:
@@ -105,10 +123,19 @@ class JobPlacement:
             "dp": (self.dp * self.cp, self.tp),  # gradients reduce over the combined dp×cp group
             "etp": (self.etp, 1),
             "ep": (self.ep, self.etp),
+            "etp_ep": (self.etp * self.ep, 1),  # the allgather MoE dispatcher's group (Megatron tp_ep)
             "expert_dp": (self.expert_dp, self.etp * self.ep),
             "pp": (self.pp, self.gpus // self.pp),
+            "embd": (2 if self.pp > 1 else 1, (self.pp - 1) * (self.gpus // self.pp) if self.pp > 1 else 1),
             "world": (self.gpus, 1),
         }
+        if self.tp_pp_dp:  # pipeline stages adjacent (stride tp·cp), data-parallel replicas outermost
+            table |= {"pp": (self.pp, self.tp * self.cp), "dp": (self.dp, self.tp * self.pp),
+                      "expert_dp": (self.expert_dp, self.etp * self.ep * self.pp)}
+        for group in ("dp", "expert_dp"):  # k instances of consecutive dp ranks, and the groups across them
+            size, stride = table[group]
+            table[f"{group}_instance"] = (size // self.instances, stride)
+            table[f"{group}_across"] = (self.instances, stride * (size // self.instances))
         if kind not in table:
             raise UserInputError(f"unknown group '{kind}'; valid: {', '.join(table)}")
         return table[kind]
@@ -116,12 +143,14 @@ class JobPlacement:
     def group_count(self, kind: str) -> int:
         """How many disjoint groups of this kind the job has."""
         size, _ = self.size_and_stride(kind)
+        if kind == "embd":
+            return self.gpus // self.pp  # one per position of a stage (middle stages are in none)
         return self.gpus // size
 
     def group_ranks(self, kind: str, index: int = 0) -> list[int]:
         """Ranks of the ``index``-th group of ``kind`` (groups ordered by their lowest rank)."""
         size, stride = self.size_and_stride(kind)
-        count = self.gpus // size
+        count = self.group_count(kind)
         if not 0 <= index < count:
             raise UserInputError(f"group index {index} out of range: {count} '{kind}' groups")
         block = size * stride  # ranks covered by one tile of groups
@@ -144,6 +173,8 @@ class JobPlacement:
     def shape(self, kind: str) -> GroupShape:
         """How group ``kind`` spans NVLink domains and fabric tiers (cheap, cached)."""
         size, stride = self.size_and_stride(kind)
+        if kind == "embd" and size > 1:
+            return _embd_shape(stride, self.gpus // self.pp, self.gpus_per_domain, self.layout)
         return _shape(size, stride, self.gpus_per_domain, self.layout)
 
     @cached_property
@@ -181,6 +212,17 @@ def _shape(size: int, stride: int, g: int, layout: FabricLayout | None) -> Group
     return _irregular_shape(size, stride, g, layout)
 
 
+@lru_cache(maxsize=1024)
+def _embd_shape(stride: int, stage_gpus: int, g: int, layout: FabricLayout | None) -> GroupShape:
+    """Shape of the embedding groups {b, b + stride} (b < stage_gpus) on domains of ``g`` ranks: the
+    worst group (whether the pair straddles domains depends only on b mod g)."""
+    extents = [(b + stride) // g - b // g + 1 for b in range(min(stage_gpus, g))]
+    extent = max(extents)
+    if extent == 1:
+        return GroupShape.single_domain(2)
+    return GroupShape(size=2, ranks_per_domain=1, domains=2, tiers=layout.tier_for_span(extent) if layout else None)
+
+
 def _irregular_shape(size: int, stride: int, g: int, layout: FabricLayout | None) -> GroupShape:
     import numpy as np
 
@@ -214,9 +256,23 @@ def _check_divisible(gpus: int, tp: int, cp: int, ep: int, etp: int, pp: int) ->
         raise UserInputError(f"gpus {gpus} is not divisible by etp*ep*pp = {etp * ep * pp}")
 
 
+def check_tp_pp_dp_mapping(tp: int, cp: int, ep: int, etp: int) -> None:
+    """Raise UserInputError unless ``--use-tp-pp-dp-mapping`` can place these sizes (see :func:`place_job`)."""
+    if cp > 1:
+        raise UserInputError("use_tp_pp_dp_mapping with cp > 1 is not modelled (the dp×cp group is not strided)")
+    if ep * etp > 1 and ep * etp != tp * cp:
+        raise UserInputError(f"use_tp_pp_dp_mapping needs etp·ep = tp·cp (got {etp * ep} and {tp * cp}) so that "
+                             "dense and expert ranks share pipeline stages")
+
+
 def place_job(system: SystemSpec, gpus: int, tp: int = 1, cp: int = 1, ep: int = 1, etp: int = 1, pp: int = 1,
-              gpus_per_domain: int | None = None) -> JobPlacement:
-    """Place a job on ``system``; raise UserInputError (one line) when the placement is impossible."""
+              gpus_per_domain: int | None = None, tp_pp_dp: bool = False) -> JobPlacement:
+    """Place a job on ``system``; raise UserInputError (one line) when the placement is impossible.
+
+    ``tp_pp_dp``: Megatron's ``--use-tp-pp-dp-mapping`` (rank order tp-cp-ep-pp-dp); it needs cp 1
+    (the combined dp×cp gradient group is then not a strided group) and, with experts, etp·ep =
+    tp·cp so that a rank's pipeline stage is the same in the dense and the expert view (our reading
+    of Megatron's RankGenerator)."""
     if gpus < 1:
         raise UserInputError(f"gpus must be >= 1, got {gpus}")
     if gpus > system.max_gpus:
@@ -228,12 +284,18 @@ def place_job(system: SystemSpec, gpus: int, tp: int = 1, cp: int = 1, ep: int =
         raise UserInputError(f"gpus_per_domain {g} exceeds the NVLink domain size {system.nvlink.domain_size}")
     if gpus % g:
         raise UserInputError(f"gpus {gpus} is not a multiple of gpus_per_domain {g}")
+    if tp_pp_dp:
+        check_tp_pp_dp_mapping(tp, cp, ep, etp)
     layout = fabric_layout(system, gpus, g)
-    return JobPlacement(gpus=gpus, gpus_per_domain=g, tp=tp, cp=cp, ep=ep, etp=etp, pp=pp, layout=layout)
+    return JobPlacement(gpus=gpus, gpus_per_domain=g, tp=tp, cp=cp, ep=ep, etp=etp, pp=pp, layout=layout,
+                        tp_pp_dp=tp_pp_dp)
 
 
 def placement_for(scenario) -> JobPlacement:  # noqa: ANN001 - avoids importing workloads here
     """Placement of a resolved scenario (workloads.scenario.Scenario)."""
     p = scenario.par
-    return place_job(scenario.system, scenario.gpus, tp=p.tp, cp=p.cp, ep=p.ep, etp=p.expert_tp, pp=p.pp,
-                     gpus_per_domain=scenario.config.placement.gpus_per_domain)
+    job = place_job(scenario.system, scenario.gpus, tp=p.tp, cp=p.cp, ep=p.ep, etp=p.expert_tp, pp=p.pp,
+                    gpus_per_domain=scenario.config.placement.gpus_per_domain,
+                    tp_pp_dp=scenario.config.placement.use_tp_pp_dp_mapping)
+    instances = scenario.optimizer.num_distributed_optimizer_instances
+    return job if instances == 1 else replace(job, instances=instances)

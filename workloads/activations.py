@@ -16,6 +16,9 @@ muonsim adapts the same bookkeeping to the models it ships (all SwiGLU + RMSNorm
 - **GQA**: K and V have ``n_kv·d`` rows instead of ``h``; **MLA**: the latent projections and their
   norms (replicated over tp, so not divided by ``t``), then the up-projected Q, K, V per head;
 - **SwiGLU**: fc1 output ``2F`` (gate and up) saved by the activation, its output ``F`` saved by fc2;
+  a non-gated activation (GELU, squared ReLU) saves fc1's ``F`` outputs and its own ``F`` outputs;
+  LayerNorm's per-token statistics (fp32 mean and reciprocal deviation, RMSNorm's one) are
+  negligible beside the ``h``-wide tensors and not counted;
 - **MoE**: router scores (fp32, ``E`` per token), then every token is processed by top-k experts, so
   the expert terms scale with ``k`` (dropless routing, average load: imbalance is not modelled);
   ``etp`` duplicates expert inputs over the expert-tensor group and shards the ffn dim; the routing
@@ -49,7 +52,10 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", 
 
 _GEMM_INPUT_BYTES = {
     Precision.BF16: 2.0,
+    Precision.FP16: 2.0,
     Precision.FP8_CS: 1.0,
+    Precision.FP8_DELAYED: 1.0,
+    Precision.FP8_BLOCKWISE: 1.0 + 4.0 / 128,
     Precision.MXFP8: 1.0 + 1.0 / 32,
     Precision.NVFP4: 0.5 + 1.0 / 16,
 }
@@ -78,6 +84,7 @@ class ActivationTerm:
     name: str
     size_bytes: float
     freed_by: frozenset[str]  # selective-recompute modules that free it
+    offload_module: str = ""  # Megatron --offload-modules entry that offloads it ('' = none)
 
     def kept(self, modules: frozenset[str]) -> bool:
         """Whether the tensor stays resident under selective recompute of ``modules``."""
@@ -94,19 +101,20 @@ def layer_activation_terms(model: ModelSpec, moe_layer: bool, shape: LayerShape)
     n = float(shape.tokens)
     sp = t if shape.sequence_parallel else 1  # divisor of hidden-width tensors
     g = gemm_input_bytes_per_element(shape.precision)
-    lowp = shape.precision != Precision.BF16
+    lowp = Precision(shape.precision).tensor_core_class != "bf16"
     terms: list[ActivationTerm] = []
+    act = model.activation
 
-    def add(name: str, size_bytes: float, *freed_by: str) -> None:
-        terms.append(ActivationTerm(name, size_bytes, frozenset(freed_by)))
+    def add(name: str, size_bytes: float, *freed_by: str, offload: str = "") -> None:
+        terms.append(ActivationTerm(name, size_bytes, frozenset(freed_by), offload))
 
     # --- attention block ---
     att = model.attention
-    add("attn_norm_input", n * h * ACT_BYTES / sp)
-    add("attn_norm_output", n * h * g / sp, "layernorm")
+    add("attn_norm_input", n * h * ACT_BYTES / sp, offload="attn_norm")
+    add("attn_norm_output", n * h * g / sp, "layernorm", offload="qkv_linear")
     if isinstance(att, GqaAttention):
         heads, kv, d = att.num_heads, att.num_kv_heads, att.head_dim
-        add("qkv", n * (heads + 2 * kv) * d * ACT_BYTES / t)
+        add("qkv", n * (heads + 2 * kv) * d * ACT_BYTES / t, offload="core_attn")
         if att.qk_norm:
             add("qk_norm_input", n * (heads + kv) * d * ACT_BYTES / t)
         o_width = heads * d
@@ -115,36 +123,42 @@ def layer_activation_terms(model: ModelSpec, moe_layer: bool, shape: LayerShape)
         heads, dq = att.num_heads, att.qk_head_dim + att.qk_pos_emb_head_dim
         if att.q_lora_rank:
             add("q_latent", n * att.q_lora_rank * ACT_BYTES)
-            add("q_latent_norm_output", n * att.q_lora_rank * g, "mla_up_proj")
+            if att.latent_norm:
+                add("q_latent_norm_output", n * att.q_lora_rank * g, "mla_up_proj")
         add("kv_latent", n * (att.kv_lora_rank + att.qk_pos_emb_head_dim) * ACT_BYTES)
-        add("kv_latent_norm_output", n * att.kv_lora_rank * g, "mla_up_proj")
-        add("qkv", n * heads * (2 * dq + att.v_head_dim) * ACT_BYTES / t, "mla_up_proj")
+        if att.latent_norm:
+            add("kv_latent_norm_output", n * att.kv_lora_rank * g, "mla_up_proj")
+        add("qkv", n * heads * (2 * dq + att.v_head_dim) * ACT_BYTES / t, "mla_up_proj", offload="core_attn")
         o_width = heads * att.v_head_dim
-    add("attn_output", n * o_width * ACT_BYTES / t)  # flash attention keeps O; bf16 proj shares it
-    add("attn_softmax_lse", n * heads * FP32_BYTES / t, "core_attn")
+    # flash attention keeps O (a bf16 output projection shares it as its input)
+    add("attn_output", n * o_width * ACT_BYTES / t, offload="core_attn")
+    add("attn_softmax_lse", n * heads * FP32_BYTES / t, "core_attn", offload="core_attn")
     if lowp:
-        add("proj_input_quantized", n * o_width * g / t)
+        add("proj_input_quantized", n * o_width * g / t, offload="attn_proj")
     # --- MLP block ---
-    add("mlp_norm_input", n * h * ACT_BYTES / sp)
-    add("mlp_norm_output", n * h * g / sp, "layernorm")
-    if not moe_layer:
+    add("mlp_norm_input", n * h * ACT_BYTES / sp, offload="mlp_norm")
+    if not moe_layer:  # fc1 fused with the norm saves the norm output as its (quantized) input
+        add("mlp_norm_output", n * h * g / sp, "layernorm", "mlp")
         f = model.ffn_hidden_size
-        add("fc1_output", n * 2 * f * ACT_BYTES / t, "mlp")
-        add("swiglu_output", n * f * g / t, "mlp")
+        add("fc1_output", n * model.fc1_factor * f * ACT_BYTES / t, "mlp")
+        add(f"{act}_output", n * f * g / t, "mlp")
         return terms
     spec = model.moe
     assert spec is not None
+    # a separate norm feeds the router and the dispatcher in bf16 (the experts quantize after dispatch);
+    # MoE recompute keeps it as its checkpoint input
+    add("mlp_norm_output", n * h * ACT_BYTES / sp, "layernorm")
     # MoE with tp > 1 requires sequence parallelism in Megatron, so routed tokens are always /t
     routed = n * spec.topk / t
     fe = spec.expert_ffn_hidden_size
     add("router_scores", n * spec.num_experts * FP32_BYTES / t, "moe")
-    add("expert_fc1_input", routed * shape.etp * h * g, "moe")
-    add("expert_fc1_output", routed * 2 * fe * ACT_BYTES, "moe")
-    add("expert_swiglu_output", routed * fe * g, "moe", "moe_act")
+    add("expert_fc1_input", routed * shape.etp * h * g, "moe", offload="expert_fc1")
+    add("expert_fc1_output", routed * model.fc1_factor * fe * ACT_BYTES, "moe", offload="moe_act")
+    add(f"expert_{act}_output", routed * fe * g, "moe", "moe_act")
     if spec.shared_expert_ffn_hidden_size:
         fs = spec.shared_expert_ffn_hidden_size
-        add("shared_fc1_output", n * 2 * fs * ACT_BYTES / t, "moe", "shared_experts")
-        add("shared_swiglu_output", n * fs * g / t, "moe", "shared_experts")
+        add("shared_fc1_output", n * model.fc1_factor * fs * ACT_BYTES / t, "moe", "shared_experts")
+        add(f"shared_{act}_output", n * fs * g / t, "moe", "shared_experts")
     return terms
 
 
@@ -163,17 +177,19 @@ def layer_activation_bytes(
     return sum(x.size_bytes for x in terms if x.kept(modules))
 
 
-def output_activation_bytes(model: ModelSpec, shape: LayerShape) -> float:
-    """Last-stage extras per micro-batch, in bytes: final norm input, output-layer input, and the
-    fp32 softmax of the vocabulary-parallel cross entropy (``4·V_pad/t`` per token), once per
-    prediction head (main output plus one per MTP layer)."""
+def output_activation_bytes(model: ModelSpec, shape: LayerShape, logits_bytes: int = FP32_BYTES) -> float:
+    """Last-stage extras per micro-batch, in bytes: final norm input, output-layer input (bf16: Megatron's
+    output layer is not a Transformer Engine FP8 GEMM), and what the
+    vocabulary-parallel cross entropy keeps (``logits_bytes·V_pad/t`` per token: 4 for the fp32
+    softmax, 2 for Transformer Engine's fused loss, which keeps the bf16 logits holding the gradient),
+    once per prediction head (main output plus one per MTP layer)."""
     h, t = model.hidden_size, shape.tp
     n = float(shape.tokens)
     sp = t if shape.sequence_parallel else 1
     g = gemm_input_bytes_per_element(shape.precision)
     heads = 1 + model.mtp_layers
     vocab = model.padded_vocab_size(t)
-    per_head = n * h * (ACT_BYTES + g) / sp + n * vocab * FP32_BYTES / t
+    per_head = n * h * 2 * ACT_BYTES / sp + n * vocab * logits_bytes / t  # the output layer runs in bf16
     mtp_inputs = model.mtp_layers * n * 2 * h * (ACT_BYTES + g) / sp  # enorm/hnorm inputs, eh_proj input
     return heads * per_head + mtp_inputs
 

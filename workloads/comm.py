@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 CollectiveOp = Literal["all_reduce", "reduce_scatter", "all_gather", "all_gather_v", "broadcast", "all_to_all", "send_recv"]
-GroupKind = Literal["dp", "expert_dp", "tp", "etp", "cp", "ep", "pp", "world"]
+GroupKind = Literal["dp", "expert_dp", "tp", "etp", "cp", "ep", "etp_ep", "pp", "embd", "world",
+                    "dp_instance", "dp_across", "expert_dp_instance", "expert_dp_across"]
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 

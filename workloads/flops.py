@@ -2,7 +2,8 @@
 
 :func:`model_flops_per_token` reproduces ``num_floating_point_operations`` of Megatron-Bridge
 r0.3.0 term by term (``../shared/data/flops-convention.md``): 6 FLOPs per weight per token for
-forward + both backward GEMMs, causal attention counted over s/2, SwiGLU as three matrices, routed
+forward + both backward GEMMs, causal attention counted over s/2, SwiGLU as three matrices (a
+non-gated GELU or squared-ReLU MLP as two: the convention's ``γ = 1``), routed
 top-k plus shared experts, MLA projections, MTP layers and the logits on the tp-padded vocabulary.
 It is the numerator of "model TFLOP/s/GPU"; it excludes recompute, the router and the optimizer.
 """
@@ -77,10 +78,11 @@ def model_flop_terms(model: ModelSpec, seq_length: int, tp: int = 1) -> FlopTerm
     topk = moe.topk if moe else 0
     f_e = moe.expert_ffn_hidden_size if moe else 0
     f_sh = moe.shared_expert_ffn_hidden_size if moe else 0
+    gamma = GATED_FACTOR if model.gated_mlp else 1.0
     return FlopTerms(
-        dense_mlp=12.0 * GATED_FACTOR * h * model.ffn_hidden_size * l_dense,
-        routed_experts=12.0 * GATED_FACTOR * h * f_e * topk * l_moe,
-        shared_experts=12.0 * GATED_FACTOR * h * f_sh * l_moe,
+        dense_mlp=12.0 * gamma * h * model.ffn_hidden_size * l_dense,
+        routed_experts=12.0 * gamma * h * f_e * topk * l_moe,
+        shared_experts=12.0 * gamma * h * f_sh * l_moe,
         attention_projections=6.0 * l_att * attention_projection_params(model),
         attention_core=l_att * attention_core_flops_per_token(model, seq_length),
         mtp_extra=6.0 * l_mtp * (2 * h * h + 3 * h),

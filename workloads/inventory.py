@@ -11,18 +11,36 @@ router are replicated over tp. Expert fc1/fc2 shard over the expert-tensor-paral
 experts are split over ep. Optimizer routing follows ``_is_muon_excluded``: Muon owns every 2-D
 weight that is not the embedding or the output layer; AdamW owns the rest; the expert score bias is
 a buffer updated outside the optimizer.
+
+Building blocks follow the model: LayerNorm adds a bias to every norm; ``add_bias_linear`` adds a
+bias to every linear layer of attention and MLP (column-parallel biases shard with their rows,
+row-parallel ones are replicated); a learned absolute position table sits on the first stage
+(replicated over tp, AdamW); a non-gated activation halves fc1.
+
+With MTP and pp > 1 the last stage holds its own copy of the word embedding for the MTP layers
+(``EMBEDDING_COPY``, ``duplicate_of`` the stage-0 embedding); both copies are Megatron
+``shared_embedding`` parameters: each gets its own DDP bucket (distributed optimizer) and their
+gradients are all-reduced over the ``embd`` group (first and last stage) after the DP reduction
+(``finalize_model_grads``). Megatron-Core 0.16.1 does not flag the copy
+``is_embedding_or_output_parameter``, so with Muon it is orthogonalised like any 2-D weight.
+
+**Tied embeddings** (``tie_embeddings``, Megatron's ``share_embeddings_and_output_weights``): one
+tensor is the input embedding and the output layer. With one pipeline stage there is no
+output-layer tensor; with more, the last stage allocates ``output_layer.weight`` as its replica of
+the word embedding (``duplicate_of``; with MTP the MTP copy serves as the output weight and there is
+no separate output layer): the same ``shared_embedding`` machinery keeps the two equal.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Literal
+from typing import Literal
 
 from workloads.models import GqaAttention, MlaAttention, ModelSpec
-from workloads.pipeline_layout import virtual_stage_layer_counts
+from workloads.pipeline_layout import StageSplit, virtual_stage_layer_counts
 
+EMBEDDING_COPY = "last_stage.embedding.word_embeddings.weight"  # the MTP stage's copy (pp > 1)
 ShardGroup = Literal["tp", "etp"]
 DpGroup = Literal["dp", "expert_dp"]
 OptimizerOwner = Literal["muon", "adamw", "none"]
@@ -50,6 +68,8 @@ class TensorSpec:
     num_experts: int = 1  # identical copies (routed experts of one layer); 1 otherwise
     experts_per_rank: int = 1  # copies held by one expert-parallel rank
     muon_components: tuple[tuple[int, int], ...] = ()  # global shapes Newton-Schulz sees (QKV split)
+    shared_embedding: bool = False  # Megatron's ``shared_embedding``: gradient all-reduced over the embd group
+    duplicate_of: str | None = None  # a stage's own copy of another tensor (not a distinct model parameter)
 
     @property
     def is_expert(self) -> bool:
@@ -99,47 +119,9 @@ class TensorSpec:
         return tuple(out)
 
 
-_PLACE_FIELDS = ("name", "layer", "stage", "chunk")  # what differs between copies of one layer's tensors
-_CONTENT_IDS: dict[tuple[Any, ...], int] = {}  # process-wide: equal ids <=> equal tensors up to place
-
-
-def content_id(tensor: TensorSpec) -> int:
-    """Small integer naming everything about ``tensor`` but its place (name, layer, stage, chunk):
-    tensors with the same id have the same shapes, sharding, groups and optimizer (process-wide)."""
-    key = tuple(getattr(tensor, f.name) for f in fields(TensorSpec) if f.name not in _PLACE_FIELDS)
-    return _CONTENT_IDS.setdefault(key, len(_CONTENT_IDS))
-
-
-@dataclass(frozen=True, eq=False)
-class TensorRun:
-    """Consecutive tensors of one place (stage, chunk): either given (``prefix`` None) or the tensors
-    of one layer copied from another layer of the same kind (``templates``) under ``prefix`` names."""
-
-    stage: int
-    chunk: int
-    templates: tuple[TensorSpec, ...]
-    ids: tuple[int, ...]  # content_id of each tensor
-    prefix: str | None = None
-    suffixes: tuple[str, ...] = ()
-    layer: int | None = None
-
-    def tensors(self) -> tuple[TensorSpec, ...]:
-        """The run's tensors (built on demand for copied layers)."""
-        if self.prefix is None:
-            return self.templates
-        place = {"layer": self.layer, "stage": self.stage, "chunk": self.chunk}
-        return tuple(_placed(t, self.prefix + x, place) for t, x in zip(self.templates, self.suffixes, strict=True))
-
-
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Inventory:
-    """All tensors of a model under one parallel layout.
-
-    Held as :class:`TensorRun` s (the layers of a kind share their tensors up to name and place) so
-    that the optimizer plan and the memory model work per distinct content (:func:`content_id`):
-    :meth:`chunk_key`, :meth:`stage_tensor_counts`, :attr:`by_content`; :attr:`tensors` lists every
-    tensor (built on first use).
-    """
+    """All tensors of a model under one parallel layout."""
 
     model: ModelSpec
     tp: int
@@ -148,71 +130,35 @@ class Inventory:
     ep: int
     etp: int
     split_qkv: bool
-    runs: tuple[TensorRun, ...] = field(repr=False)
-
-    @cached_property
-    def tensors(self) -> tuple[TensorSpec, ...]:
-        """Every tensor in definition order."""
-        return tuple(t for r in self.runs for t in r.tensors())
+    tensors: tuple[TensorSpec, ...] = field(repr=False)
 
     @cached_property
     def params_total(self) -> int:
-        """Parameters of the model as laid out (embedding/output use the tp-padded vocabulary)."""
-        return sum(t.total_numel for t in self.tensors)
+        """Parameters of the model as laid out (embedding/output use the tp-padded vocabulary); a
+        stage's copy of another tensor (the MTP stage's word embedding, a tied output layer's replica)
+        is not a distinct parameter."""
+        return sum(t.total_numel for t in self.tensors if t.duplicate_of is None)
 
-    @cached_property
-    def by_content(self) -> dict[int, TensorSpec]:
-        """content id -> one tensor with that content (its first)."""
-        out: dict[int, TensorSpec] = {}
-        for r in self.runs:
-            for t, i in zip(r.templates, r.ids, strict=True):
-                out.setdefault(i, t)
-        return out
-
-    @cached_property
-    def _chunks(self) -> dict[tuple[int, int], tuple[list[TensorRun], tuple[int, ...]]]:
-        """(stage, chunk) -> (runs in definition order, content ids of their tensors)."""
-        runs: dict[tuple[int, int], list[TensorRun]] = {}
-        for r in self.runs:
-            runs.setdefault((r.stage, r.chunk), []).append(r)
-        return {k: (rs, tuple(i for r in rs for i in r.ids)) for k, rs in runs.items()}
-
-    def chunk_tensors(self, stage: int, chunk: int) -> tuple[TensorSpec, ...]:
-        """Tensors of model chunk ``chunk`` of pipeline stage ``stage`` (definition order)."""
-        return tuple(t for r in self._chunks.get((stage, chunk), ([], ()))[0] for t in r.tensors())
-
-    def chunk_key(self, stage: int, chunk: int) -> tuple[int, ...]:
-        """Content ids of :meth:`chunk_tensors` (equal keys: equal tensors up to names and place)."""
-        return self._chunks.get((stage, chunk), ([], ()))[1]
+    @property
+    def embedding_copy(self) -> TensorSpec | None:
+        """The last stage's own copy of the word embedding (MTP with pp > 1), or None."""
+        return next((t for t in self.tensors if t.duplicate_of is not None and t.role == "embedding_copy"), None)
 
     def stage_tensors(self, stage: int) -> list[TensorSpec]:
         """Tensors held by pipeline stage ``stage`` (all chunks)."""
-        return [t for c in range(self.vpp) for t in self.chunk_tensors(stage, c)]
-
-    @cached_property
-    def _stage_counts(self) -> dict[int, tuple[tuple[TensorSpec, int], ...]]:
-        count: dict[int, dict[int, int]] = {s: {} for s in range(self.pp)}
-        for r in self.runs:
-            c = count[r.stage]
-            for i in r.ids:
-                c[i] = c.get(i, 0) + 1
-        rep = self.by_content
-        return {s: tuple((rep[i], n) for i, n in c.items()) for s, c in count.items()}
-
-    def stage_tensor_counts(self, stage: int) -> tuple[tuple[TensorSpec, int], ...]:
-        """The distinct tensors of ``stage`` (up to name and place) with how many there are: per-stage
-        sums and maxima in O(distinct tensors)."""
-        return self._stage_counts.get(stage, ())
+        return [t for t in self.tensors if t.stage == stage]
 
     def rank_numel(self, stage: int) -> int:
         """Parameters held by one rank of ``stage`` (equal for every tp and ep rank)."""
-        return sum(t.rank_numel * n for t, n in self.stage_tensor_counts(stage))
+        return sum(t.rank_numel for t in self.tensors if t.stage == stage)
 
     def unique_shard_numel_sum(self) -> int:
         """Sum over every model-parallel rank of the parameters it holds, counting each replicated
         tensor once (on tp rank 0). Equals :attr:`params_total` exactly; used by the property test."""
         total = 0
         for t in self.tensors:
+            if t.duplicate_of is not None:
+                continue
             ranks_holding_distinct = t.shards  # tp/etp ranks with distinct shards
             ep_ranks = self.ep if t.num_experts > 1 else 1
             total += t.local_numel * t.experts_per_rank * ranks_holding_distinct * ep_ranks
@@ -221,10 +167,10 @@ class Inventory:
 
 def build_inventory(
     model: ModelSpec, tp: int = 1, pp: int = 1, vpp: int = 1, ep: int = 1, etp: int = 1,
-    split_qkv: bool = True, pipeline_split: str = "auto",
+    split_qkv: bool = True, pipeline_split: str | StageSplit = "auto",
 ) -> Inventory:
     """Every tensor of ``model`` under the given sizes (assumed valid; see Scenario.validate)."""
-    counts = virtual_stage_layer_counts(model.num_layers, pp, vpp, pipeline_split)  # type: ignore[arg-type]
+    counts = virtual_stage_layer_counts(model.num_layers, pp, vpp, pipeline_split, model.mtp_layers)  # type: ignore[arg-type]
     where: list[tuple[int, int]] = []
     for v, n in enumerate(counts):
         chunk, stage = divmod(v, pp)
@@ -232,18 +178,7 @@ def build_inventory(
     last = (pp - 1, vpp - 1)
     h = model.hidden_size
     vpad = model.padded_vocab_size(tp)
-    out: list[TensorSpec] = []  # tensors not yet in ``runs``
-    runs: list[TensorRun] = []
-
-    def flush() -> None:
-        """Move the tensors added so far into runs (one per place)."""
-        for t in out:
-            if runs and runs[-1].prefix is None and (runs[-1].stage, runs[-1].chunk) == (t.stage, t.chunk):
-                last = runs[-1]
-                runs[-1] = TensorRun(t.stage, t.chunk, (*last.templates, t), (*last.ids, content_id(t)))
-            else:
-                runs.append(TensorRun(t.stage, t.chunk, (t,), (content_id(t),)))
-        out.clear()
+    out: list[TensorSpec] = []
 
     def add(name: str, role: str, layer: int | None, loc: tuple[int, int], shape: tuple[int, ...],
             shard_dim: int | None, group: ShardGroup | None, optimizer: OptimizerOwner | None = None,
@@ -261,40 +196,75 @@ def build_inventory(
             muon_components=components or (),
         ))
 
-    add("embedding.word_embeddings.weight", "embedding", None, (0, 0), (vpad, h), 0, "tp", "adamw")
+    def add_norm(prefix: str, layer: int | None, loc: tuple[int, int], width: int) -> None:
+        add(f"{prefix}.weight", "norm", layer, loc, (width,), None, None)
+        if model.norm_has_bias:
+            add(f"{prefix}.bias", "norm_bias", layer, loc, (width,), None, None)
+
+    def add_bias(weight: str, role: str, layer: int, loc: tuple[int, int], rows: int, sharded: bool,
+                 group: ShardGroup = "tp", experts: int = 1) -> None:
+        """The bias of linear layer ``weight`` (``rows`` outputs): sharded with column-parallel rows."""
+        if model.add_bias_linear:
+            add(weight.removesuffix(".weight") + ".bias", role, layer, loc, (rows,), 0 if sharded else None,
+                group if sharded else None, experts=experts)
+
+    word = "embedding.word_embeddings.weight"
+    add(word, "embedding", None, (0, 0), (vpad, h), 0, "tp", "adamw")
+    copy_embedding = model.mtp_layers > 0 and pp > 1
+    tied_replica = model.tie_embeddings and pp > 1 and not copy_embedding  # the last stage's output_layer.weight
+    if copy_embedding or tied_replica:  # a shared embedding: own DDP bucket, gradient all-reduced with the last stage's
+        out[-1] = replace(out[-1], shared_embedding=True)
+    if model.position_embedding == "learned_absolute":
+        assert model.max_position_embeddings is not None
+        add("embedding.position_embeddings.weight", "position_embedding", None, (0, 0),
+            (model.max_position_embeddings, h), None, None, "adamw")
 
     def add_layer(i: int, loc: tuple[int, int], prefix: str, moe: bool) -> None:
         att = model.attention
-        add(f"{prefix}.input_layernorm.weight", "norm", i, loc, (h,), None, None)
+        sa = f"{prefix}.self_attention"
+        add_norm(f"{prefix}.input_layernorm", i, loc, h)
         if isinstance(att, GqaAttention):
             d, nh, nkv = att.head_dim, att.num_heads, att.num_kv_heads
             qkv = ((nh + 2 * nkv) * d, h)
             comps = ((nh * d, h), (nkv * d, h), (nkv * d, h)) if split_qkv else (qkv,)
-            add(f"{prefix}.self_attention.linear_qkv.weight", "qkv", i, loc, qkv, 0, "tp", components=comps)
+            add(f"{sa}.linear_qkv.weight", "qkv", i, loc, qkv, 0, "tp", components=comps)
+            add_bias(f"{sa}.linear_qkv.weight", "qkv_bias", i, loc, qkv[0], True)
             if att.qk_norm:
-                add(f"{prefix}.self_attention.q_layernorm.weight", "norm", i, loc, (d,), None, None)
-                add(f"{prefix}.self_attention.k_layernorm.weight", "norm", i, loc, (d,), None, None)
-            add(f"{prefix}.self_attention.linear_proj.weight", "attn_out", i, loc, (h, nh * d), 1, "tp")
+                add_norm(f"{sa}.q_layernorm", i, loc, d)
+                add_norm(f"{sa}.k_layernorm", i, loc, d)
+            add(f"{sa}.linear_proj.weight", "attn_out", i, loc, (h, nh * d), 1, "tp")
+            add_bias(f"{sa}.linear_proj.weight", "attn_out_bias", i, loc, h, False)
         else:
             assert isinstance(att, MlaAttention)
             nh, dq = att.num_heads, att.qk_head_dim + att.qk_pos_emb_head_dim
             if att.q_lora_rank:
-                add(f"{prefix}.self_attention.linear_q_down_proj.weight", "q_down", i, loc, (att.q_lora_rank, h), None, None)
-                add(f"{prefix}.self_attention.q_layernorm.weight", "norm", i, loc, (att.q_lora_rank,), None, None)
-                add(f"{prefix}.self_attention.linear_q_up_proj.weight", "q_up", i, loc, (nh * dq, att.q_lora_rank), 0, "tp")
+                add(f"{sa}.linear_q_down_proj.weight", "q_down", i, loc, (att.q_lora_rank, h), None, None)
+                add_bias(f"{sa}.linear_q_down_proj.weight", "q_down_bias", i, loc, att.q_lora_rank, False)
+                if att.latent_norm:
+                    add_norm(f"{sa}.q_layernorm", i, loc, att.q_lora_rank)
+                add(f"{sa}.linear_q_up_proj.weight", "q_up", i, loc, (nh * dq, att.q_lora_rank), 0, "tp")
+                add_bias(f"{sa}.linear_q_up_proj.weight", "q_up_bias", i, loc, nh * dq, True)
             else:
-                add(f"{prefix}.self_attention.linear_q_proj.weight", "q_proj", i, loc, (nh * dq, h), 0, "tp")
-            add(f"{prefix}.self_attention.linear_kv_down_proj.weight", "kv_down", i, loc,
-                (att.kv_lora_rank + att.qk_pos_emb_head_dim, h), None, None)
-            add(f"{prefix}.self_attention.kv_layernorm.weight", "norm", i, loc, (att.kv_lora_rank,), None, None)
-            add(f"{prefix}.self_attention.linear_kv_up_proj.weight", "kv_up", i, loc,
-                (nh * (att.qk_head_dim + att.v_head_dim), att.kv_lora_rank), 0, "tp")
-            add(f"{prefix}.self_attention.linear_proj.weight", "attn_out", i, loc, (h, nh * att.v_head_dim), 1, "tp")
-        add(f"{prefix}.pre_mlp_layernorm.weight", "norm", i, loc, (h,), None, None)
+                add(f"{sa}.linear_q_proj.weight", "q_proj", i, loc, (nh * dq, h), 0, "tp")
+                add_bias(f"{sa}.linear_q_proj.weight", "q_proj_bias", i, loc, nh * dq, True)
+            kv_down = att.kv_lora_rank + att.qk_pos_emb_head_dim
+            add(f"{sa}.linear_kv_down_proj.weight", "kv_down", i, loc, (kv_down, h), None, None)
+            add_bias(f"{sa}.linear_kv_down_proj.weight", "kv_down_bias", i, loc, kv_down, False)
+            if att.latent_norm:
+                add_norm(f"{sa}.kv_layernorm", i, loc, att.kv_lora_rank)
+            kv_up = nh * (att.qk_head_dim + att.v_head_dim)
+            add(f"{sa}.linear_kv_up_proj.weight", "kv_up", i, loc, (kv_up, att.kv_lora_rank), 0, "tp")
+            add_bias(f"{sa}.linear_kv_up_proj.weight", "kv_up_bias", i, loc, kv_up, True)
+            add(f"{sa}.linear_proj.weight", "attn_out", i, loc, (h, nh * att.v_head_dim), 1, "tp")
+            add_bias(f"{sa}.linear_proj.weight", "attn_out_bias", i, loc, h, False)
+        add_norm(f"{prefix}.pre_mlp_layernorm", i, loc, h)
+        g = model.fc1_factor
         if not moe:
             f = model.ffn_hidden_size
-            add(f"{prefix}.mlp.linear_fc1.weight", "fc1", i, loc, (2 * f, h), 0, "tp")
+            add(f"{prefix}.mlp.linear_fc1.weight", "fc1", i, loc, (g * f, h), 0, "tp")
+            add_bias(f"{prefix}.mlp.linear_fc1.weight", "fc1_bias", i, loc, g * f, True)
             add(f"{prefix}.mlp.linear_fc2.weight", "fc2", i, loc, (h, f), 1, "tp")
+            add_bias(f"{prefix}.mlp.linear_fc2.weight", "fc2_bias", i, loc, h, False)
             return
         spec = model.moe
         assert spec is not None
@@ -302,83 +272,55 @@ def build_inventory(
         add(f"{prefix}.mlp.router.weight", "router", i, loc, (e, h), None, None)
         if spec.router_bias:
             add(f"{prefix}.mlp.router.expert_bias", "expert_bias", i, loc, (e,), None, None, "none")
-        add(f"{prefix}.mlp.experts.linear_fc1.weight", "expert_fc1", i, loc, (2 * fe, h), 0, "etp", experts=e)
-        add(f"{prefix}.mlp.experts.linear_fc2.weight", "expert_fc2", i, loc, (h, fe), 1, "etp", experts=e)
+        ex = f"{prefix}.mlp.experts"
+        add(f"{ex}.linear_fc1.weight", "expert_fc1", i, loc, (g * fe, h), 0, "etp", experts=e)
+        add_bias(f"{ex}.linear_fc1.weight", "expert_fc1_bias", i, loc, g * fe, True, "etp", experts=e)
+        add(f"{ex}.linear_fc2.weight", "expert_fc2", i, loc, (h, fe), 1, "etp", experts=e)
+        add_bias(f"{ex}.linear_fc2.weight", "expert_fc2_bias", i, loc, h, False, "etp", experts=e)
         if spec.shared_expert_ffn_hidden_size:
             fs = spec.shared_expert_ffn_hidden_size
-            add(f"{prefix}.mlp.shared_experts.linear_fc1.weight", "shared_fc1", i, loc, (2 * fs, h), 0, "tp")
-            add(f"{prefix}.mlp.shared_experts.linear_fc2.weight", "shared_fc2", i, loc, (h, fs), 1, "tp")
-
-    templates: dict[bool, TensorRun] = {}  # layer kind -> its first layer
-
-    def stamp_layer(i: int, loc: tuple[int, int], prefix: str, moe: bool) -> None:
-        """``add_layer``, with every layer of a kind after the first a copy of the first (the same
-        tensors up to name, layer, stage and chunk, built only when listed)."""
-        first = templates.get(moe)
-        if first is None:
-            flush()
-            add_layer(i, loc, prefix, moe)
-            first = templates[moe] = TensorRun(loc[0], loc[1], tuple(out), tuple(content_id(t) for t in out),
-                                               prefix, tuple(t.name[len(prefix):] for t in out), i)
-            out.clear()
-            runs.append(TensorRun(loc[0], loc[1], first.templates, first.ids))
-            return
-        flush()
-        runs.append(TensorRun(loc[0], loc[1], first.templates, first.ids, prefix, first.suffixes, i))
+            sh = f"{prefix}.mlp.shared_experts"
+            add(f"{sh}.linear_fc1.weight", "shared_fc1", i, loc, (g * fs, h), 0, "tp")
+            add_bias(f"{sh}.linear_fc1.weight", "shared_fc1_bias", i, loc, g * fs, True)
+            add(f"{sh}.linear_fc2.weight", "shared_fc2", i, loc, (h, fs), 1, "tp")
+            add_bias(f"{sh}.linear_fc2.weight", "shared_fc2_bias", i, loc, h, False)
 
     for i in range(model.num_layers):
-        stamp_layer(i, where[i], f"decoder.layers.{i}", model.is_moe_layer(i))
+        add_layer(i, where[i], f"decoder.layers.{i}", model.is_moe_layer(i))
     for j in range(model.mtp_layers):
         prefix = f"mtp.layers.{j}"
         layer = model.num_layers + j
-        add(f"{prefix}.enorm.weight", "norm", layer, last, (h,), None, None)
-        add(f"{prefix}.hnorm.weight", "norm", layer, last, (h,), None, None)
+        add_norm(f"{prefix}.enorm", layer, last, h)
+        add_norm(f"{prefix}.hnorm", layer, last, h)
         add(f"{prefix}.eh_proj.weight", "mtp_proj", layer, last, (h, 2 * h), 0, "tp")
-        stamp_layer(layer, last, f"{prefix}.transformer_layer", model.is_moe_layer(model.num_layers - 1))
-        add(f"{prefix}.final_layernorm.weight", "norm", layer, last, (h,), None, None)
-    add("decoder.final_layernorm.weight", "norm", None, last, (h,), None, None)
-    add("output_layer.weight", "output", None, last, (vpad, h), 0, "tp", "adamw")
-    flush()
-    return Inventory(model=model, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp, split_qkv=split_qkv, runs=tuple(runs))
-
-
-def _placed(template: TensorSpec, name: str, place: dict[str, Any]) -> TensorSpec:
-    """A copy of ``template`` under another name and place (the dataclass's own fields, set without
-    running ``__init__``: the copy equals ``TensorSpec(**fields)``)."""
-    t = object.__new__(TensorSpec)
-    d = t.__dict__
-    d.update(template.__dict__)  # only the fields live there (TensorSpec caches nothing on instances)
-    d["name"] = name
-    d.update(place)
-    return t
-
-
-_INVENTORIES: OrderedDict[tuple[Any, ...], Inventory] = OrderedDict()
-_INVENTORY_CACHE_SIZE = 64
+        add_layer(layer, last, f"{prefix}.transformer_layer", model.is_moe_layer(model.num_layers - 1))
+        add_norm(f"{prefix}.final_layernorm", layer, last, h)
+    add_norm("decoder.final_layernorm", None, last, h)
+    if not model.tie_embeddings:
+        add("output_layer.weight", "output", None, last, (vpad, h), 0, "tp", "adamw")
+    elif tied_replica:  # the last stage's replica of the tied word embedding
+        add("output_layer.weight", "output", None, last, (vpad, h), 0, "tp", "adamw")
+        out[-1] = replace(out[-1], shared_embedding=True, duplicate_of=word)
+    if copy_embedding:
+        # The MTP layers' own word embedding on the last stage (GPTModel builds ``embedding`` where
+        # mtp_process), defined first in its model chunk (so reduced last in backprop). Megatron-Core
+        # 0.16.1 sets ``is_embedding_or_output_parameter`` only where pre_process (language_module.py
+        # setup_embeddings_and_output_layer), so this 2-D copy is NOT excluded from Muon
+        # (muon.py get_megatron_muon_optimizer): it is routed like any other matrix. With tied
+        # embeddings it also serves as the output layer's weight.
+        add(EMBEDDING_COPY, "embedding_copy", None, last, (vpad, h), 0, "tp")
+        copy = replace(out.pop(), shared_embedding=True, duplicate_of=word)
+        out.insert(next(i for i, t in enumerate(out) if (t.stage, t.chunk) == last), copy)
+    return Inventory(model=model, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp, split_qkv=split_qkv, tensors=tuple(out))
 
 
 def inventory_for(scenario) -> Inventory:  # noqa: ANN001 - Scenario import would be circular
-    """The inventory of a resolved :class:`workloads.scenario.Scenario`, memoised on what it depends
-    on (model, tp, pp, vpp, ep, etp, QKV split, pipeline split): shared by every optimizer plan and
-    memory estimate of the same sizes (inventories are immutable)."""
+    """The inventory of a resolved :class:`workloads.scenario.Scenario`."""
     p = scenario.par
-    key = (scenario.model, p.tp, p.pp, p.vpp, p.ep, p.expert_tp, scenario.optimizer.split_qkv, p.pipeline_split)
-    inv = _INVENTORIES.get(key)
-    if inv is None:
-        inv = _INVENTORIES[key] = build_inventory(
-            scenario.model, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep, etp=p.expert_tp,
-            split_qkv=scenario.optimizer.split_qkv, pipeline_split=p.pipeline_split,
-        )
-        if len(_INVENTORIES) > _INVENTORY_CACHE_SIZE:
-            _INVENTORIES.popitem(last=False)
-    else:
-        _INVENTORIES.move_to_end(key)
-    return inv
-
-
-def clear_inventory_cache() -> None:
-    """Forget the memoised inventories (cold timings)."""
-    _INVENTORIES.clear()
+    return build_inventory(
+        scenario.model, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep, etp=p.expert_tp,
+        split_qkv=scenario.optimizer.split_qkv, pipeline_split=p.stage_split,
+    )
 
 
 def active_params(model: ModelSpec, include_embeddings: bool = True) -> int:

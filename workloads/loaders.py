@@ -4,7 +4,8 @@ Every loader returns :class:`workloads.measured.MeasuredRun` objects or raises o
 :class:`UserInputError` line naming the file, the row (CSV line or JSON entry) and the column.
 
 * **CSV** (``.csv``): one row per run, columns of ``../shared/data/README.md``. Optional columns may
-  be absent or empty; columns the schema does not know are kept in ``MeasuredRun.extra``.
+  be absent or empty; recipe-settings columns (:data:`workloads.recipe_columns.COLUMNS`) go to
+  ``MeasuredRun.recipe_settings``; columns the schema does not know are kept in ``MeasuredRun.extra``.
 * **JSON** (``.json``): a list of runs, ``{"runs": [...]}``, or one run (what
   ``muonsim reference run --out run.json`` writes, with ``phase_times_s`` and ``collectives``;
   its system is ``local-cpu`` and its model a reference shape preset, checked later against
@@ -15,7 +16,8 @@ Every loader returns :class:`workloads.measured.MeasuredRun` objects or raises o
   step time is the median of the remaining lines (robust to checkpoint or GC stalls). The scenario
   (model, system, GPUs, precision, batch and parallel sizes) comes from, in increasing priority:
   the Megatron-LM argument dump in the log, a YAML file next to the log (``run.yaml`` for
-  ``run.log``, or ``run.log.yaml``), and explicit overrides (the CLI's scenario flags).
+  ``run.log``, or ``run.log.yaml``), and explicit overrides (the CLI's scenario flags). Recipe
+  settings come from the argument dump (Megatron prints most under the same names) and the YAML.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ from topologies.hardware import load_system
 from topologies.inputs import UserInputError, load_yaml_file
 from workloads.measured import MeasuredRun
 from workloads.models import load_model
+from workloads.recipe_columns import COLUMNS as RECIPE_COLUMNS
+from workloads.recipe_columns import RUN_COLUMNS
 
 RUN_FIELDS = tuple(MeasuredRun.model_fields)
 REQUIRED_COLUMNS = tuple(name for name, f in MeasuredRun.model_fields.items() if f.is_required())
-_STRUCTURED = {"phase_times_s", "collectives", "extra"}
+_STRUCTURED = {"phase_times_s", "collectives", "extra", "recipe_settings", "model_spec", "scenario_settings"}
 LOG_SUFFIXES = (".log", ".txt", ".out")
 DEFAULT_WARMUP_ITERATIONS = 10
 REFERENCE_SYSTEM = "local-cpu"  # system name of reference-backend runs (muonsim reference run)
@@ -49,6 +53,12 @@ SCENARIO_KEY_TO_RUN_FIELD = {
     "tp_mode": "muon_tp_mode", "ns_steps": "muon_ns_steps", "hide_param_gather": "overlap_param_gather",
 }
 
+
+def is_recipe_column(name: str) -> bool:
+    """Whether ``name`` is a recipe-settings column (kept in ``MeasuredRun.recipe_settings``)."""
+    return name in RECIPE_COLUMNS and name not in RUN_FIELDS and name not in RUN_COLUMNS
+
+
 # Megatron-LM argument names (as printed in its "arguments" block) -> MeasuredRun fields
 MEGATRON_ARGS = {
     "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
@@ -56,7 +66,11 @@ MEGATRON_ARGS = {
     "expert_model_parallel_size": "ep", "expert_tensor_parallel_size": "etp",
     "micro_batch_size": "micro_batch_size", "global_batch_size": "global_batch_size",
     "seq_length": "seq_length", "world_size": "num_gpus", "mtp_num_layers": "mtp",
+    "tp_comm_overlap": "tp_comm_overlap", "overlap_param_gather": "overlap_param_gather",
 }
+# scenario keys -> the recipe-settings column that sets them (for scenario flags describing a log)
+_COLUMN_OF_KEY = {c.key: name for name, c in reversed(list(RECIPE_COLUMNS.items()))
+                  if c.key is not None and is_recipe_column(name)}
 
 
 def _where(path: Path, row: int | None = None, column: str | None = None, row_word: str = "row") -> str:
@@ -77,6 +91,11 @@ def _validate_run(data: dict[str, Any], path: Path, row: int | None, row_word: s
         loc = [str(p) for p in first.get("loc", ())]
         column = loc[0] if loc else None
         msg = first.get("msg", "invalid value").removeprefix("Value error, ")
+        if column == "recipe_settings" and ": " in msg:  # 'column: problem' from the recipe resolution
+            column, msg = msg.split(": ", 1)
+            cell = (data.get("recipe_settings") or {}).get(column)
+            raise UserInputError(f"{_where(path, row, column, row_word)}: {msg}"
+                                 + (f" (got {cell!r})" if cell is not None else "")) from None
         if first.get("type") == "missing":
             raise UserInputError(f"{_where(path, row, column, row_word)}: value is missing") from None
         value = first.get("input")
@@ -84,7 +103,8 @@ def _validate_run(data: dict[str, Any], path: Path, row: int | None, row_word: s
         raise UserInputError(f"{_where(path, row, column, row_word)}: {msg}{shown}") from None
     if run.system == REFERENCE_SYSTEM:
         return run  # a reference-backend run: its shapes are resolved from extra.config by the checker
-    for column, loader in (("model", load_model), ("system", load_system)):
+    checks = (("system", load_system),) if run.model_spec is not None else (("model", load_model), ("system", load_system))
+    for column, loader in checks:
         try:
             loader(getattr(run, column))
         except UserInputError as err:
@@ -139,6 +159,7 @@ def load_csv(path: str | Path) -> list[MeasuredRun]:
                 f"{_where(p, line)}: malformed row: {len(cells)} fields, the header has {len(header)}")
         data: dict[str, Any] = {}
         extra: dict[str, Any] = {}
+        recipe: dict[str, Any] = {}
         for name, raw in zip(header, cells, strict=True):
             value = raw.strip()
             if name in _STRUCTURED:
@@ -149,10 +170,15 @@ def load_csv(path: str | Path) -> list[MeasuredRun]:
                         raise UserInputError(f"{_where(p, line, name)}: value is empty")
                     continue
                 data[name] = value
+            elif is_recipe_column(name):
+                if value != "":
+                    recipe[name] = value
             elif value != "":
                 extra[name] = _scalar(value)
         if extra:
             data["extra"] = extra
+        if recipe:
+            data["recipe_settings"] = recipe
         runs.append(_validate_run(data, p, line))
     _check_unique(runs, p)
     return runs
@@ -197,7 +223,10 @@ def load_json(path: str | Path) -> list[MeasuredRun]:
         if not isinstance(entry, dict):
             raise UserInputError(f"{_where(p, i, row_word='entry')}: expected an object with the run's fields")
         data = {k: v for k, v in entry.items() if k in RUN_FIELDS}
-        unknown = {k: v for k, v in entry.items() if k not in RUN_FIELDS}
+        recipe = {k: v for k, v in entry.items() if is_recipe_column(k)}
+        if recipe:
+            data["recipe_settings"] = {**(entry.get("recipe_settings") or {}), **recipe}
+        unknown = {k: v for k, v in entry.items() if k not in RUN_FIELDS and k not in recipe}
         if unknown:
             data["extra"] = {**(entry.get("extra") or {}), **unknown}
         for name in REQUIRED_COLUMNS:
@@ -216,7 +245,7 @@ _GBS_RE = re.compile(r"global batch size:\s*(\d+)")
 _LOSS_RE = re.compile(r"lm loss:\s*([-+0-9.eE]+|nan|inf)", re.IGNORECASE)
 _SKIPPED_RE = re.compile(r"number of skipped iterations:\s*(\d+)")
 _NAN_RE = re.compile(r"number of nan iterations:\s*(\d+)")
-_ARG_RE = re.compile(r"^\s*(?:\[[^\]]*\]\s*)?([a-z_][a-z0-9_]*)\s+\.{3,}\s+(\S+)\s*$")
+_ARG_RE = re.compile(r"^\s*(?:\[[^\]]*\]\s*)?([a-z_][a-z0-9_]*)\s+\.{3,}\s+(\S.*?)\s*$")
 
 
 def _float(text: str) -> float:
@@ -227,12 +256,22 @@ def _float(text: str) -> float:
 
 
 def _log_arguments(lines: list[str]) -> dict[str, Any]:
-    """Scenario fields from Megatron-LM's printed argument block (``name ..... value``)."""
+    """Scenario fields from Megatron-LM's printed argument block (``name ..... value``), recipe
+    settings (same names as the settings file's columns) in ``recipe_settings``."""
     out: dict[str, Any] = {}
+    recipe: dict[str, str] = {}
     for line in lines:
         m = _ARG_RE.match(line)
-        if m and m.group(1) in MEGATRON_ARGS and m.group(2) not in ("None", "none"):
-            out[MEGATRON_ARGS[m.group(1)]] = m.group(2)
+        if not m:
+            continue
+        name, value = m.group(1), m.group(2)
+        if name in MEGATRON_ARGS:
+            if value not in ("None", "none"):
+                out[MEGATRON_ARGS[name]] = value
+        elif is_recipe_column(name):
+            recipe[name] = value
+    if recipe:
+        out["recipe_settings"] = recipe
     return out
 
 
@@ -308,12 +347,16 @@ def sidecar_yaml(path: Path) -> Path | None:
 
 
 def runs_fields_from_scenario_keys(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Map CLI scenario keys (``gpus``, ``mtp_layers`` ...) to MeasuredRun fields; reject the rest."""
+    """Map CLI scenario keys (``gpus``, ``mtp_layers`` ...) to MeasuredRun fields and recipe settings
+    (``cuda_graph_impl`` ... in ``recipe_settings``); reject the rest."""
     out: dict[str, Any] = {}
     for key, value in overrides.items():
         if value is None:
             continue
         name = SCENARIO_KEY_TO_RUN_FIELD.get(key, key)
+        if name not in RUN_FIELDS and key in _COLUMN_OF_KEY:
+            out.setdefault("recipe_settings", {})[_COLUMN_OF_KEY[key]] = value
+            continue
         if name not in RUN_FIELDS or name in _STRUCTURED:
             valid = ", ".join(sorted(set(RUN_FIELDS) - _STRUCTURED - {"step_time_s"}))
             raise UserInputError(f"setting '{key}' cannot describe a measured run from a log; valid: {valid}")
@@ -336,10 +379,16 @@ def load_megatron_log(path: str | Path, overrides: Mapping[str, Any] | None = No
     if side is not None:
         side_data = load_yaml_file(side, "run description")
         for key in side_data:
+            if is_recipe_column(key):
+                continue
             if key not in RUN_FIELDS or key in _STRUCTURED or key == "step_time_s":
-                raise UserInputError(f"{_where(side, column=key)}: not a run field; "
-                                     f"valid: {', '.join(f for f in RUN_FIELDS if f not in _STRUCTURED)}")
-        data.update(side_data)
+                raise UserInputError(f"{_where(side, column=key)}: not a run field or recipe setting; "
+                                     f"valid: {', '.join(f for f in RUN_FIELDS if f not in _STRUCTURED)} "
+                                     "and the recipe-settings columns")
+        side_recipe = {k: v for k, v in side_data.items() if is_recipe_column(k)}
+        data.update({k: v for k, v in side_data.items() if k not in side_recipe})
+        if side_recipe:
+            data["recipe_settings"] = {**data.get("recipe_settings", {}), **side_recipe}
     data.update(runs_fields_from_scenario_keys(overrides or {}))
     logged_gbs = measured.pop("global_batch_size", None)
     if logged_gbs is not None and "global_batch_size" in data and int(data["global_batch_size"]) != logged_gbs:
@@ -381,6 +430,8 @@ def load_many(paths: Iterable[str | Path], overrides: Mapping[str, Any] | None =
     runs: list[MeasuredRun] = []
     where: dict[str, str] = {}
     for name, batch in sources:
+        if not batch:
+            raise UserInputError(f"{name}: holds no runs (a header without rows?)")
         for run in batch:
             if run.run_id in where:
                 raise UserInputError(f"{name}, column 'run_id': run '{run.run_id}' is also in {where[run.run_id]}")
@@ -390,13 +441,18 @@ def load_many(paths: Iterable[str | Path], overrides: Mapping[str, Any] | None =
 
 
 def write_csv(runs: Iterable[MeasuredRun], path: str | Path) -> None:
-    """Write runs as a CSV of the schema's scalar columns (inverse of :func:`load_csv`)."""
+    """Write runs as a CSV of the schema's scalar columns and their recipe-settings columns (inverse of
+    :func:`load_csv`)."""
     runs = list(runs)
+    recipe_columns = [c for c in RECIPE_COLUMNS if any(c in (r.recipe_settings or {}) for r in runs)]
     columns = [f for f in RUN_FIELDS if f not in _STRUCTURED]
     rows = []
     for run in runs:
         data = run.model_dump(mode="json")
-        rows.append(["" if data[c] is None else (int(data[c]) if isinstance(data[c], bool) else data[c]) for c in columns])
+        cells = run.recipe_settings or {}
+        rows.append(["" if data[c] is None else (int(data[c]) if isinstance(data[c], bool) else data[c]) for c in columns]
+                    + [cells.get(c, "") for c in recipe_columns])
+    columns = columns + recipe_columns
     with Path(path).open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(columns)

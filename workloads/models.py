@@ -1,8 +1,24 @@
 """Model architectures: the catalogue (``workloads/data/models/*.yaml``) and user model files.
 
 A :class:`ModelSpec` holds exactly the hyper-parameters that parameter, FLOP and memory counting
-need: dense and MoE layers, GQA or MLA attention, shared experts, vocabulary (untied embedding and
-output layer), multi-token-prediction layers. Sources are in ``../shared/data/models.md``.
+need: dense and MoE layers, GQA (or multi-head) or MLA attention, shared experts, vocabulary,
+multi-token-prediction layers, and the block's building blocks as Megatron-Core names them:
+
+- ``activation``: ``swiglu`` (gated: fc1 has ``2F`` rows, gate and up), ``gelu`` or
+  ``squared_relu`` (not gated: fc1 has ``F`` rows); Megatron ``--swiglu`` / default GELU /
+  ``--squared-relu``;
+- ``normalization``: ``rmsnorm`` (weight) or ``layernorm`` (weight and bias; one more fp32 statistic
+  per token, the mean); Megatron ``--normalization``;
+- ``position_embedding``: ``rope`` (no parameters), ``learned_absolute`` (a
+  ``max_position_embeddings × h`` table on the first stage, Megatron's default) or ``none``;
+- ``tie_embeddings``: one tensor serves as input embedding and output layer (Megatron's default
+  unless ``--untie-embeddings-and-output-weights``); with pipeline stages the last stage keeps its
+  own copy and the two gradients are all-reduced every step;
+- ``add_bias_linear``: biases on every linear layer of the block (Megatron's default unless
+  ``--disable-bias-linear``).
+
+Every catalogue model is SwiGLU + RMSNorm + RoPE with untied embeddings and no linear biases: those
+are the defaults. Sources are in ``../shared/data/models.md``.
 """
 
 from __future__ import annotations
@@ -51,11 +67,19 @@ class MlaAttention(_Strict):
     qk_head_dim: PositiveInt = Field(description="non-rotary query/key dim per head (d_nope)")
     qk_pos_emb_head_dim: NonNegativeInt = Field(description="rotary query/key dim per head (d_rope)")
     v_head_dim: PositiveInt
+    latent_norm: bool = Field(True, description="norms of the q and kv latents (Megatron builds them only with "
+                                                "--qk-layernorm, fused into the up-projections)")
 
     @property
     def num_kv_heads(self) -> int:
         """MLA has no KV-head grouping constraint; every head is its own group."""
         return self.num_heads
+
+
+Activation = Literal["swiglu", "gelu", "squared_relu"]
+Normalization = Literal["rmsnorm", "layernorm"]
+PositionEmbedding = Literal["rope", "learned_absolute", "none"]
+GATED_ACTIVATIONS = frozenset({"swiglu"})
 
 
 class MoeSpec(_Strict):
@@ -76,7 +100,7 @@ class MoeSpec(_Strict):
 
 
 class ModelSpec(_Strict):
-    """A decoder-only transformer with SwiGLU MLPs, RMSNorm and untied embeddings."""
+    """A decoder-only transformer (defaults: SwiGLU MLPs, RMSNorm, RoPE, untied embeddings, no biases)."""
 
     name: str
     display_name: str = ""
@@ -88,12 +112,36 @@ class ModelSpec(_Strict):
     attention: Annotated[GqaAttention | MlaAttention, Field(discriminator="kind")]
     moe: MoeSpec | None = None
     mtp_layers: NonNegativeInt = 0
+    activation: Activation = Field("swiglu", description="MLP activation: swiglu (gated, fc1 = 2F), gelu or squared_relu (fc1 = F)")
+    normalization: Normalization = Field("rmsnorm", description="rmsnorm (weight) or layernorm (weight and bias)")
+    position_embedding: PositionEmbedding = Field("rope", description="rope, learned_absolute (a table parameter) or none")
+    max_position_embeddings: PositiveInt | None = Field(None, description="rows of the learned_absolute table (required for it)")
+    tie_embeddings: bool = Field(False, description="one tensor for the input embedding and the output layer")
+    add_bias_linear: bool = Field(False, description="biases on the linear layers of attention and MLP (experts included)")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
         if self.moe and self.moe.first_dense_layers > self.num_layers:
             raise ValueError("moe.first_dense_layers exceeds num_layers")
+        if self.position_embedding == "learned_absolute" and self.max_position_embeddings is None:
+            raise ValueError("position_embedding learned_absolute needs max_position_embeddings (the table's rows)")
         return self
+
+    # ----- building blocks -----
+    @property
+    def gated_mlp(self) -> bool:
+        """Whether the MLP activation is gated (fc1 computes gate and up: ``2F`` output rows)."""
+        return self.activation in GATED_ACTIVATIONS
+
+    @property
+    def fc1_factor(self) -> int:
+        """Rows of fc1 per ffn column: 2 for a gated activation (gate and up), else 1."""
+        return 2 if self.gated_mlp else 1
+
+    @property
+    def norm_has_bias(self) -> bool:
+        """Whether every norm has a bias (LayerNorm) besides its weight."""
+        return self.normalization == "layernorm"
 
     # ----- layer pattern -----
     def is_moe_layer(self, layer: int) -> bool:
@@ -135,3 +183,9 @@ def _load_model_cached(name_or_path: str) -> ModelSpec:
 def load_model(name_or_path: str) -> ModelSpec:
     """Load a model by catalogue name or from a YAML file path (one-line UserInputError on failure)."""
     return _load_model_cached(str(name_or_path))
+
+
+def resolve_model(ref: str | ModelSpec) -> ModelSpec:
+    """The model a scenario names: a catalogue name, a YAML path, or an inline :class:`ModelSpec`
+    (e.g. the generated architecture of a measured run that is not a catalogue model)."""
+    return ref if isinstance(ref, ModelSpec) else load_model(ref)

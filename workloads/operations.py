@@ -9,41 +9,125 @@ seconds. Shapes follow Megatron-Core under tp / sp / cp / ep / etp:
 - Column-parallel GEMMs shard N by tp, row-parallel GEMMs shard K by tp; MLA down-projections are
   replicated over tp (every tp rank computes them on all tokens).
 - Routed experts: with balanced (forced) routing one rank receives ``tokens/tp · topk · etp``
-  token-expert pairs, spread over ``num_experts / ep`` local experts (a grouped GEMM).
+  token-expert pairs, spread over ``num_experts / ep`` local experts (a grouped GEMM). The
+  all-to-all dispatchers permute the rank's own ``tokens/tp · topk`` copies before sending them;
+  the allgather dispatcher selects its pairs from the tokens gathered over etp·ep and scatter-adds
+  the outputs into a zeroed buffer of all those tokens.
 - Backward = data-gradient GEMM + weight-gradient GEMM (each as many FLOPs as the forward GEMM);
   the flash-attention backward does 2.5x the forward FLOPs (it recomputes QKᵀ: five matmuls vs two).
 - Recompute adds forward operations to the backward pass: ``full`` replays the whole layer,
   ``selective`` replays the operations whose module is listed (``core_attn``, ``layernorm``,
   ``mlp``, ``moe``, ``moe_act``, ``mla_up_proj``, ``shared_experts``).
-- Low-precision GEMMs (FP8 current scaling, MXFP8, NVFP4) pay quantisation casts as memory traffic:
+- Building blocks follow the model (:mod:`workloads.models`): a gated activation (SwiGLU) reads gate
+  and up (``2F``) and writes ``F``, a non-gated one (GELU, squared ReLU) reads and writes ``F``;
+  LayerNorm writes one more fp32 statistic per token (the mean) than RMSNorm and reads it back in
+  backward; RoPE is applied only with ``position_embedding: rope`` (MLA always ropes its positional
+  part, as Megatron-Core's MLA builds its own rotary embedding); a learned absolute position
+  table is read and added in the embedding. Linear biases are added in the GEMM epilogue
+  (Transformer Engine fuses them), so they add no kernel and no traffic here.
+- Low-precision GEMMs (FP8 current, delayed or blockwise scaling, MXFP8, NVFP4) pay quantisation
+  casts as memory traffic (FP16 GEMMs run like BF16 ones, without casts):
   the GEMM input activations (forward), the output gradients (backward) and the weights (once per
   step: TE caches the cast weights across micro-batches, so 1 / micro-batches per micro-batch).
   Attention, the router, the output layer (logits) and the Newton-Schulz matmuls stay BF16.
+
+Kernels: each operation also says how many kernels it launches (``Operation.kernels``, per
+micro-batch; ``costmodel.kernels`` prices the launches). The counts follow what Megatron-Core 0.16
+and Transformer Engine run; where the count is our reading of code we could not profile it is
+marked an assumption:
+
+- GEMM: one cuBLAS call each for forward, dgrad and wgrad (the wgrad accumulates into
+  ``main_grad`` in the same call); a grouped expert GEMM (TE ``GroupedLinear``) runs one GEMM per
+  local expert (``general_grouped_gemm``).
+- Casts (low precision): one quantize kernel per GEMM input (per expert split for grouped GEMMs),
+  per output gradient, and per weight once per step (amortised over the micro-batches); FP8
+  current scaling adds an amax pass: 2 kernels per cast (``CAST_KERNELS``).
+- Norm: 1 forward kernel, 2 backward (TE's dgrad kernel and the weight-gradient finalize).
+- RoPE: fused, applied to Q and K separately: 2 forward, 2 backward.
+- Attention core: flash attention, 1 forward kernel; 3 backward (FlashAttention-2's dO·O
+  preprocessing, the dQ/dK/dV kernel, the dQ conversion).
+- Fused element-wise (bias-dropout-add, bias-SwiGLU): 1 forward, 1 backward.
+- MoE (unfused paths, Megatron-Core's defaults; assumption from a reading of ``router.py`` and
+  ``moe_utils.py``): router top-k with score function, scatter, normalisation and aux-loss
+  statistics 8 forward / 4 backward; dispatch preprocessing (tokens per expert, permutation
+  indices) 4 forward; permute (int8 transpose, argsort, index_select of tokens and probs) 5 / 2;
+  unpermute (scale by probs, scatter-add) 3 / 3.
+- Embedding lookup 1 / 3 (dense embedding backward: sort and segment reduction); vocabulary-parallel
+  cross-entropy, unfused, 6 / 3 (assumption).
+
+Recipe settings that change the kernels (:class:`KernelOptions`, from the scenario's runtime
+settings; each our reading of Megatron-Core / Transformer Engine, marked assumption where not profiled):
+
+- ``moe_router_fusion``: TE's fused top-k with score function and the fused aux-loss scores and
+  loss: 3 forward / 3 backward launches instead of 8 / 4 (same bytes);
+- ``moe_permute_fusion``: TE ``moe_permute_with_probs`` / ``moe_unpermute``: permute 2 / 1 (row-id
+  map, permute) and unpermute 1 / 1 instead of 5 / 2 and 3 / 3 (same bytes);
+- ``moe_router_dtype`` fp32 (or fp64): Megatron's ``RouterGatingLinearFunction`` casts the input and
+  the router weight to fp32 and calls ``torch.mm``; PyTorch's default float32 matmul precision is
+  'highest' (no TF32), so the router GEMM runs on the FP32 (non-tensor) peak, plus the cast of its
+  input (read 2 B, write 4 B per element); fp64 is priced as fp32 (optimistic);
+- ``moe_grouped_gemm`` off: one dense GEMM per local expert (dense efficiency, no grouped factor),
+  and (Megatron's SequentialMLP) one activation per local expert and a concatenation of their outputs;
+- ``gradient_accumulation_fusion`` off: each weight-gradient GEMM writes a BF16 gradient and a
+  separate kernel adds it into the fp32 ``main_grad`` (read 2 + read 4 + write 4 B per weight element;
+  one launch per GEMM, per expert for grouped GEMMs);
+- linear biases (``add_bias_linear``) are never fused: Megatron DDP's backward hook adds each bias
+  gradient into its ``main_grad`` (one kernel per bias per micro-batch, same bytes per element);
+  the same add for norm weights, the router and the embedding tables is not counted (a few small
+  kernels per layer, kept out so the catalogue's kernel counts stay as pinned);
+- unfused attention (``attention_backend`` unfused or local, or Megatron's local layers): 8 / 10
+  kernels on the materialised score matrix (``UNFUSED_ATTENTION_*``);
+- ``cross_entropy_loss_fusion`` on: TE's fused vocabulary-parallel cross-entropy, 2 forward /
+  1 backward launches instead of 6 / 3 (same bytes);
+- a dispatcher that needs the token counts on the host (``alltoall``, ``flex`` with DeepEP; Megatron's
+  ``cuda_sync_point`` before the all-to-all) marks the permute as a host synchronisation: the host
+  cannot run ahead of the GPU across it (:func:`costmodel.layer_costs.pass_time_s`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
+from topologies.hardware import TENSOR_CORE_CLASS
 from workloads.models import GqaAttention, MlaAttention, ModelSpec
 
 OpKind = Literal["gemm", "grouped_gemm", "attention", "elementwise", "quantize"]
 Phase = Literal["fwd", "bwd"]
 
 ACT_BYTES = 2  # BF16 activations
+FP32_BYTES = 4
 ATTENTION_BWD_FLOPS_RATIO = 2.5  # FlashAttention backward: 5 matmuls (QKᵀ recomputed) vs 2 forward
+MAIN_GRAD_ADD_BYTES = 10  # main_grad.add_(grad): read bf16 grad 2 + read fp32 main grad 4 + write 4
+# Unfused attention (TE UnfusedDotProductAttention / Megatron local DotProductAttention), forward:
+# q, k, v layout copies (3), baddbmm QKᵀ, fused scale-mask-softmax, dropout, bmm PV, output permute
+# copy = 8 kernels; backward: the output copy, 2 bmm (dP, dV), dropout and softmax backward, 2 bmm
+# (dQ, dK), 3 layout copies = 10 (our reading of the code: an assumption). Bytes per score element
+# (bf16): forward baddbmm write 2, softmax read + write 4, dropout read + write + mask 5, bmm read 2
+# = 13; backward dP write 2, dropout read + mask + write 5, softmax read probs + grad + write 6,
+# dQ/dK bmm reads 4 = 17.
+UNFUSED_ATTENTION_KERNELS = (8, 10)
+UNFUSED_ATTENTION_BYTES = (13.0, 17.0)
 # bytes moved per element cast (read BF16 + write the quantised copies incl. scales):
 # fp8-cs: amax pass (read 2) + cast (read 2) + rowwise and transposed FP8 copies (1 + 1);
 # mxfp8: read 2 + rowwise and columnwise copies with an E8M0 scale per 32 (2 x (1 + 1/32));
 # nvfp4: read 2 + two FP4 copies with an E4M3 scale per 16 (2 x (0.5 + 1/16)).
-CAST_BYTES_PER_ELEMENT = {"bf16": 0.0, "fp8-cs": 6.0, "mxfp8": 2 + 2 * (1 + 1 / 32), "nvfp4": 2 + 2 * (0.5 + 1 / 16)}
-TENSOR_CLASS = {"bf16": "bf16", "fp8-cs": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
+# fp8-delayed: the scale comes from the amax history, so one fused cast-transpose pass reads 2 and
+# writes both FP8 copies (1 + 1), recording the amax on the way (TE's delayed-scaling recipe);
+# fp8-blockwise: the block amax is taken in registers, read 2 + two FP8 copies with an fp32 scale
+# per 128 elements (2 x (1 + 4/128)); fp16 GEMMs need no cast (assumption: sized as the others).
+CAST_BYTES_PER_ELEMENT = {"bf16": 0.0, "fp16": 0.0, "fp8-cs": 6.0, "fp8-delayed": 4.0,
+                          "fp8-blockwise": 2 + 2 * (1 + 4 / 128), "mxfp8": 2 + 2 * (1 + 1 / 32),
+                          "nvfp4": 2 + 2 * (0.5 + 1 / 16)}
+# launches per cast (fp8-cs: amax pass + cast; delayed and blockwise scaling: one fused pass)
+CAST_KERNELS = {"bf16": 0, "fp16": 0, "fp8-cs": 2, "fp8-delayed": 1, "fp8-blockwise": 1, "mxfp8": 1, "nvfp4": 1}
+TENSOR_CLASS = TENSOR_CORE_CLASS
 
 
 @dataclass(frozen=True)
 class Operation:
-    """One kernel of one rank for one micro-batch (FLOPs, HBM bytes; GEMM shape M x N x K)."""
+    """One operation of one rank for one micro-batch (FLOPs, HBM bytes; GEMM shape M x N x K) and the
+    number of kernels it launches (``kernels``; they share the FLOPs and bytes)."""
 
     name: str
     kind: OpKind
@@ -56,6 +140,22 @@ class Operation:
     n: int = 0
     k: int = 0
     groups: int = 1  # grouped GEMM: number of experts sharing the total M
+    kernels: float = 1.0  # kernel launches per micro-batch (fractional when amortised over micro-batches)
+    host_sync: bool = False  # the host waits for the GPU before issuing this operation (D2H of token counts)
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """Recipe settings that change a layer's kernels (see the module docstring)."""
+
+    router_fusion: bool = True
+    permute_fusion: bool = True
+    router_dtype: str = "bf16"  # bf16 (the activation dtype), fp32 or fp64
+    grouped_gemm: bool = True
+    gradient_accumulation_fusion: bool = True
+    cross_entropy_fusion: bool = True
+    dispatcher_host_sync: bool = False
+    unfused_attention: bool = False  # attention core as separate batched GEMMs, softmax and dropout
 
 
 @dataclass(frozen=True)
@@ -69,8 +169,10 @@ class RankShape:
     ep: int = 1
     etp: int = 1
     sequence_parallel: bool = False
-    precision: str = "bf16"  # Precision value: bf16, fp8-cs, mxfp8, nvfp4
+    precision: str = "bf16"  # Precision value: bf16, fp16, fp8-cs, fp8-delayed, fp8-blockwise, mxfp8, nvfp4
     microbatches: int = 1  # micro-batches per step (weight casts are amortised over them)
+    moe_dispatcher: str = "flex"  # allgather permutes the tokens gathered over etp·ep (costmodel.moe_dispatch)
+    options: KernelOptions = KernelOptions()
 
     @property
     def tokens(self) -> int:
@@ -104,45 +206,78 @@ class LayerOps:
 class _Builder:
     """Collects forward operations and derives their backward counterparts."""
 
-    def __init__(self, shape: RankShape, hidden: int) -> None:
+    def __init__(self, shape: RankShape, hidden: int, layernorm: bool = False, bias: bool = False) -> None:
         self.shape = shape
         self.hidden = hidden
+        self.layernorm = layernorm
+        self.bias = bias  # linear layers carry biases (their gradients go through the DDP hook)
         self.fwd: list[Operation] = []
         self.bwd: list[Operation] = []
-        self.low = shape.precision != "bf16"
+        self.low = TENSOR_CLASS[shape.precision] != "bf16"  # fp16 GEMMs run like bf16 ones
         self.cast = CAST_BYTES_PER_ELEMENT[shape.precision]
 
     def gemm(self, name: str, module: str, m: int, n: int, k: int, low_precision: bool = True,
-             groups: int = 1) -> None:
-        """A (grouped) GEMM [m x k] @ [k x n]: forward, dgrad and wgrad, plus quantisation casts."""
+             groups: int = 1, tensor_class: str | None = None, bias: bool = True) -> None:
+        """A (grouped) GEMM [m x k] @ [k x n]: forward, dgrad and wgrad, plus quantisation casts, the
+        weight gradient's accumulation without gradient-accumulation fusion, and the bias gradient's
+        (DDP hook)."""
         low = low_precision and self.low
-        tclass = TENSOR_CLASS[self.shape.precision] if low else "bf16"
-        kind: OpKind = "grouped_gemm" if groups > 1 else "gemm"
+        tclass = (TENSOR_CLASS[self.shape.precision] if low else "bf16") if tensor_class is None else tensor_class
+        kind: OpKind = "grouped_gemm" if groups > 1 and self.shape.options.grouped_gemm else "gemm"
         flops = 2.0 * m * n * k
         in_b = 1 if low else ACT_BYTES
         io = (m * k + k * n * groups) * in_b + m * n * ACT_BYTES
-        self.fwd.append(Operation(name, kind, "fwd", module, flops, io, tclass, m, n, k, groups))
-        self.bwd.append(Operation(name + ".dgrad", kind, "bwd", module, flops, io, tclass, m, k, n, groups))
-        self.bwd.append(Operation(name + ".wgrad", kind, "bwd", module, flops, io, tclass, k * groups, n, m, groups))
+        self.fwd.append(Operation(name, kind, "fwd", module, flops, io, tclass, m, n, k, groups, groups))
+        self.bwd.append(Operation(name + ".dgrad", kind, "bwd", module, flops, io, tclass, m, k, n, groups, groups))
+        self.bwd.append(Operation(name + ".wgrad", kind, "bwd", module, flops, io, tclass, k * groups, n, m, groups,
+                                  groups))
+        if not self.shape.options.gradient_accumulation_fusion:  # bf16 wgrad, then main_grad += wgrad (fp32)
+            self.bwd.append(Operation(name + ".grad_accumulate", "elementwise", "bwd", module, 0.0,
+                                      k * n * groups * (ACT_BYTES + 4 + 4), kernels=groups))
         if low:
-            weight = k * n * groups / max(self.shape.microbatches, 1)
-            self.fwd.append(Operation(name + ".cast", "quantize", "fwd", module, 0.0, (m * k + weight) * self.cast))
-            self.bwd.append(Operation(name + ".cast_grad", "quantize", "bwd", module, 0.0, m * n * self.cast))
+            per_step = 1 / max(self.shape.microbatches, 1)
+            casts = CAST_KERNELS[self.shape.precision] * groups
+            self.fwd.append(Operation(name + ".cast", "quantize", "fwd", module, 0.0,
+                                      (m * k + k * n * groups * per_step) * self.cast, kernels=casts * (1 + per_step)))
+            self.bwd.append(Operation(name + ".cast_grad", "quantize", "bwd", module, 0.0, m * n * self.cast,
+                                      kernels=casts))
+        if bias and self.bias:
+            self.grad_add(name + ".bias_grad_add", module, n * groups, groups)
 
-    def elementwise(self, name: str, module: str, fwd_bytes: float, bwd_factor: float = 2.0) -> None:
-        """A memory-bound kernel moving ``fwd_bytes`` forward and ``bwd_factor`` times that backward."""
-        self.fwd.append(Operation(name, "elementwise", "fwd", module, 0.0, fwd_bytes))
-        self.bwd.append(Operation(name + ".grad", "elementwise", "bwd", module, 0.0, fwd_bytes * bwd_factor))
+    def grad_add(self, name: str, module: str, numel: float, kernels: float = 1.0) -> None:
+        """Megatron DDP's backward hook for a parameter whose gradient arrives in ``param.grad``:
+        ``main_grad.add_(grad)``, one kernel per parameter per micro-batch reading the bf16 gradient
+        and the fp32 main gradient and writing it back (``MAIN_GRAD_ADD_BYTES`` per element)."""
+        self.bwd.append(Operation(name, "elementwise", "bwd", module, 0.0, numel * MAIN_GRAD_ADD_BYTES, kernels=kernels))
 
-    def attention(self, name: str, fwd_flops: float, io_bytes: float) -> None:
-        """The attention core (QKᵀ, softmax, PV) in BF16."""
-        self.fwd.append(Operation(name, "attention", "fwd", "core_attn", fwd_flops, io_bytes))
-        self.bwd.append(Operation(name + ".grad", "attention", "bwd", "core_attn",
-                                  fwd_flops * ATTENTION_BWD_FLOPS_RATIO, 2 * io_bytes))
+    def elementwise(self, name: str, module: str, fwd_bytes: float, bwd_factor: float = 2.0,
+                    kernels: tuple[float, float] = (1.0, 1.0)) -> None:
+        """Memory-bound work moving ``fwd_bytes`` forward and ``bwd_factor`` times that backward, in
+        ``kernels`` (forward, backward) launches."""
+        self.fwd.append(Operation(name, "elementwise", "fwd", module, 0.0, fwd_bytes, kernels=kernels[0]))
+        self.bwd.append(Operation(name + ".grad", "elementwise", "bwd", module, 0.0, fwd_bytes * bwd_factor,
+                                  kernels=kernels[1]))
+
+    def attention(self, name: str, fwd_flops: float, io_bytes: float, scores: float = 0.0) -> None:
+        """The attention core (QKᵀ, softmax, PV) in BF16: one fused kernel (flash / cuDNN), or, with
+        ``shape.options.unfused_attention``, the unfused path on the ``scores`` (b·heads·s_q·s_k) matrix
+        (``UNFUSED_ATTENTION_*``: the full square, twice the causal FLOPs)."""
+        if not self.shape.options.unfused_attention:
+            self.fwd.append(Operation(name, "attention", "fwd", "core_attn", fwd_flops, io_bytes))
+            self.bwd.append(Operation(name + ".grad", "attention", "bwd", "core_attn",
+                                      fwd_flops * ATTENTION_BWD_FLOPS_RATIO, 2 * io_bytes, kernels=3))
+            return
+        f_kernels, b_kernels = UNFUSED_ATTENTION_KERNELS
+        self.fwd.append(Operation(name, "attention", "fwd", "core_attn", 2 * fwd_flops,
+                                  io_bytes + UNFUSED_ATTENTION_BYTES[0] * scores, kernels=f_kernels))
+        self.bwd.append(Operation(name + ".grad", "attention", "bwd", "core_attn", 4 * fwd_flops,
+                                  2 * io_bytes + UNFUSED_ATTENTION_BYTES[1] * scores, kernels=b_kernels))
 
     def norm(self, name: str, tokens: int, width: int) -> None:
-        """An RMSNorm over ``tokens`` x ``width`` BF16 values (read + write)."""
-        self.elementwise(name, "layernorm", 2.0 * tokens * width * ACT_BYTES)
+        """The model's norm over ``tokens`` x ``width`` BF16 values: read + write, plus LayerNorm's
+        fp32 mean per token (RMSNorm keeps only the reciprocal RMS, counted in neither)."""
+        stats = tokens * FP32_BYTES if self.layernorm else 0.0
+        self.elementwise(name, "layernorm", 2.0 * tokens * width * ACT_BYTES + stats, kernels=(1, 2))
 
     def build(self, recompute: str, modules: tuple[str, ...]) -> LayerOps:
         """The layer's operations, with recomputed forward work prepended to the backward."""
@@ -152,7 +287,7 @@ class _Builder:
         elif recompute == "selective":
             replay = [o for o in self.fwd if o.module in modules]
         extra = tuple(Operation("recompute." + o.name, o.kind, "bwd", o.module, o.flops, o.bytes, o.tensor_class,
-                                o.m, o.n, o.k, o.groups) for o in replay)
+                                o.m, o.n, o.k, o.groups, o.kernels) for o in replay)
         return LayerOps(forward=tuple(self.fwd), backward=extra + tuple(self.bwd))
 
 
@@ -165,10 +300,11 @@ def _attention_block(b: _Builder, model: ModelSpec) -> None:
     if isinstance(att, GqaAttention):
         nh, nkv, d = att.num_heads // tp, att.num_kv_heads // tp, att.head_dim
         b.gemm("linear_qkv", "attn_proj", t, (nh + 2 * nkv) * d, h)
-        b.elementwise("rope", "attn_proj", 2.0 * t * (nh + nkv) * d * ACT_BYTES)
+        if model.position_embedding == "rope":
+            b.elementwise("rope", "attn_proj", 2.0 * t * (nh + nkv) * d * ACT_BYTES, kernels=(2, 2))
         core = 2.0 * 2.0 * t * avg_kv * nh * d
         io = t * (2 * nh + 2 * nkv) * d * ACT_BYTES
-        b.attention("core_attention", core, io)
+        b.attention("core_attention", core, io, scores=float(t) * nh * s.seq_length)
         b.gemm("linear_proj", "attn_proj", t, h, nh * d)
     else:
         assert isinstance(att, MlaAttention)
@@ -176,31 +312,44 @@ def _attention_block(b: _Builder, model: ModelSpec) -> None:
         dqk = att.qk_head_dim + att.qk_pos_emb_head_dim
         if att.q_lora_rank:
             b.gemm("linear_q_down_proj", "attn_proj", t, att.q_lora_rank, h)
-            b.norm("q_layernorm", t, att.q_lora_rank)
+            if att.latent_norm:
+                b.norm("q_layernorm", t, att.q_lora_rank)
             b.gemm("linear_q_up_proj", "mla_up_proj", t, nh * dqk, att.q_lora_rank)
         else:
             b.gemm("linear_q_proj", "attn_proj", t, nh * dqk, h)
         b.gemm("linear_kv_down_proj", "attn_proj", t, att.kv_lora_rank + att.qk_pos_emb_head_dim, h)
-        b.norm("kv_layernorm", t, att.kv_lora_rank)
+        if att.latent_norm:
+            b.norm("kv_layernorm", t, att.kv_lora_rank)
         b.gemm("linear_kv_up_proj", "mla_up_proj", t, nh * (att.qk_head_dim + att.v_head_dim), att.kv_lora_rank)
-        b.elementwise("rope", "mla_up_proj", 2.0 * t * nh * att.qk_pos_emb_head_dim * 2 * ACT_BYTES)
+        b.elementwise("rope", "mla_up_proj", 2.0 * t * nh * att.qk_pos_emb_head_dim * 2 * ACT_BYTES, kernels=(2, 2))
         core = 2.0 * t * avg_kv * nh * (dqk + att.v_head_dim)
         io = t * nh * (2 * dqk + 2 * att.v_head_dim) * ACT_BYTES
-        b.attention("core_attention", core, io)
+        b.attention("core_attention", core, io, scores=float(t) * nh * s.seq_length)
         b.gemm("linear_proj", "attn_proj", t, h, nh * att.v_head_dim)
     b.elementwise("residual_add", "attn_proj", 3.0 * tsp * h * ACT_BYTES)
 
 
-def _swiglu(b: _Builder, name: str, module: str, tokens: int, width: int) -> None:
-    """SwiGLU on ``width`` output features: read gate and up (2·width), write width."""
-    b.elementwise(name, module, 3.0 * tokens * width * ACT_BYTES, bwd_factor=5.0 / 3.0)
+def _activation(b: _Builder, model: ModelSpec, name: str, module: str, tokens: int, width: int,
+                calls: int = 1) -> None:
+    """The MLP activation on ``width`` output features.
+
+    Gated (SwiGLU): read gate and up (2·width), write width; backward reads dy, gate and up and
+    writes both gradients (5·width). Not gated (GELU, squared ReLU): read and write width; backward
+    reads dy and x, writes dx (3·width).
+    """
+    kernels = (float(calls), float(calls))  # one fused kernel per call (SequentialMLP: one per expert)
+    if model.gated_mlp:
+        b.elementwise(f"{name}.swiglu", module, 3.0 * tokens * width * ACT_BYTES, bwd_factor=5.0 / 3.0, kernels=kernels)
+    else:
+        b.elementwise(f"{name}.{model.activation}", module, 2.0 * tokens * width * ACT_BYTES, bwd_factor=1.5,
+                      kernels=kernels)
 
 
-def _dense_mlp(b: _Builder, ffn: int, module: str, name: str) -> None:
+def _dense_mlp(b: _Builder, model: ModelSpec, ffn: int, module: str, name: str) -> None:
     s = b.shape
     f = ffn // s.tp
-    b.gemm(f"{name}.linear_fc1", module, s.tokens, 2 * f, b.hidden)
-    _swiglu(b, f"{name}.swiglu", module, s.tokens, f)
+    b.gemm(f"{name}.linear_fc1", module, s.tokens, model.fc1_factor * f, b.hidden)
+    _activation(b, model, name, module, s.tokens, f)
     b.gemm(f"{name}.linear_fc2", module, s.tokens, b.hidden, f)
 
 
@@ -208,22 +357,41 @@ def _moe_mlp(b: _Builder, model: ModelSpec) -> None:
     s, moe, h = b.shape, model.moe, model.hidden_size
     assert moe is not None
     tsp = s.sp_tokens
-    b.gemm("router", "moe_router", tsp, moe.num_experts, h, low_precision=False)
-    b.elementwise("router_topk", "moe_router", 3.0 * tsp * moe.num_experts * 4)
+    opt = s.options
+    if opt.router_dtype == "bf16":
+        b.gemm("router", "moe_router", tsp, moe.num_experts, h, low_precision=False, bias=False)
+    else:  # fp32 / fp64 router: cast the input, then an fp32 torch.mm (no TF32 by default)
+        b.elementwise("router.cast", "moe_router", tsp * h * (ACT_BYTES + 4), bwd_factor=1.0)
+        b.gemm("router", "moe_router", tsp, moe.num_experts, h, low_precision=False, tensor_class="fp32", bias=False)
+    b.elementwise("router_topk", "moe_router", 3.0 * tsp * moe.num_experts * 4,
+                  kernels=(3, 3) if opt.router_fusion else (8, 4))
+    b.elementwise("dispatch_preprocess", "moe_preprocess", 2.0 * tsp * moe.num_experts, 0.0, kernels=(4, 0))
     pairs = tsp * moe.topk * s.etp
-    b.elementwise("permute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES)
+    permute_kernels = (2.0, 1.0) if opt.permute_fusion else (5.0, 2.0)
+    if s.moe_dispatcher == "allgather":  # select the local pairs among the tokens gathered over etp·ep
+        b.elementwise("permute", "moe", 2.0 * pairs * h * ACT_BYTES, kernels=permute_kernels)
+    else:
+        b.elementwise("permute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES, kernels=permute_kernels)
+    if opt.dispatcher_host_sync:  # the host waits for the token counts before the permutation / all-to-all
+        b.fwd[-1] = replace(b.fwd[-1], host_sync=True)
     local_experts = max(moe.num_experts // s.ep, 1)
     fe = moe.expert_ffn_hidden_size // s.etp
-    b.gemm("experts.linear_fc1", "moe", pairs, 2 * fe, h, groups=local_experts)
-    _swiglu(b, "experts.swiglu", "moe_act", pairs, fe)
+    b.gemm("experts.linear_fc1", "moe", pairs, model.fc1_factor * fe, h, groups=local_experts)
+    _activation(b, model, "experts", "moe_act", pairs, fe, 1 if opt.grouped_gemm else local_experts)
     b.gemm("experts.linear_fc2", "moe", pairs, h, fe, groups=local_experts)
-    b.elementwise("unpermute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES)
+    if not opt.grouped_gemm:  # SequentialMLP: split the permuted tokens per expert, concatenate the outputs
+        b.elementwise("experts.cat", "moe", 2.0 * pairs * h * ACT_BYTES, bwd_factor=1.0)
+    unpermute_kernels = (1.0, 1.0) if opt.permute_fusion else (3.0, 3.0)
+    if s.moe_dispatcher == "allgather":  # zero the gathered output buffer, scatter-add the pairs into it
+        b.elementwise("unpermute", "moe", (tsp * s.ep * s.etp + 2.0 * pairs) * h * ACT_BYTES, kernels=unpermute_kernels)
+    else:
+        b.elementwise("unpermute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES, kernels=unpermute_kernels)
     if moe.shared_expert_ffn_hidden_size:
-        _dense_mlp(b, moe.shared_expert_ffn_hidden_size, "shared_experts", "shared_experts")
+        _dense_mlp(b, model, moe.shared_expert_ffn_hidden_size, "shared_experts", "shared_experts")
 
 
 def _builder(model: ModelSpec, shape: RankShape) -> _Builder:
-    return _Builder(shape, model.hidden_size)
+    return _Builder(shape, model.hidden_size, layernorm=model.normalization == "layernorm", bias=model.add_bias_linear)
 
 
 def layer_operations(model: ModelSpec, shape: RankShape, moe: bool, recompute: str = "none",
@@ -235,15 +403,20 @@ def layer_operations(model: ModelSpec, shape: RankShape, moe: bool, recompute: s
     if moe:
         _moe_mlp(b, model)
     else:
-        _dense_mlp(b, model.ffn_hidden_size, "mlp", "mlp")
+        _dense_mlp(b, model, model.ffn_hidden_size, "mlp", "mlp")
     b.elementwise("residual_add2", "mlp", 3.0 * shape.sp_tokens * model.hidden_size * ACT_BYTES)
     return b.build(recompute, recompute_modules)
 
 
 def embedding_operations(model: ModelSpec, shape: RankShape) -> LayerOps:
-    """The vocabulary-parallel input embedding (first virtual stage): lookup and its scatter-add."""
+    """The vocabulary-parallel input embedding (first virtual stage): lookup and its scatter-add
+    (a learned absolute position table is read and added too)."""
     b = _builder(model, shape)
-    b.elementwise("embedding", "embedding", 2.0 * shape.tokens * model.hidden_size * ACT_BYTES)
+    h = model.hidden_size
+    if model.position_embedding == "learned_absolute":  # two lookups and their sum; two dense backwards
+        b.elementwise("embedding", "embedding", 3.0 * shape.tokens * h * ACT_BYTES, kernels=(3, 6))
+    else:
+        b.elementwise("embedding", "embedding", 2.0 * shape.tokens * h * ACT_BYTES, kernels=(1, 3))
     return b.build("none", ())
 
 
@@ -252,8 +425,9 @@ def output_operations(model: ModelSpec, shape: RankShape) -> LayerOps:
     b = _builder(model, shape)
     h, v = model.hidden_size, model.padded_vocab_size(shape.tp) // shape.tp
     b.norm("final_layernorm", shape.sp_tokens, h)
-    b.gemm("output_layer", "output", shape.tokens, v, h, low_precision=False)
-    b.elementwise("cross_entropy", "output", 4.0 * shape.tokens * v * ACT_BYTES, bwd_factor=0.5)
+    b.gemm("output_layer", "output", shape.tokens, v, h, low_precision=False, bias=False)
+    b.elementwise("cross_entropy", "output", 4.0 * shape.tokens * v * ACT_BYTES, bwd_factor=0.5,
+                  kernels=(2, 1) if shape.options.cross_entropy_fusion else (6, 3))
     return b.build("none", ())
 
 

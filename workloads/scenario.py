@@ -13,13 +13,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from topologies.hardware import Precision, SystemSpec, load_system
 from topologies.inputs import UserInputError, describe_validation_error, load_yaml_file
-from workloads.models import ModelSpec, load_model
-from workloads.pipeline_layout import PipelineSplit, virtual_stage_layer_counts
-from workloads.runtime import RuntimeSettings
+from workloads.models import ModelSpec, resolve_model
+from workloads.pipeline_layout import PipelineSplit, StageSplit, virtual_stage_layer_counts
+from workloads.runtime import RuntimeSettings, split_list
 
 OptimizerKind = Literal["adamw", "muon"]
 Distribution = Literal["replicated", "element_wise", "layer_wise"]
@@ -28,7 +28,11 @@ TpMode = Literal["duplicated", "distributed", "blockwise"]
 LoadBalance = Literal["none", "ping_pong", "lpt"]
 MatmulPrecision = Literal["bf16", "tf32", "fp32"]
 Recompute = Literal["none", "selective", "full"]
+RecomputeMethod = Literal["uniform", "block"]
+ShardingStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]
+StateDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts"]
+EO_MIN_SYRK_CUBIC5 = (0, 4)  # Emerging-Optimizers release that added SYRK on the TP path and the cubic5 schedule
 CoefficientSet = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4", "cubic5", "custom"]
 
 
@@ -55,14 +59,38 @@ class Parallelism(_Strict):
     ep_comm_overlap: bool = Field(False, description="run each micro-batch's EP dispatch/combine under the other micro-batch's "
                                   "compute in 1F1B's merged forward-backward steps (Megatron --overlap-moe-expert-parallel-comm); "
                                   "off by default")
-    recompute: Recompute = "none"
+    recompute: Recompute = Field("none", description="Megatron --recompute-granularity: none, selective (the "
+                                 "recompute_modules) or full (whole layers)")
     recompute_modules: tuple[RecomputeModule, ...] = Field(default=("core_attn",), description="modules for selective recompute (Megatron-Core names)")
+    recompute_method: RecomputeMethod | None = Field(None, description="Megatron --recompute-method for full recompute: "
+                                                     "uniform (every recompute_num_layers-layer block is a checkpoint) or "
+                                                     "block (the first recompute_num_layers layers of each virtual stage "
+                                                     "are recomputed, the rest are not); None = every layer")
+    recompute_num_layers: int | None = Field(None, gt=0, description="Megatron --recompute-num-layers (with recompute_method)")
     pipeline_split: PipelineSplit = "auto"
+    pipeline_model_parallel_layout: str | None = Field(
+        None, description="Megatron --pipeline-model-parallel-layout, e.g. 'Et*4|(t*4|)*14tmL': per virtual stage "
+                          "(chunk-major) E embedding, t transformer layer, m MTP layer, L loss; overrides pipeline_split")
+    account_for_embedding_in_pipeline_split: bool = Field(False, description="Megatron --account-for-embedding-in-"
+                                                          "pipeline-split: the embedding counts as one layer")
+    account_for_loss_in_pipeline_split: bool = Field(False, description="Megatron --account-for-loss-in-pipeline-"
+                                                     "split: the output layer and loss count as one layer")
+
+    @field_validator("recompute_modules", mode="before")
+    @classmethod
+    def _split_modules(cls, value: Any) -> Any:
+        return split_list(value)
 
     @property
     def expert_tp(self) -> int:
         """Expert tensor-parallel size: ``etp`` when set, else 1."""
         return self.etp if self.etp is not None else 1
+
+    @property
+    def stage_split(self) -> StageSplit:
+        """How layers are split over virtual stages: layout, account-for flags, then pipeline_split."""
+        return StageSplit(self.pipeline_split, self.pipeline_model_parallel_layout,
+                          self.account_for_embedding_in_pipeline_split, self.account_for_loss_in_pipeline_split)
 
     @property
     def uses_sequence_parallel(self) -> bool:
@@ -83,10 +111,51 @@ class OptimizerSpec(_Strict):
     use_syrk: bool = False
     split_qkv: bool = True
     load_balance: LoadBalance | None = Field(None, description="default: lpt (current layout), ping_pong (legacy)")
-    hide_param_gather: bool = Field(True, description="overlap the parameter all-gather with the next forward")
+    hide_param_gather: bool = Field(False, description="overlap the parameter all-gather with the next forward "
+                                    "(Megatron overlap_param_gather; off by default as in Megatron-Core)")
     overlap_grad_reduce: bool = True
-    grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
-    bucket_size_elements: int | None = Field(None, gt=0, description="default: max(40e6, 1e6 * dp)")
+    grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Megatron --grad-reduce-in-fp32 (fp32) "
+                                                       "or not (bf16: the gradient buffer's dtype)")
+    bucket_size_elements: int | None = Field(None, gt=0, description="Megatron --ddp-bucket-size (elements); "
+                                             "default: max(40e6, 1e6 * dp)")
+    fp8_param_gather: bool = Field(False, description="Megatron --fp8-param-gather: FP8 primary weights, the "
+                                   "parameter all-gather moves FP8 (1 B per element)")
+    reuse_grad_buf_for_mxfp8_param_ag: bool = Field(False, description="Megatron --reuse-grad-buf-for-mxfp8-param-ag: "
+                                                    "the MXFP8 parameter all-gather reuses the gradient buffer")
+    overlap_param_gather_with_optimizer_step: bool = Field(False, description="Megatron --overlap-param-gather-with-"
+                                                           "optimizer-step: the first chunk's gather overlaps the step")
+    align_param_gather: bool = Field(False, description="Megatron --align-param-gather: the virtual chunks' parameter "
+                                     "all-gathers are issued together after the optimizer step")
+    average_in_collective: bool = Field(False, description="Megatron DDP average_in_collective: the reduction "
+                                        "averages (NCCL avg) instead of every rank first scaling its gradient buckets "
+                                        "by 1/dp (a read-write pass over the buckets in the backward pass)")
+    num_distributed_optimizer_instances: int = Field(1, ge=1, description="Megatron --num-distributed-optimizer-"
+                                                     "instances: the data-parallel group is split into this many "
+                                                     "optimizer-sharding groups (partial sharding)")
+    data_parallel_sharding_strategy: ShardingStrategy = Field(
+        "optim_grads_params", description="Megatron-FSDP --data-parallel-sharding-strategy (with fsdp > 0): what is "
+                                          "sharded; muonsim's default is what the recipes use (full sharding)")
+    fsdp_double_buffer: bool = Field(False, description="Megatron-FSDP --fsdp-double-buffer: two persistent "
+                                     "all-gather buffers instead of per-unit allocations")
+    nccl_ub: bool = Field(False, description="Megatron-FSDP --use-nccl-ub: NCCL user-buffer registration")
+    suggested_communication_unit_size: int | None = Field(None, gt=0, description="Megatron-FSDP "
+                                                          "--suggested-communication-unit-size (elements)")
+    keep_fp8_transpose_cache: bool = Field(False, description="Megatron-FSDP --keep-fp8-transpose-cache")
+    use_precision_aware_optimizer: bool = Field(False, description="Megatron --use-precision-aware-optimizer: the "
+                                                "state dtypes below take effect (TE FusedAdam)")
+    main_grads_dtype: StateDtype = Field("fp32", description="Megatron --main-grads-dtype (precision-aware optimizer)")
+    main_params_dtype: StateDtype = Field("fp32", description="Megatron --main-params-dtype (precision-aware optimizer)")
+    exp_avg_dtype: StateDtype = Field("fp32", description="Megatron --exp-avg-dtype (precision-aware optimizer)")
+    exp_avg_sq_dtype: StateDtype = Field("fp32", description="Megatron --exp-avg-sq-dtype (precision-aware optimizer)")
+    optimizer_cpu_offload: bool = Field(False, description="Megatron --optimizer-cpu-offload: optimizer state and "
+                                        "step on the host")
+    eo_version: str = Field("0.3.0", pattern=r"^\d+\.\d+(\.\d+)?$",
+                            description="Emerging-Optimizers version (Megatron-Core pins 0.3.0; SYRK and cubic5 need >= 0.4)")
+
+    @property
+    def eo_version_tuple(self) -> tuple[int, ...]:
+        """``eo_version`` as integers, e.g. (0, 3, 0)."""
+        return tuple(int(x) for x in self.eo_version.split("."))
 
     @property
     def resolved_distribution(self) -> Distribution:
@@ -103,9 +172,31 @@ class OptimizerSpec(_Strict):
         return "lpt" if self.layer_wise_layout == "current" else "ping_pong"
 
     @property
+    def hypothetical_reason(self) -> str | None:
+        """Why Megatron-Core has no such optimizer (None when it has): see :func:`hypothetical_reason`."""
+        return hypothetical_reason(self.resolved_distribution, self.layer_wise_layout, self.resolved_load_balance)
+
+    @property
     def grad_bytes(self) -> int:
         """Bytes per gradient element in the data-parallel reduction (4 fp32, 2 bf16)."""
         return 4 if self.grad_reduce_dtype == "fp32" else 2
+
+
+MEGATRON_LOAD_BALANCE: dict[str, str] = {"legacy": "ping_pong", "current": "lpt"}
+"""The one load balance each Megatron-Core layer-wise layout has: the legacy ``shard_params`` deals
+parameters ping-pong by numel; the current per-buffer layout assigns them by LPT on Newton-Schulz cost."""
+
+
+def hypothetical_reason(distribution: str, layout: str | None, load_balance: str | None) -> str | None:
+    """Why a layer-wise (layout, load balance) pair is not in Megatron-Core, or None when it is (or
+    when the distribution is not layer-wise). The other pairs are what-ifs the model can evaluate."""
+    if distribution != "layer_wise" or layout is None or load_balance is None:
+        return None
+    real = MEGATRON_LOAD_BALANCE[layout]
+    if load_balance == real:
+        return None
+    return (f"hypothetical: Megatron-Core's {layout} layer-wise layout balances by {real} only; "
+            f"{layout} with load_balance {load_balance} is a what-if, not something Megatron runs")
 
 
 class Placement(_Strict):
@@ -114,13 +205,16 @@ class Placement(_Strict):
     gpus_per_domain: int | None = Field(
         None, gt=0, description="GPUs used per NVLink domain; default: the policy in topologies.placement"
     )
+    use_tp_pp_dp_mapping: bool = Field(False, description="Megatron --use-tp-pp-dp-mapping: rank order tp-cp-ep-pp-dp "
+                                       "(pipeline stages adjacent, data-parallel replicas outermost) instead of "
+                                       "tp-cp-ep-dp-pp")
 
 
 class ScenarioConfig(_Strict):
     """What a user writes: names or paths for system and model, plus the settings."""
 
     system: str = "gb300-nvl72"
-    model: str = "kimi-k2"
+    model: str | ModelSpec = Field("kimi-k2", description="catalogue name, YAML path, or an inline architecture")
     gpus: int = Field(256, gt=0)
     precision: Precision = Precision.MXFP8
     parallelism: Parallelism = Parallelism(
@@ -133,10 +227,12 @@ class ScenarioConfig(_Strict):
 
     def resolve(self) -> Scenario:
         """Load catalogue entries and validate every cross-field rule."""
-        model = load_model(self.model)
+        model = resolve_model(self.model)
         if self.mtp_layers is not None and self.mtp_layers != model.mtp_layers:
             model = model.model_copy(update={"mtp_layers": self.mtp_layers})
         system = load_system(self.system)
+        if not self.runtime.nccl_nvls_enable:  # NCCL_NVLS_ENABLE=0: NCCL uses no NVLink SHARP algorithm
+            system = system.without_nvls()
         scenario = Scenario(config=self, system=system, model=model)
         scenario.validate()
         return scenario
@@ -145,8 +241,8 @@ class ScenarioConfig(_Strict):
 DEFAULT_SCENARIO = ScenarioConfig()
 
 
-def load_scenario_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ScenarioConfig:
-    """Read a scenario YAML file and apply flat CLI-style overrides (see :func:`apply_overrides`)."""
+def read_scenario_file(path: str | Path) -> dict[str, Any]:
+    """The nested mapping of a scenario YAML file (model/system paths made relative to the file)."""
     data = load_yaml_file(path, "scenario file")
     for key in ("system", "model"):  # a relative path that is not found here is looked up next to the file
         value = data.get(key)
@@ -154,7 +250,12 @@ def load_scenario_config(path: str | Path, overrides: dict[str, Any] | None = No
             beside = Path(path).parent / value
             if not Path(value).is_file() and beside.is_file():
                 data[key] = str(beside)
-    return build_config(data, overrides or {}, source=f"scenario file '{path}'")
+    return data
+
+
+def load_scenario_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ScenarioConfig:
+    """Read a scenario YAML file and apply flat CLI-style overrides (see :func:`apply_overrides`)."""
+    return build_config(read_scenario_file(path), overrides or {}, source=f"scenario file '{path}'")
 
 
 def build_config(data: dict[str, Any], overrides: dict[str, Any], source: str = "scenario") -> ScenarioConfig:
@@ -168,8 +269,23 @@ def build_config(data: dict[str, Any], overrides: dict[str, Any], source: str = 
 
 _SECTION_OF = {name: "parallelism" for name in Parallelism.model_fields} | {
     name: "optimizer" for name in OptimizerSpec.model_fields if name != "kind"
-} | {"gpus_per_domain": "placement"} | {name: "runtime" for name in RuntimeSettings.model_fields}
+} | {name: "placement" for name in Placement.model_fields} | {name: "runtime" for name in RuntimeSettings.model_fields}
 _TOP_LEVEL = set(ScenarioConfig.model_fields)
+_SECTION_MODELS: dict[str, type[BaseModel]] = {"parallelism": Parallelism, "optimizer": OptimizerSpec,
+                                               "placement": Placement, "runtime": RuntimeSettings}
+
+
+def section_of(key: str) -> str | None:
+    """The scenario section ('parallelism', 'optimizer', 'placement', 'runtime') of a flat key, or None."""
+    return _SECTION_OF.get(key)
+
+
+def setting_default(key: str) -> Any:
+    """muonsim's default of a flat scenario key (None when the key has no plain default)."""
+    section = _SECTION_OF.get(key)
+    model = _SECTION_MODELS.get(section or "", ScenarioConfig)
+    field = model.model_fields.get(key)
+    return None if field is None else field.default
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -256,7 +372,8 @@ class Scenario:
     @cached_property
     def virtual_stage_layers(self) -> list[int]:
         """Layers per virtual stage (index chunk * pp + stage)."""
-        return virtual_stage_layer_counts(self.model.num_layers, self.par.pp, self.par.vpp, self.par.pipeline_split)
+        return virtual_stage_layer_counts(self.model.num_layers, self.par.pp, self.par.vpp, self.par.stage_split,
+                                          self.model.mtp_layers)
 
     def with_updates(self, **overrides: Any) -> Scenario:
         """A new validated scenario with flat overrides (same keys as the CLI flags)."""
@@ -264,10 +381,19 @@ class Scenario:
         return build_config(data, overrides).resolve()
 
     # ----- validation -----
+    def check_precision(self) -> None:
+        """Raise UserInputError unless the GPU's tensor cores support the training precision."""
+        supported = self.system.gpu.supported_precisions
+        if self.precision not in supported:
+            raise UserInputError(
+                f"precision {self.precision.value} is not supported by the {self.system.gpu.name} tensor cores of "
+                f"{self.system.name}; valid: {', '.join(x.value for x in supported)}")
+
     def validate(self) -> None:
         """Raise UserInputError (one line) on the first rule this scenario breaks."""
         p, m, o = self.par, self.model, self.optimizer
         mp = p.tp * p.pp * p.cp
+        self.check_precision()
         if self.gpus > self.system.max_gpus:
             raise UserInputError(f"gpus {self.gpus} exceeds the {self.system.name} limit of {self.system.max_gpus}")
         if self.gpus % mp:
@@ -319,10 +445,75 @@ class Scenario:
             raise UserInputError("the layer_wise distributed optimizer is for muon; adamw uses element_wise or replicated")
         if p.fsdp and o.kind == "muon":
             raise UserInputError("Megatron rejects Megatron-FSDP with the layer-wise (Muon) optimizer; set fsdp 0")
+        if o.reuse_grad_buf_for_mxfp8_param_ag and not o.fp8_param_gather:
+            raise UserInputError("reuse_grad_buf_for_mxfp8_param_ag needs fp8_param_gather (Megatron asserts it); "
+                                 "set fp8_param_gather true or drop it")
         if o.ns_coefficients == "cubic5" and o.ns_steps != 5:
             raise UserInputError("ns_coefficients 'cubic5' requires ns_steps 5")
+        self._validate_recipe_settings()
+        if o.kind == "muon" and o.eo_version_tuple < EO_MIN_SYRK_CUBIC5:
+            lacking = [what for what, on in (("use_syrk", o.use_syrk), ("ns_coefficients 'cubic5'", o.ns_coefficients == "cubic5")) if on]
+            if lacking:
+                verb = "need" if len(lacking) > 1 else "needs"
+                raise UserInputError(f"{' and '.join(lacking)} {verb} Emerging-Optimizers >= 0.4 but eo_version is {o.eo_version} "
+                                     "(Megatron-Core pins 0.3.0); set eo_version 0.4.0 or drop them")
         gpd = self.config.placement.gpus_per_domain
         if gpd is not None and gpd > self.system.nvlink.domain_size:
             raise UserInputError(
                 f"placement.gpus_per_domain {gpd} exceeds the NVLink domain size {self.system.nvlink.domain_size} of {self.system.name}"
             )
+
+    def _validate_recipe_settings(self) -> None:
+        """The rules Megatron-Core asserts between recipe settings (one-line UserInputError)."""
+        p, rt, o = self.par, self.runtime, self.optimizer
+        if (p.recompute_method is None) != (p.recompute_num_layers is None):
+            raise UserInputError("recompute_method and recompute_num_layers go together (Megatron needs both for "
+                                 "full recompute, or neither)")
+        if p.recompute_method is not None and p.recompute != "full":
+            raise UserInputError(f"recompute_method {p.recompute_method} needs recompute full (Megatron supports "
+                                 f"no method for recompute {p.recompute})")
+        if rt.delay_wgrad_compute and not p.ep_comm_overlap:
+            raise UserInputError("delay_wgrad_compute needs ep_comm_overlap (Megatron asserts "
+                                 "overlap_moe_expert_parallel_comm with it)")
+        if p.ep_comm_overlap and rt.moe_token_dispatcher_type == "allgather":
+            raise UserInputError("ep_comm_overlap needs the alltoall or flex token dispatcher, not allgather")
+        layers = self.model.num_layers
+        first, last = rt.bf16_layers
+        if first + last > layers:
+            raise UserInputError(f"num_layers_at_start_in_bf16 + num_layers_at_end_in_bf16 = {first + last} exceed "
+                                 f"the {layers} layers of {self.model.name}")
+        if rt.cpu_offloading_num_layers > layers:
+            raise UserInputError(f"cpu_offloading_num_layers {rt.cpu_offloading_num_layers} exceeds the {layers} "
+                                 f"layers of {self.model.name}")
+        if rt.cpu_offloading:
+            self._validate_cpu_offloading()
+        if self.config.placement.use_tp_pp_dp_mapping:
+            from topologies.placement import check_tp_pp_dp_mapping
+
+            check_tp_pp_dp_mapping(p.tp, p.cp, p.ep, p.expert_tp)
+        instances = o.num_distributed_optimizer_instances
+        if (self.dp * p.cp) % instances:
+            raise UserInputError(f"num_distributed_optimizer_instances {instances} does not divide the data-parallel "
+                                 f"group of {self.dp * p.cp} (dp·cp)")
+        if instances > 1:
+            if self.model.moe is not None and self.expert_dp % instances:
+                raise UserInputError(f"num_distributed_optimizer_instances {instances} does not divide the expert "
+                                     f"data-parallel group of {self.expert_dp}")
+            if p.fsdp or o.resolved_distribution != "element_wise":
+                raise UserInputError(f"num_distributed_optimizer_instances {instances} needs Megatron's element-wise "
+                                     "distributed optimizer (AdamW, not replicated, not Megatron-FSDP); set it to 1")
+        if o.optimizer_cpu_offload and o.kind != "adamw":
+            raise UserInputError("optimizer_cpu_offload runs AdamW on the host (Megatron's hybrid device optimizer); "
+                                 "it needs optimizer adamw")
+
+    def _validate_cpu_offloading(self) -> None:
+        """Megatron-Core's rules for activation CPU offloading (TransformerConfig.__post_init__)."""
+        p, rt, layers = self.par, self.runtime, self.model.num_layers
+        if rt.cpu_offloading_num_layers >= layers:
+            raise UserInputError(f"cpu_offloading_num_layers {rt.cpu_offloading_num_layers} must be below the {layers} "
+                                 f"layers of {self.model.name} (the last layer is never offloaded)")
+        if p.pp > 1:
+            raise UserInputError("cpu_offloading needs pp 1 (Megatron has no activation CPU offloading with "
+                                 "pipeline parallelism)")
+        if p.recompute != "none":
+            raise UserInputError("cpu_offloading does not work with recompute (Megatron asserts it); set recompute none")

@@ -12,11 +12,12 @@ The fit is a robust, bounded, regularised least-squares problem on **log step ti
 * factors whose step-time sensitivity ``max |∂ log t / ∂ log f|`` over the runs is below
   ``min_sensitivity`` are not fitted at all (they are not identifiable from these runs).
 
-Factors are fitted per system. A software release changes kernels on every system at once, so
-releases are modelled as **multipliers** of a few factors (``release_factors``), one per release
-family (``26.04`` and its patch ``26.04.01`` are one family), pooled over all systems and fitted
-where a family has at least ``min_release_runs`` runs, with a tight prior at 1
-(``release_prior_sigma_log``). All systems and multipliers are fitted jointly.
+Factors are fitted per system: physical quantities of the hardware (and its host), shared by every
+software release; a release's differences are the recipe settings its runs carry. Optionally
+(``release_factors``, empty by default and in the built-in profile) releases can also be modelled as
+**multipliers** of a few factors, one per release family (``26.04`` and its patch ``26.04.01`` are
+one family), pooled over all systems and fitted where a family has at least ``min_release_runs``
+runs, with a tight prior at 1 (``release_prior_sigma_log``); all are then fitted jointly.
 
 The engine is expensive (milliseconds per run) and the fit needs many evaluations, so the
 optimiser works on a surrogate (:mod:`costmodel.calibrate.fit_surrogate`): each run's step time linearised
@@ -58,7 +59,10 @@ from topologies.hardware import EfficiencyFactors
 # all-to-all efficiency.
 DEFAULT_FACTORS = ("gemm_bf16", "gemm_fp8", "gemm_fp4", "grouped_gemm", "attention",
                    "gemm_half_efficiency_flops", "alltoall_bandwidth")
-DEFAULT_RELEASE_FACTORS = ("gemm_bf16", "gemm_fp8", "gemm_fp4", "grouped_gemm")
+# No per-release multipliers by default: a release changes what runs (the recipe settings each run
+# carries), not the hardware. ``--release-factors`` still fits them for a custom profile, and
+# ``--release-residuals`` reports what residual each release family leaves (a diagnostic).
+DEFAULT_RELEASE_FACTORS: tuple[str, ...] = ()
 
 # (lower, upper) for each fittable factor: physically meaningful ranges, tighter than the schema's
 FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
@@ -66,17 +70,22 @@ FACTOR_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_half_efficiency_flops": (1e7, 1e12),
     "grouped_gemm": (0.2, 1.5), "attention": (0.1, 1.0), "memory_bandwidth": (0.3, 1.0),
     "quantize_bandwidth": (0.2, 1.0),
-    "newton_schulz": (0.2, 1.5), "nvlink_bandwidth": (0.2, 1.0), "nvls_bandwidth": (0.2, 1.0),
+    "newton_schulz_gemm": (0.2, 1.0), "newton_schulz_half_efficiency_flops": (1e7, 1e12),
+    "kernel_issue_s": (5e-7, 1e-4), "kernel_min_s": (3e-7, 2e-5), "layer_host_s": (1e-5, 3e-2), "moe_host_s": (1e-5, 3e-2), "nvlink_bandwidth": (0.2, 1.0), "nvls_bandwidth": (0.2, 1.0),
     "network_bandwidth": (0.2, 1.0), "alltoall_bandwidth": (0.05, 1.0),
     "nvlink_step_latency_s": (1e-7, 1e-4), "network_step_latency_s": (1e-7, 1e-3),
     "collective_base_latency_s": (1e-7, 1e-3), "nvls_latency_s": (1e-7, 1e-3),
-    "overlap_compute_slowdown": (1e-3, 1.0), "tp_comm_overlap": (0.2, 1.0),
-    "ep_comm_overlap": (0.2, 1.0),
+    "overlap_compute_slowdown": (1e-3, 1.0), "host_sync_s": (1e-6, 1e-4),
 }
 MULTIPLIER_BOUNDS = (0.5, 2.0)  # a release changes a factor by at most 2x either way
-# prior widths (1 sigma of log f) that differ from FitSettings.prior_sigma_log: the GEMM size at
-# half efficiency is known only to an order of magnitude
-PRIOR_SIGMA_LOG = {"gemm_half_efficiency_flops": 1.5}
+# prior widths (1 sigma of log f) that differ from FitSettings.prior_sigma_log: the GEMM sizes at
+# half efficiency are known only to an order of magnitude, the host issue cost per kernel to a factor ~3
+# (it depends on the host CPU and on how much Python runs per kernel)
+# prior centres of factors whose schema default is 0 ("not modelled unless calibrated"): the fit
+# starts from and regularises towards these instead (sources in the factors' descriptions)
+PRIOR_CENTERS = {"layer_host_s": 1.0e-3, "moe_host_s": 1.0e-3}
+PRIOR_SIGMA_LOG = {"gemm_half_efficiency_flops": 1.5, "newton_schulz_half_efficiency_flops": 1.5,
+                   "kernel_issue_s": 1.0, "layer_host_s": 1.0, "moe_host_s": 1.0}
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,7 @@ class FitRun:
     measured_step_time_s: float
     predict_s: Callable[[Mapping[str, float]], float]
     model: str = ""  # model name: runs sharing it are held out together with holdout="model"
+    trainable: bool = True  # False: predicted and scored, never fitted on (settings not trusted)
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,7 @@ class FitSettings:
     min_sensitivity: float = 0.02
     folds: int = 0  # 0 = leave one configuration out; k >= 2 = grouped k-fold by configuration
     holdout: str = "configuration"  # or "model": leave one model out (all its systems and releases)
+    fit_reconstructed: bool = True  # False: runs whose recipe settings are a reconstruction are predicted only
     seed: int = 0
     outer_iterations: int = 4  # re-linearisations of the engine at the current solution
     outer_tolerance: float = 0.002  # stop when surrogate and engine agree to 0.2 % on every run
@@ -145,7 +156,8 @@ def default_factor_values(names: Sequence[str], defaults: EfficiencyFactors | Ma
     if defaults is None:
         defaults = EfficiencyFactors()
     get = (lambda n: getattr(defaults, n)) if isinstance(defaults, EfficiencyFactors) else defaults.__getitem__
-    return {n: float(get(n)) for n in names}
+    out = {n: float(get(n)) for n in names}
+    return {n: PRIOR_CENTERS[n] if v <= 0 and n in PRIOR_CENTERS else v for n, v in out.items()}
 
 
 def release_family(release: str) -> str:
@@ -369,9 +381,12 @@ def calibrate_runs(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapp
     """
     settings = settings or FitSettings()
     default_pred = {r.run_id: r.predict_s({}) for r in runs}
+    fitted_runs = [r for r in runs if r.trainable]
     if progress:
-        progress(f"fitting {len(runs)} runs on {len({r.system for r in runs})} systems")
-    fits, lins, params, x, calls = fit_factors(runs, defaults_by_system, settings, progress)
+        progress(f"fitting {len(fitted_runs)} runs on {len({r.system for r in runs})} systems "
+                 f"({len(runs) - len(fitted_runs)} more predicted only)")
+    fits, lins_fit, params, x, calls = fit_factors(fitted_runs, defaults_by_system, settings, progress)
+    lin_of = {r.run_id: lin for r, lin in zip(fitted_runs, lins_fit, strict=True)}
     train_pred = {r.run_id: r.predict_s(fits.factors_for(r.system, r.release)) for r in runs}
     heldout: dict[str, float] = {}
     if settings.holdout == "model":
@@ -383,12 +398,13 @@ def calibrate_runs(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapp
         fold_of = configuration_folds(runs, folds, settings.seed) if folds >= 2 else []
     if cross_validate and folds >= 2:
         for k in range(folds):
-            train = [i for i, f in enumerate(fold_of) if f != k]
+            train = [i for i, f in enumerate(fold_of) if f != k and runs[i].trainable]
             systems = {runs[i].system for i in train}
             families = {release_family(runs[i].release) for i in train}
             # parameters the training runs inform; the others stay at their prior centre
             keep = [j for j, p in enumerate(params) if p.key in (systems if p.kind == "system" else families)]
-            problem = _problem([runs[i] for i in train], [lins[i] for i in train], [params[j] for j in keep])
+            problem = _problem([runs[i] for i in train], [lin_of[runs[i].run_id] for i in train],
+                               [params[j] for j in keep])
             x_fold = np.array([p.center_log for p in params])
             x_fold[keep] = problem.solve(x[keep], settings.loss, settings.f_scale)
             for i, f in enumerate(fold_of):

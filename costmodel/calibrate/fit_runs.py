@@ -30,10 +30,12 @@ from costmodel.calibrate.validation import (
     metrics_by,
     prepare_runs,
     result_row,
+    skipped_as_unsupported,
     step_time_function,
     with_factors,
 )
-from workloads.measured import MeasuredRun
+from workloads.measured import MeasuredRun, SkippedRun
+from workloads.recipe_settings import settings_reconstructed
 
 CONFIG_FIELDS = ("model", "system", "num_gpus", "precision", "global_batch_size", "micro_batch_size", "seq_length",
                  "tp", "pp", "vpp", "cp", "ep", "etp", "fsdp", "mtp", "optimizer", "optimizer_distribution",
@@ -43,18 +45,28 @@ CONFIG_FIELDS = ("model", "system", "num_gpus", "precision", "global_batch_size"
 def configuration_key(run: MeasuredRun) -> str:
     """Everything that defines a configuration except the software release (and the measurement)."""
     data = run.model_dump(mode="json")
-    return "|".join(str(data[f]) for f in CONFIG_FIELDS)
+    key = "|".join(str(data[f]) for f in CONFIG_FIELDS)
+    if run.scenario_settings:  # further settings (a dataset's runtime settings) tell configurations apart
+        key += "|" + repr(sorted(run.scenario_settings.items()))
+    return key
 
 
-def fit_run(prepared: PreparedRun, step_time_s: Callable[[Any], float]) -> FitRun:
-    """The fitter's view of a prepared run: its step time as a function of factor overrides."""
+def fit_run(prepared: PreparedRun, step_time_s: Callable[[Any], float], fit_reconstructed: bool = True) -> FitRun:
+    """The fitter's view of a prepared run: its step time as a function of factor overrides.
+
+    With ``fit_reconstructed`` False, runs whose recipe settings are a reconstruction
+    (:func:`workloads.recipe_settings.settings_reconstructed`) are predicted and scored but not fitted
+    on. The default fits them: on the shipped runs leaving them out made held-out error worse (they
+    are 18 of 131 runs, most of the 25.11 release; the H100 fit then rests on too few MoE runs)."""
     scenario = prepared.scenario
 
     def predict_s(factors: Mapping[str, float]) -> float:
         return step_time_s(with_factors(scenario, factors))
 
     run = prepared.run
-    return FitRun(run.run_id, run.system, run.release, configuration_key(run), run.step_time_s, predict_s, run.model)
+    trainable = fit_reconstructed or not settings_reconstructed(run.recipe_settings)
+    return FitRun(run.run_id, run.system, run.release, configuration_key(run), run.step_time_s, predict_s, run.model,
+                  trainable)
 
 
 @dataclass(frozen=True)
@@ -84,6 +96,13 @@ class CalibrationReport:
                 out.setdefault(system, {})[kind] = m
         return out
 
+    def release_residuals(self) -> dict[str, Metrics]:
+        """Held-out error metrics per release family (a diagnostic: what each release leaves unexplained)."""
+        from costmodel.calibrate.fit import release_family
+
+        rows = self.heldout_rows or self.train_rows
+        return metrics_by(rows, lambda r: release_family(r.release))
+
     def to_json_dict(self) -> dict[str, Any]:
         """The ``--json`` form: profile, metrics table (NaN as null), held-out rows, unsupported runs."""
         table = {scope: {kind: _clean(m.to_json_dict()) for kind, m in kinds.items()}
@@ -92,6 +111,7 @@ class CalibrationReport:
             "profile": self.profile.model_dump(mode="json", exclude={"training_run_ids"}),
             "metrics": table,
             "heldout_rows": [r.to_json_dict() for r in self.heldout_rows],
+            "release_residuals": {fam: _clean(m.to_json_dict()) for fam, m in self.release_residuals().items()},
             "unsupported": [u.to_json_dict() for u in self.unsupported],
         }
 
@@ -125,12 +145,14 @@ def _newest(families: Iterable[str]) -> str | None:
 
 def calibrate(runs: Iterable[MeasuredRun], settings: FitSettings | None = None, name: str = "custom",
               fitted_on: str = "", cross_validate: bool = True, engine: str = "analytic",
-              progress: Callable[[str], None] | None = None) -> CalibrationReport:
-    """Fit the factors on ``runs`` and build the profile (with held-out error when ``cross_validate``)."""
+              progress: Callable[[str], None] | None = None, skipped: Iterable[SkippedRun] = ()) -> CalibrationReport:
+    """Fit the factors on ``runs`` and build the profile (with held-out error when ``cross_validate``;
+    ``skipped``: dataset rows that are not runs, listed as unsupported with their reason)."""
     settings = settings or FitSettings()
     step_time_s = step_time_function(engine)
     prepared, unsupported = prepare_runs(runs, engine)
-    fit_runs = [fit_run(p, step_time_s) for p in prepared]
+    unsupported = skipped_as_unsupported(skipped) + unsupported
+    fit_runs = [fit_run(p, step_time_s, settings.fit_reconstructed) for p in prepared]
     defaults = {p.scenario.system.name: default_factor_values(
         sorted(set(settings.factors) | set(settings.release_factors)), p.scenario.system.efficiency)
         for p in prepared}
@@ -165,6 +187,9 @@ def build_profile(result: CalibrationResult, prepared: Sequence[PreparedRun], he
         "f_scale": s.f_scale, "prior_sigma_log": s.prior_sigma_log,
         "release_prior_sigma_log": s.release_prior_sigma_log, "min_release_runs": s.min_release_runs,
         "folds": s.folds, "seed": s.seed, "heldout": s.heldout_scheme,
+        "fit_reconstructed": s.fit_reconstructed,
+        "predicted_not_fitted": sorted(p.run.run_id for p in prepared if not s.fit_reconstructed
+                                       and settings_reconstructed(p.run.recipe_settings)),
         "default_release": f"newest release family with at least {DEFAULT_RELEASE_MIN_RUNS} runs",
         "not_identifiable": {sys: list(f.not_identifiable) for sys, f in fits.systems.items()
                              if f.not_identifiable},

@@ -8,10 +8,18 @@ measures the real machine that the reference backend runs on, it is never on the
   busy ranks share caches and memory bandwidth; the slowest rank's time counts). Each dtype is
   fitted as ``time = flops / gemm_flops_per_s + gemm_overhead_s`` (peak rate plus a fixed cost
   per call, which dominates the tiny matrices of the reference shapes).
-* **Newton–Schulz**: a 5-step quintic NS (Muon's operations) on a few shapes, timed the same
-  way, fitted as ``time = GEMM time / efficiency + call_overhead_s`` with the GEMM time from the
-  fit above: the machine's ``newton_schulz`` efficiency (as in ``EfficiencyFactors``) and the
-  normalisation/cast cost of one call.
+* **Element-wise operators** (eager dispatch): ``add_``, ``lerp_``, ``mul``, ``to(bf16)``,
+  ``copy_``, ``norm``, ``div`` on fp32 tensors from 16 to 2 Mi elements, each call on the next
+  tensors of a pool larger than the last-level cache (an optimizer streams its states from memory),
+  timed the same way and fitted as ``time = dispatch_s + bytes / memory_Bps``: ``dispatch_s`` is the
+  eager-PyTorch cost of one operator call (Python and the ATen dispatcher: the path that also issues
+  GPU kernels), ``memory_Bps`` the element-wise memory bandwidth with every rank busy.
+* **Newton–Schulz**: a 5-step quintic NS (Emerging-Optimizers' ``newton_schulz`` expressions) on a
+  few shapes, each call on the next of 8 input matrices, timed the same way, fitted as ``time = GEMM time / efficiency + other kernels + call_overhead_s``: the GEMM
+  time from the matmul fit, the normalisation and cast kernels from the element-wise fit
+  (:func:`costmodel.optimizer.kernel_sequence.newton_schulz_call_kernels`); the machine's NS GEMM
+  efficiency (as ``EfficiencyFactors.newton_schulz_gemm`` is for GPUs) and the host cost of one
+  call that launches no kernel.
 * **Collectives**: 2 gloo processes (forked, one thread each) time all_reduce, all_gather,
   reduce_scatter and broadcast at several sizes (nccl-tests size convention, fp32) and fit
   ``time = alpha_s + size_bytes / beta_Bps`` per op. Loopback times are bimodal on a shared
@@ -22,6 +30,7 @@ measures the real machine that the reference backend runs on, it is never on the
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -29,7 +38,7 @@ import socket
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,11 +46,17 @@ from typing import Any
 import numpy as np
 
 from costmodel.calibrate.profile import CollectiveFit, LocalMeasurements, NewtonSchulzFit
+from costmodel.optimizer.kernel_sequence import newton_schulz_call_kernels
+from costmodel.optimizer.newton_schulz import NsSettings
 
 GEMM_SIZES = (32, 64, 128, 256, 512, 768)
-NS_SHAPES = ((32, 64), (64, 192), (128, 512), (256, 1024))
+NS_SHAPES = ((32, 64), (64, 128), (128, 128), (64, 192), (128, 512), (256, 1024))
+NS_POOL = 8  # distinct input matrices per shape, used in turn (an optimizer never repeats one)
 NS_COEFFICIENTS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
                    (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012))  # quintic, as the project's default
+ELEMENTWISE_SIZES = (16, 4096, 65536, 524288, 2097152)
+ELEMENTWISE_POOL_BYTES = 128 * 2 ** 20  # per operand pool: larger than the last-level cache
+ELEMENTWISE_BYTES_PER_ELEMENT = {"add_": 12, "lerp_": 12, "mul": 8, "to_bf16": 6, "copy_": 8, "norm": 4, "div": 8}
 COLLECTIVE_SIZES_BYTES = (4096, 65536, 262144, 1048576, 4194304)
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
@@ -104,19 +119,23 @@ def measure_newton_schulz(dtype: str = "bf16", shapes: Sequence[tuple[int, int]]
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     gen = torch.Generator().manual_seed(1)
 
-    def ns(g: torch.Tensor) -> torch.Tensor:
+    def ns(g: torch.Tensor) -> torch.Tensor:  # Emerging-Optimizers 0.3.0 muon_utils.newton_schulz
         x = g.mT if g.shape[0] > g.shape[1] else g
-        x = (x / x.norm().clamp_min(1e-7)).to(torch_dtype)
+        x = torch.nn.functional.normalize(x, p=2, dim=(-2, -1), eps=1e-7).to(torch_dtype)  # type: ignore[arg-type]
         for a, b, c in NS_COEFFICIENTS:
             gram = x @ x.mT
-            x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+            x = torch.addmm(x, torch.addmm(gram, gram, gram, alpha=c, beta=b), x, alpha=1.0, beta=a)
         x = x.to(torch.float32)
         return x.mT if g.shape[0] > g.shape[1] else x
 
     out = []
     for rows, cols in shapes:
-        g = torch.randn(rows, cols, generator=gen)
-        out.append(((rows, cols), _time_call(partial(ns, g), min_time_s)))
+        pool = itertools.cycle([torch.randn(rows, cols, generator=gen) for _ in range(NS_POOL)])
+
+        def call(pool: Iterator[torch.Tensor] = pool) -> object:
+            return ns(next(pool))
+
+        out.append(((rows, cols), _time_call(call, min_time_s)))
     return out
 
 
@@ -126,11 +145,67 @@ def ns_gemm_flops(rows: int, cols: int, steps: int = 5) -> list[tuple[float, int
     return [(2.0 * m * m * n, steps), (2.0 * m ** 3, steps), (2.0 * m * m * n, steps)]
 
 
-def fit_newton_schulz(points: Sequence[tuple[tuple[int, int], float]], rate_flops_per_s: float,
-                      overhead_s: float) -> NewtonSchulzFit:
-    """NS efficiency and per-call cost from NS timings and the machine's GEMM model."""
-    gemm_s = [sum((f / rate_flops_per_s + overhead_s) * k for f, k in ns_gemm_flops(*shape)) for shape, _ in points]
-    intercept, slope = fit_linear_time(gemm_s, [t for _, t in points])
+def measure_elementwise(sizes: Sequence[int] = ELEMENTWISE_SIZES, min_time_s: float = 0.02,
+                        pool_bytes: int = ELEMENTWISE_POOL_BYTES) -> list[tuple[float, float]]:
+    """(bytes moved, seconds) of one call of each element-wise operator of
+    :data:`ELEMENTWISE_BYTES_PER_ELEMENT` on fp32 tensors of each size (low quantile of the calls).
+
+    Each call works on the next pair of a pool of tensors of ``pool_bytes`` in all (up to 512
+    pairs), larger than the last-level cache: an optimizer streams its states from memory, it
+    does not find them in the cache.
+    """
+    import torch
+
+    out = []
+    for n in sizes:
+        count = max(1, min(512, pool_bytes // (8 * n)))
+        xs, ys = [torch.randn(n) for _ in range(count)], [torch.randn(n) for _ in range(count)]
+        for name in ELEMENTWISE_BYTES_PER_ELEMENT:
+            calls = itertools.cycle([_elementwise_call(name, x, y) for x, y in zip(xs, ys, strict=True)])
+
+            def next_call(c: Iterator[Callable[[], object]] = calls) -> object:
+                return next(c)()
+
+            out.append((float(ELEMENTWISE_BYTES_PER_ELEMENT[name] * n), _time_low(next_call, min_time_s)))
+    return out
+
+
+def _elementwise_call(name: str, x: Any, y: Any) -> Callable[[], object]:
+    """One element-wise operator on tensors ``x``, ``y`` (see :data:`ELEMENTWISE_BYTES_PER_ELEMENT`)."""
+    import torch
+
+    calls: dict[str, Callable[[], object]] = {
+        "add_": partial(x.add_, y, alpha=1e-3), "lerp_": partial(x.lerp_, y, 0.05), "mul": partial(x.mul, 0.5),
+        "to_bf16": partial(x.to, torch.bfloat16), "copy_": partial(x.copy_, y), "norm": x.norm,
+        "div": partial(x.div, 3.0)}
+    return calls[name]
+
+
+def _time_low(fn: Callable[[], object], min_time_s: float, min_reps: int = 20) -> float:
+    """20th-percentile seconds per call: the undisturbed time of a short call on a shared machine."""
+    fn()
+    samples: list[float] = []
+    start = time.perf_counter()
+    while len(samples) < min_reps or time.perf_counter() - start < min_time_s:
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+        if len(samples) >= 5000:
+            break
+    return _low_quantile(samples)
+
+
+def fit_newton_schulz(points: Sequence[tuple[tuple[int, int], float]], local: LocalMeasurements,
+                      dtype: str = "bf16") -> NewtonSchulzFit:
+    """NS GEMM efficiency and per-call host cost from NS timings, with the machine's GEMM and
+    element-wise fits in ``local`` pricing the call's kernels."""
+    st = NsSettings(steps=5, cubic=False, precision=dtype, syrk=False, tp_mode="duplicated")
+    gemm_s, rest_s = [], []
+    for shape, t in points:
+        kernels = newton_schulz_call_kernels(*shape, st)
+        gemm_s.append(sum(k.count * local.gemm_time_s(k.flops, dtype) for k in kernels if k.kind == "ns_gemm"))
+        rest_s.append(t - local.kernels_time_s([k for k in kernels if k.kind != "ns_gemm"]))
+    intercept, slope = fit_linear_time(gemm_s, rest_s)
     return NewtonSchulzFit(efficiency=min(1.5, 1.0 / slope), call_overhead_s=intercept)
 
 
@@ -173,6 +248,13 @@ def _worker(rank: int, world: int, port: int, out_path: str, sizes: Sequence[int
                 dist.all_reduce(worst, op=dist.ReduceOp.MAX)
                 ns_points.append((shape, float(worst[0])))
             results[f"ns_{dtype}"] = ns_points
+        dist.barrier()
+        worst_points = []
+        for size, t in measure_elementwise(min_time_s=min_time_s / 2):
+            worst = torch.tensor([t])
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            worst_points.append((size, float(worst[0])))
+        results["elementwise"] = worst_points
         for op in COLLECTIVE_OPS:
             results[op] = []
             for size in sizes:
@@ -223,6 +305,7 @@ def measure_ranks(world_size: int = 2, sizes: Sequence[int] = COLLECTIVE_SIZES_B
 
     Keys ``gemm_bf16`` / ``gemm_fp32``: (FLOPs, seconds) of one matmul, all ranks busy at once;
     keys ``ns_bf16`` / ``ns_fp32``: ([rows, cols], seconds) of one Newton-Schulz call;
+    key ``elementwise``: (bytes, seconds) of one element-wise operator call;
     one key per collective op: (size_bytes, seconds), each the 20th percentile of its samples.
     """
     import torch.multiprocessing as mp
@@ -256,17 +339,21 @@ def measure_local(world_size: int = 2, gemm_sizes: Sequence[int] = GEMM_SIZES,
     gemm_rate: dict[str, float] = {}
     gemm_overhead: dict[str, float] = {}
     collectives = {}
+    dispatch_s, memory_Bps = 0.0, 1.0
     for key, points in timings.items():
         if key.startswith("ns_"):
             continue
         intercept, slope = fit_linear_time([x for x, _ in points], [t for _, t in points])
         if key.startswith("gemm_"):
             gemm_rate[key.removeprefix("gemm_")], gemm_overhead[key.removeprefix("gemm_")] = 1.0 / slope, intercept
+        elif key == "elementwise":
+            dispatch_s, memory_Bps = intercept, 1.0 / slope
         else:
             collectives[key] = CollectiveFit(alpha_s=intercept, beta_Bps=1.0 / slope)
-    ns = {dtype: fit_newton_schulz([(tuple(shape), t) for shape, t in timings[f"ns_{dtype}"]], gemm_rate[dtype],
-                                   gemm_overhead[dtype]) for dtype in gemm_rate}
     machine = f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cpus"
-    return LocalMeasurements(machine=machine, torch_version=str(torch.__version__), threads=1,
-                             gemm_flops_per_s=gemm_rate, gemm_overhead_s=gemm_overhead, newton_schulz=ns,
-                             world_size=world_size, collectives=collectives)
+    local = LocalMeasurements(machine=machine, torch_version=str(torch.__version__), threads=1,
+                              gemm_flops_per_s=gemm_rate, gemm_overhead_s=gemm_overhead, dispatch_s=dispatch_s,
+                              memory_Bps=memory_Bps, world_size=world_size, collectives=collectives)
+    ns = {dtype: fit_newton_schulz([(tuple(shape), t) for shape, t in timings[f"ns_{dtype}"]], local, dtype)
+          for dtype in gemm_rate}
+    return local.model_copy(update={"newton_schulz": ns})

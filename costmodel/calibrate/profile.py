@@ -26,13 +26,14 @@ which ``muonsim validate run.json`` uses to predict reference-backend phase time
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from costmodel.kernels import KernelSpec
 from topologies.hardware import EfficiencyFactors
 from topologies.inputs import UserInputError, describe_validation_error, load_yaml_file
 
@@ -85,17 +86,24 @@ class CollectiveFit(BaseModel):
 
 
 class NewtonSchulzFit(BaseModel):
-    """Newton-Schulz on this machine: time = GEMM time / efficiency + call_overhead_s per NS call."""
+    """Newton-Schulz on this machine: its GEMMs at the measured matmul cost divided by ``efficiency``,
+    its other kernels at the measured dispatch and bandwidth, plus ``call_overhead_s`` per call (the
+    host work of one ``newton_schulz`` call that launches no kernel)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    efficiency: float = Field(gt=0, le=1.5, description="NS GEMM efficiency relative to plain matmuls (cf. "
-                                                         "EfficiencyFactors.newton_schulz)")
-    call_overhead_s: float = Field(ge=0, description="normalisation, casts and launch cost per NS call")
+    efficiency: float = Field(gt=0, le=1.5, description="NS GEMM efficiency relative to plain matmuls of the "
+                                                         "same FLOPs (cf. EfficiencyFactors.newton_schulz_gemm)")
+    call_overhead_s: float = Field(ge=0, description="host seconds per NS call beyond its kernels")
 
 
 class LocalMeasurements(BaseModel):
-    """This machine measured by ``muonsim calibrate --microbench`` (for reference-backend runs)."""
+    """This machine measured by ``muonsim calibrate --microbench`` (for reference-backend runs).
+
+    The reference backend runs eager PyTorch on CPU tensors: the host executes every operator
+    itself, so a kernel costs its dispatch plus its execution and a sequence costs the sum
+    (:meth:`kernels_time_s`; on a GPU the host only issues them, :mod:`costmodel.kernels`).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -104,6 +112,10 @@ class LocalMeasurements(BaseModel):
     threads: int = Field(1, gt=0)
     gemm_flops_per_s: dict[str, float] = Field(description="torch matmul peak rate per dtype (bf16, fp32)")
     gemm_overhead_s: dict[str, float] = Field(default_factory=dict, description="fixed cost per matmul call per dtype")
+    dispatch_s: float | None = Field(None, ge=0, description="eager PyTorch cost per operator call on tiny tensors "
+                                     "(Python + ATen dispatcher; the same path issues GPU kernels)")
+    memory_Bps: float | None = Field(None, gt=0, description="bytes per second of element-wise operators on large "
+                                     "tensors (all ranks busy)")
     newton_schulz: dict[str, NewtonSchulzFit] = Field(default_factory=dict, description="5-step quintic NS per dtype")
     world_size: int = Field(2, gt=1)
     collectives: dict[str, CollectiveFit] = Field(default_factory=dict, description="gloo α-β per op")
@@ -114,16 +126,25 @@ class LocalMeasurements(BaseModel):
             raise UserInputError(f"local profile has no {dtype} GEMM rate; measured: {', '.join(self.gemm_flops_per_s)}")
         return flops / self.gemm_flops_per_s[dtype] + self.gemm_overhead_s.get(dtype, 0.0)
 
-    def newton_schulz_time_s(self, gemms: Sequence[tuple[float, int]], calls: int, dtype: str = "bf16") -> float:
-        """Seconds of NS work given as (GEMM FLOPs, count) pairs over ``calls`` NS calls.
+    def kernel_time_s(self, kernel: KernelSpec) -> float:
+        """Seconds of ONE launch of ``kernel`` here: a GEMM at the measured matmul cost (Newton-Schulz
+        GEMMs divided by the NS efficiency), anything else dispatch + bytes / bandwidth."""
+        if kernel.kind in ("gemm", "ns_gemm"):
+            dtype = "bf16" if kernel.tensor_class == "bf16" else "fp32"
+            t = self.gemm_time_s(kernel.flops, dtype)
+            fit = self.newton_schulz.get(dtype) if kernel.kind == "ns_gemm" else None
+            return t / fit.efficiency if fit is not None else t
+        if self.dispatch_s is None or self.memory_Bps is None:
+            raise UserInputError("local profile has no element-wise measurements (dispatch_s, memory_Bps); "
+                                 "re-run 'muonsim calibrate --microbench'")
+        return self.dispatch_s + kernel.bytes / self.memory_Bps
 
-        The GEMMs are timed at the measured matmul rate (:meth:`gemm_time_s`); without a measured
-        NS fit that is the answer, with one it is divided by the NS efficiency and the per-call
-        cost is added.
-        """
-        gemm_s = sum(self.gemm_time_s(f, dtype) * k for f, k in gemms)
+    def kernels_time_s(self, kernels: Iterable[KernelSpec], ns_calls: int = 0, dtype: str = "bf16") -> float:
+        """Seconds of a kernel sequence run eagerly here (host-synchronous: the sum of its kernels),
+        plus the per-call host cost of ``ns_calls`` Newton-Schulz calls."""
         fit = self.newton_schulz.get(dtype)
-        return gemm_s if fit is None else gemm_s / fit.efficiency + calls * fit.call_overhead_s
+        calls_s = ns_calls * fit.call_overhead_s if fit is not None else 0.0
+        return sum(k.count * self.kernel_time_s(k) for k in kernels) + calls_s
 
     def collective_time_s(self, op: str, size_bytes: float) -> float | None:
         """α + size/β for a measured op (all_gather_v uses all_gather); None if not measured."""

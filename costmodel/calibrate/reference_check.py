@@ -7,12 +7,22 @@ predicts the same run from its own description of the work:
 * **collectives**: :func:`costmodel.optimizer.expected_rank_collectives` on the same inventory,
   optimizer settings and group sizes, compared with each rank's list call by call (op, group,
   group size, dtype, bytes, count, phase): they must be identical;
-* **Newton–Schulz FLOPs and time** per rank: the Muon items the plan gives each rank
-  (``StageOptimizerPlan.owned_tensors``), their GEMMs (:func:`costmodel.optimizer.newton_schulz`,
-  FLOPs by ``workloads.flops.newton_schulz_flops``) timed at this machine's measured GEMM rate and
-  per-call cost, divided by its measured NS efficiency, plus the measured cost per NS call
-  (``LocalMeasurements`` from ``muonsim calibrate --microbench``); measured NS time
-  is the ``newton_schulz`` phase minus the time blocked in its TP collectives (``ns_comm``);
+* **Newton–Schulz and optimizer time** per rank: the Muon items the plan gives each rank
+  (``StageOptimizerPlan.owned_tensors``), each as its kernel sequence
+  (:func:`costmodel.optimizer.kernel_sequence.muon_tensor_kernels`: the NS GEMMs with FLOPs by
+  ``workloads.flops.newton_schulz_flops``, normalisation, casts, scale, momentum, update, copy),
+  plus the reference's AdamW on its element-wise shards (8 torch operations each), run eagerly on
+  this machine: each kernel at its measured cost (GEMMs at the matmul rate and per-call cost over
+  the NS efficiency, the rest at the eager dispatch cost plus bytes over the element-wise
+  bandwidth), summed (the CPU executes what it dispatches), plus the host cost per NS call
+  (``LocalMeasurements`` from ``muonsim calibrate --microbench``). Measured NS time is the
+  ``newton_schulz`` phase minus the time blocked in its TP collectives (``ns_comm``); the
+  ``optimizer`` phase (NS included) minus the same. Each comparison also carries the phase's thread
+  CPU time when the run recorded it (on a shared machine a phase's wall time includes the time other
+  processes held the core; its CPU time does not) and the FLOP-only prediction (NS FLOPs at the
+  measured peak matmul rate, nothing else) for contrast. The kernel sequence is Megatron's and EO's;
+  the reference differs by one copy per Muon tensor (``buf.clone()`` where EO reads the momentum
+  buffer in place), not counted;
 * **grad_reduce** per rank: the plan's gradient collectives at the measured gloo α-β (loopback
   figures: indicative only).
 
@@ -47,6 +57,22 @@ class PhaseComparison:
     rank: int
     measured_s: float
     predicted_s: float
+    flop_only_s: float | None = None  # NS FLOPs / measured peak matmul rate: the model without kernels
+    measured_cpu_s: float | None = None  # the phase's thread CPU time (immune to other processes on the cores)
+
+    @property
+    def cpu_error_pct(self) -> float:
+        """Signed prediction error in percent of the measured CPU time (NaN when absent)."""
+        if self.measured_cpu_s is None or self.measured_cpu_s <= 0:
+            return math.nan
+        return 100.0 * (self.predicted_s - self.measured_cpu_s) / self.measured_cpu_s
+
+    @property
+    def flop_only_error_pct(self) -> float:
+        """Signed error of the FLOP-only prediction in percent (NaN when absent)."""
+        if self.flop_only_s is None or self.measured_s <= 0:
+            return math.nan
+        return 100.0 * (self.flop_only_s - self.measured_s) / self.measured_s
 
     @property
     def error_pct(self) -> float:
@@ -100,9 +126,13 @@ class ReferenceCheck:
             same = "equal" if measured == predicted else f"predicted {predicted:.4g}"
             lines.append(f"rank {rank} Newton-Schulz FLOPs/step: measured {measured:.4g}, {same}")
         for p in self.phases:
-            goal = f" (goal ±{NS_GOAL_PCT:.0f} %)" if p.phase == "newton_schulz" else ""
+            goal = f" (goal ±{NS_GOAL_PCT:.0f} %)" if p.phase in ("newton_schulz", "optimizer") else ""
+            flop = (f"; FLOP-only {p.flop_only_s * 1e3:.3f} ms ({p.flop_only_error_pct:+.1f} %)"
+                    if p.flop_only_s is not None else "")
+            cpu = (f"; CPU time {p.measured_cpu_s * 1e3:.3f} ms, error {p.cpu_error_pct:+.1f} %"
+                   if p.measured_cpu_s is not None else "")
             lines.append(f"rank {p.rank} {p.phase}: measured {p.measured_s * 1e3:.3f} ms, predicted "
-                         f"{p.predicted_s * 1e3:.3f} ms, error {p.error_pct:+.1f} %{goal}")
+                         f"{p.predicted_s * 1e3:.3f} ms, error {p.error_pct:+.1f} %{goal}{cpu}{flop}")
         lines += [f"note: {n}" for n in self.notes]
         return lines
 
@@ -115,7 +145,9 @@ class ReferenceCheck:
                                   "unexpected": [c.to_dict() for c in d.unexpected]} for d in self.diffs],
             "ns_flops_per_step": {r: {"measured": m, "predicted": p} for r, (m, p) in self.ns_flops.items()},
             "phases": [{"phase": p.phase, "rank": p.rank, "measured_s": p.measured_s, "predicted_s": p.predicted_s,
-                        "error_pct": p.error_pct} for p in self.phases],
+                        "error_pct": p.error_pct, "measured_cpu_s": p.measured_cpu_s, "cpu_error_pct": p.cpu_error_pct,
+                        "flop_only_s": p.flop_only_s,
+                        "flop_only_error_pct": p.flop_only_error_pct} for p in self.phases],
             "notes": self.notes,
         }
 
@@ -171,9 +203,28 @@ def _rank_key(mapping: Mapping[Any, Any], rank: int) -> Any:
     return mapping.get(str(rank), mapping.get(rank))
 
 
+def _reference_adam_kernels(plan: Any, inventory: Inventory, rank: int, muon_names: list[str],
+                            items: dict[str, Any], grad_bytes: int) -> tuple[Any, ...]:
+    """The reference backend's AdamW kernels on GPU ``rank``: one eager AdamW per element-wise bucket
+    shard (its padded equal share) and per whole non-Muon parameter the rank owns."""
+    from costmodel.optimizer.kernel_sequence import eager_adam_kernels
+
+    tp = inventory.tp
+    work = next(r for r in plan.ranks if r.dense_rank == rank // tp and r.expert_rank == rank // (inventory.etp * inventory.ep))
+    shards = [b for b in plan.buckets if b.kind == "element_wise"]
+    pieces = float(len(shards))
+    numel = float(sum(b.numel // b.group_size for b in shards))
+    if not shards:  # legacy / replicated: AdamW on the whole non-Muon parameters this rank owns
+        whole = dict(work.kernel_counts).get("adam_param_copy", 0.0) / (1 + (grad_bytes != 4))
+        pieces += whole
+        numel += work.owned_numel - sum(items[n].local_numel for n in muon_names)
+    return eager_adam_kernels(pieces, numel, grad_bytes)
+
+
 def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: ModelSpec) -> ReferenceCheck:
     """Compare a reference run with the cost model's plan at this machine's measured rates."""
     from costmodel.optimizer import expected_rank_collectives, plan_from_inventory
+    from costmodel.optimizer.kernel_sequence import muon_tensor_kernels, orthogonalize_kernels
     from costmodel.optimizer.newton_schulz import NsSettings, tensor_ns_work
 
     config = run_config(run)
@@ -198,7 +249,11 @@ def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: Model
     items = _items(inventory)
     st = NsSettings.from_spec(spec)
     dtype = MATMUL_DTYPE[spec.matmul_precision]
+    grad_bytes = 4 if config.get("grad_dtype", "fp32") == "fp32" else 2
+    muon_kw = dict(grad_bytes=grad_bytes, nesterov=bool(config.get("nesterov", False)),
+                   weight_decay=float(config.get("weight_decay", 0.01)) != 0.0)
     phases_by_rank = extra.get("phase_times_s_by_rank") or {"0": run.phase_times_s or {}}
+    cpu_by_rank = extra.get("phase_cpu_s_by_rank") or {}
     flops_by_rank = extra.get("ns_flops_per_step_by_rank") or {}
     phases: list[PhaseComparison] = []
     ns_flops: dict[int, tuple[float, float]] = {}
@@ -207,15 +262,25 @@ def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: Model
         measured = _rank_key(phases_by_rank, rank)
         if measured is None:
             continue
-        works = [tensor_ns_work(items[name], st) for name in plan.owned_tensors(rank)] if spec.kind == "muon" else []
+        names = plan.owned_tensors(rank) if spec.kind == "muon" else []
+        works = [tensor_ns_work(items[name], st) for name in names]
         flops = sum(w.flops for w in works)
         if _rank_key(flops_by_rank, rank) is not None:
             ns_flops[rank] = (float(_rank_key(flops_by_rank, rank)), flops)
+        muon = [muon_tensor_kernels(items[n], w, st, **muon_kw) for n, w in zip(names, works, strict=True)]  # type: ignore[arg-type]
+        calls = sum(len(items[name].muon_components) for name in names)
+        flop_only = flops / local.gemm_flops_per_s[dtype]
+        comm = measured.get("ns_comm", 0.0)
+        cpu = _rank_key(cpu_by_rank, rank) or {}
         if works and measured.get("newton_schulz"):
-            calls = sum(len(items[name].muon_components) for name in plan.owned_tensors(rank))
-            ns_s = local.newton_schulz_time_s([g for w in works for g in w.gemms], calls, dtype)
-            phases.append(PhaseComparison("newton_schulz", rank, measured["newton_schulz"] - measured.get("ns_comm", 0.0),
-                                          ns_s))
+            ns_s = local.kernels_time_s([k for ks in muon for k in orthogonalize_kernels(ks)], calls, dtype)
+            phases.append(PhaseComparison("newton_schulz", rank, measured["newton_schulz"] - comm, ns_s, flop_only,
+                                          cpu.get("newton_schulz")))
+        if measured.get("optimizer"):
+            adam = _reference_adam_kernels(plan, inventory, rank, names, items, grad_bytes)
+            opt_s = local.kernels_time_s([k for ks in muon for k in ks] + list(adam), calls, dtype)
+            phases.append(PhaseComparison("optimizer", rank, measured["optimizer"] - comm, opt_s, flop_only,
+                                          cpu.get("optimizer")))
         if measured.get("grad_reduce"):
             reduce_calls = [c for c in expected[rank] if c.phase == "grad_reduce"]
             times = [local.collective_time_s(c.op, c.bytes) for c in reduce_calls]

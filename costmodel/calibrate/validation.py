@@ -21,21 +21,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from topologies.inputs import UserInputError
-from workloads.measured import MeasuredRun
+from workloads.measured import MeasuredRun, SkippedRun
 from workloads.scenario import Scenario, build_config
 
 if TYPE_CHECKING:
     from costmodel.calibrate.profile import CalibrationProfile
 
-RECOMPUTE_MODES = ("none", "selective", "full")
-
-
 # ------------------------------------------------------------------------------- scenarios
 def scenario_for_run(run: MeasuredRun) -> Scenario:
     """The validated scenario a measured run describes (raises UserInputError if it is invalid)."""
-    overrides = run.scenario_overrides()
-    if run.recompute and run.recompute.strip().lower() in RECOMPUTE_MODES:
-        overrides["recompute"] = run.recompute.strip().lower()
+    try:
+        overrides = run.scenario_overrides()
+    except ValueError as err:
+        raise UserInputError(f"run '{run.run_id}': recipe settings: {err}") from None
     return build_config({}, overrides, source=f"run '{run.run_id}'").resolve()
 
 
@@ -141,6 +139,8 @@ class RunResult:
     measured_step_time_s: float
     predicted_step_time_s: float
     in_training_set: bool = False
+    settings: dict[str, Any] | None = None  # the recipe settings the prediction used (scenario keys)
+    settings_source: dict[str, Any] | None = None  # where they came from (file, ref, unresolved columns)
 
     @property
     def error_pct(self) -> float:
@@ -153,7 +153,8 @@ class RunResult:
             "run_id": self.run_id, "model": self.model, "system": self.system, "release": self.release,
             "num_gpus": self.num_gpus, "measured_step_time_s": self.measured_step_time_s,
             "predicted_step_time_s": self.predicted_step_time_s, "error_pct": self.error_pct,
-            "in_training_set": self.in_training_set,
+            "in_training_set": self.in_training_set, "settings": self.settings,
+            "settings_source": self.settings_source,
         }
 
 
@@ -287,13 +288,20 @@ def predict_prepared(prepared: PreparedRun, calibration: CalibrationProfile | No
     return step_time_s(with_factors(prepared.scenario, factors))
 
 
+def skipped_as_unsupported(skipped: Iterable[SkippedRun]) -> list[UnsupportedRun]:
+    """Rows a dataset skipped (with their reasons) as unsupported runs of a report."""
+    return [UnsupportedRun(s.run_id, s.model, s.system, s.reason) for s in skipped]
+
+
 def validate_runs(runs: Iterable[MeasuredRun], calibration: CalibrationProfile | None = None,
-                  engine: str = "analytic") -> ValidationReport:
-    """Predict every supported run and compare with what was measured."""
+                  engine: str = "analytic", skipped: Iterable[SkippedRun] = ()) -> ValidationReport:
+    """Predict every supported run and compare with what was measured (``skipped``: rows a
+    dataset did not turn into runs, listed as unsupported with their reason)."""
     from costmodel.errors import UnsupportedScenario
 
     step_time_s = step_time_function(engine)
     prepared, unsupported = prepare_runs(runs, engine, check=False)
+    unsupported = skipped_as_unsupported(skipped) + unsupported
     training = set(calibration.training_run_ids) if calibration else set()
     rows: list[RunResult] = []
     for p in prepared:
@@ -310,8 +318,39 @@ def validate_runs(runs: Iterable[MeasuredRun], calibration: CalibrationProfile |
     return ValidationReport(rows, unsupported, label, engine)
 
 
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [v.model_dump() if hasattr(v, "model_dump") else v for v in value]
+    return value
+
+
+def scenario_recipe_settings(scenario: Scenario) -> dict[str, Any]:
+    """Every recipe setting (:data:`workloads.recipe_columns.SETTING_KEYS`) as the scenario has it."""
+    from workloads.recipe_columns import SETTING_KEYS
+    from workloads.scenario import section_of
+
+    cfg = scenario.config
+    out: dict[str, Any] = {"mtp_layers": scenario.model.mtp_layers, "fsdp": scenario.par.fsdp}
+    for key in sorted(SETTING_KEYS):
+        section = section_of(key)
+        if section is not None:
+            out[key] = _plain(getattr(getattr(cfg, section), key))
+    return out
+
+
+def settings_source(run: MeasuredRun) -> dict[str, Any] | None:
+    """Where a run's recipe settings came from: the settings row's provenance, what was unresolved."""
+    cells = run.recipe_settings
+    if not cells:
+        return None
+    out: dict[str, Any] = {k: cells[k] for k in ("source_ref", "config_name", "match_status") if k in cells}
+    out["unresolved_columns"] = list(run.recipe_resolution().unresolved)
+    return out
+
+
 def result_row(prepared: PreparedRun, predicted_step_time_s: float, in_training_set: bool = False) -> RunResult:
-    """A RunResult for a prepared run and its prediction."""
+    """A RunResult for a prepared run and its prediction (with the settings the prediction used)."""
     run = prepared.run
     return RunResult(run.run_id, run.model, run.system, run.release, run.num_gpus, prepared.tokens_per_step,
-                     run.step_time_s, predicted_step_time_s, in_training_set)
+                     run.step_time_s, predicted_step_time_s, in_training_set,
+                     scenario_recipe_settings(prepared.scenario), settings_source(run))

@@ -4,8 +4,10 @@ The reported step is the second one, from the moment the last rank finished step
 the last rank finished step 2, so the overlap across the step boundary (parameter all-gather hidden
 behind the next forward) is real. The breakdown is measured on the busiest stage's representative
 GPU: its compute, the exposed collective time on its compute stream, and its waits, attributed to
-what it waited for (activations in flight: pp; activations not yet produced: pipeline bubble;
-gradient reduction and the global gradient sync: dp_grad; parameter gather: dp_param).
+what it waited for (activations in flight: pp; activations not yet produced: pipeline bubble,
+unless their sender was itself held up by its parameter gather, which is then booked as dp_param
+on every rank it delays, as in the analytic engine; gradient reduction and the global gradient
+sync: dp_grad; parameter gather: dp_param).
 Without a timeline (``record=False``) long schedules are simulated short and extrapolated over
 the periodic 1F1B steady state (:func:`simulate`; within 0.3 % of the full simulation on the
 45 distinct published configurations, 5x faster).
@@ -23,7 +25,7 @@ from costmodel.step_structure import StepStructure, build_step_structure
 if TYPE_CHECKING:
     from workloads.scenario import Scenario
 
-EXPOSED_KINDS = ("tp", "cp", "ep", "dp_fsdp", "pp", "dp_grad", "dp_param", "optimizer_tp")
+EXPOSED_KINDS = ("tp", "cp", "ep", "dp_fsdp", "offload", "pp", "dp_grad", "dp_param", "optimizer_tp")
 
 
 STEADY_GROUPS = 4  # micro-batch groups of pp simulated before the steady state is extrapolated
@@ -88,7 +90,8 @@ def run_des(scenario: Scenario, contention: bool = True, overlap: bool = True, r
     res = simulate(st, contention=contention, record=record)
     step, breakdown = des_breakdown(st, res)
     events = [TimelineEvent(rank=f"pp{e.rank}", stream=e.stream, name=e.name, start_s=e.start_s,
-                            duration_s=e.duration_s, category=e.category, step=e.step + 1) for e in res.events]
+                            duration_s=e.duration_s, category=e.category, step=e.step + 1, bytes=e.bytes or None)
+              for e in res.events]
     b = breakdown
     opt_exposed = b.optimizer + sum(b.exposed_comm.get(k, 0.0) for k in ("optimizer_tp", "dp_grad", "dp_param"))
     dp_total = sum(bk.reduce_s + bk.gather_s for s in st.stages for bk in s.buckets) / max(len(st.stages), 1)

@@ -15,7 +15,8 @@ boundaries, each slice releasing its bucket's reduce-scatter to the DP stream (w
 ``overlap_grad_reduce``). After its schedule a rank waits for its gradients, meets every other
 rank (gradient-norm synchronisation), runs the optimizer step, then gathers parameters
 synchronously or, with ``hide_param_gather``, queues every bucket's all-gather in forward order
-and lets the next step's first forward of each chunk wait at each bucket for its parameters.
+(``align_param_gather``: right away; otherwise each chunk's when the next step's first forward of
+that chunk starts) and lets that forward wait at each bucket for its parameters.
 Passes run as one compute block followed by their collectives, or layer by layer while DP traffic
 is in flight on the rank (so overlapping flows and compute interleave as in the real step).
 """
@@ -34,7 +35,7 @@ from costmodel.pipeline import schedule_order
 from costmodel.step_structure import BucketCost, PassCost, StepStructure
 
 Ev = Generator[simpy.Event, Any, None]
-LINK_PREFIX = {"nvlink": "nvl", "network": "net"}
+LINK_PREFIX = {"nvlink": "nvl", "network": "net", "host": "host"}  # host: the GPU's link to host memory (offloading)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,13 @@ class RawEvent:
     duration_s: float
     category: str
     step: int
+    bytes: float = 0.0  # bytes moved per GPU (0: not recorded)
+
+
+# Waits that delay a rank's messages and so reach the ranks downstream of it: an activation that is
+# late because its sender waited for these is booked under the same kind, not as a pipeline bubble
+# (the analytic engine books the parameter gather's delay of the first forwards as dp_param too).
+PROPAGATED_KINDS = ("dp_param",)
 
 
 @dataclass
@@ -76,11 +84,16 @@ class StepSimulation:
         self.queues = [simpy.Store(self.env) for _ in range(st.pp)]
         self.dp_busy = [0] * st.pp
         self.grad_done = [[self.env.event() for _ in range(st.pp)] for _ in range(steps)]
+        self.embd_stages = [s for s, stage in enumerate(st.stages) if stage.embedding_grad_s > 0]
+        self.embd_done = [self.env.event() for _ in range(steps)]  # shared-embedding all-reduce finished
         self.reduce_left = [[len(s.buckets) for s in st.stages] for _ in range(steps)]
         self.params: dict[tuple[int, int, int], simpy.Event] = {}
         self.rank_end = [[0.0] * st.pp for _ in range(steps)]
         self.bwd_end = [[0.0] * st.pp for _ in range(steps)]
         self.acc: list[list[dict[str, float]]] = [[defaultdict(float) for _ in range(st.pp)] for _ in range(steps)]
+        # [step][rank] seconds of PROPAGATED_KINDS waits on the rank's path so far (own or inherited)
+        self.delay: list[list[dict[str, float]]] = [[defaultdict(float) for _ in range(st.pp)] for _ in range(steps)]
+        self.carried: dict[tuple, dict[str, float]] = {}  # message key -> its sender's delays when sent
         self.events: list[RawEvent] = []
 
     # ------------------------------------------------------------------ helpers
@@ -88,9 +101,10 @@ class StepSimulation:
         p = LINK_PREFIX[link]
         return (f"{p}_tx{s}", f"{p}_rx{s if dst is None else dst}")
 
-    def _log(self, s: int, stream: str, name: str, start: float, category: str, step: int) -> None:
+    def _log(self, s: int, stream: str, name: str, start: float, category: str, step: int,
+             size_bytes: float = 0.0) -> None:
         if self.record:
-            self.events.append(RawEvent(s, stream, name, start, self.env.now - start, category, step))
+            self.events.append(RawEvent(s, stream, name, start, self.env.now - start, category, step, size_bytes))
 
     def _msg(self, key: tuple) -> simpy.Event:
         ev = self.msgs.get(key)
@@ -101,12 +115,13 @@ class StepSimulation:
     def _send(self, s: int, dst: int, key: tuple, step: int) -> None:
         st = self.st
         self.sent_at[key] = self.env.now
+        self.carried[key] = dict(self.delay[step][s])
         done = self.net.transfer(st.p2p_s - st.p2p_latency_s, self._res(st.p2p_link, s, dst), st.p2p_latency_s)
         start = self.env.now
         target = self._msg(key)
 
         def arrived(_: simpy.Event) -> None:
-            self._log(s, "pp", f"send {key[0]} mb{key[2]} v{key[3]}", start, "pp", step)
+            self._log(s, "pp", f"send {key[0]} mb{key[2]} v{key[3]}", start, "pp", step, st.p2p_bytes)
             target.succeed()
 
         done.callbacks.append(arrived)
@@ -118,13 +133,22 @@ class StepSimulation:
         wait = self.env.now - t0
         if wait > 0:
             transfer = self.env.now - max(t0, self.sent_at.get(key, t0))
-            self.acc[step][s]["pp"] += transfer
-            self.acc[step][s]["pipeline_bubble"] += wait - transfer
+            acc, mine = self.acc[step][s], self.delay[step][s]
+            acc["pp"] += transfer
+            idle = wait - transfer
+            for kind, theirs in self.carried.get(key, {}).items():  # the sender's delays explain the lateness first
+                inherited = min(idle, max(theirs - mine[kind], 0.0))
+                acc[kind] += inherited
+                mine[kind] += inherited
+                idle -= inherited
+            acc["pipeline_bubble"] += idle
 
     def _wait(self, s: int, ev: simpy.Event, kind: str, step: int) -> Ev:
         t0 = self.env.now
         yield ev
         self.acc[step][s][kind] += self.env.now - t0
+        if kind in PROPAGATED_KINDS:
+            self.delay[step][s][kind] += self.env.now - t0
 
     # ------------------------------------------------------------------ passes
     def _slice(self, s: int, cost: PassCost, frac: float, name: str, step: int) -> Ev:
@@ -132,7 +156,7 @@ class StepSimulation:
         env, acc = self.env, self.acc[step][s]
         if frac <= 0:
             return
-        exposed: dict[str, list[tuple[str, float, float]]] = {}
+        exposed: dict[str, list[tuple[str, float, float, float]]] = {}
         for blk in cost.comm:
             vol = max(blk.time_s - blk.latency_s, 0.0) * frac
             hidden = 1.0 - blk.exposed_fraction
@@ -140,7 +164,7 @@ class StepSimulation:
                 self.net.transfer(vol * hidden, self._res(blk.link, s), 0.0)
             if blk.exposed_fraction > 0:
                 exposed.setdefault(blk.link, []).append(
-                    (blk.kind, vol * blk.exposed_fraction, blk.latency_s * frac * blk.exposed_fraction))
+                    (blk.kind, vol * blk.exposed_fraction, blk.latency_s * frac * blk.exposed_fraction, blk.bytes * frac))
         if cost.compute_s > 0:
             t0 = env.now
             dur = cost.compute_s * frac
@@ -151,14 +175,14 @@ class StepSimulation:
             self._log(s, "compute", name, t0, "compute", step)
         for link, parts in exposed.items():  # back-to-back collectives on one link: one flow
             t0 = env.now
-            yield self.net.transfer(sum(v for _, v, _ in parts), self._res(link, s), sum(lat for _, _, lat in parts))
-            took, alone = env.now - t0, sum(v + lat for _, v, lat in parts)
+            yield self.net.transfer(sum(p[1] for p in parts), self._res(link, s), sum(p[2] for p in parts))
+            took, alone = env.now - t0, sum(p[1] + p[2] for p in parts)
             t = t0
-            for kind, v, lat in parts:  # split the measured time by each collective's share
+            for kind, v, lat, size in parts:  # split the measured time by each collective's share
                 share = took * (v + lat) / alone if alone > 0 else 0.0
                 acc[kind] += share
                 if self.record:
-                    self.events.append(RawEvent(s, kind, f"{kind} {name}", t, share, kind, step))
+                    self.events.append(RawEvent(s, kind, f"{kind} {name} (exposed part)", t, share, kind, step, size))
                 t += share
 
     def _run_pass(self, s: int, cost: PassCost, name: str, step: int, layers: int,
@@ -199,7 +223,9 @@ class StepSimulation:
                 self.dp_busy[s] += 1
                 yield self.net.transfer(max(total - lat, 0.0), self._res(bucket.link, s), lat)
                 self.dp_busy[s] -= 1
-            self._log(s, "dp", f"{'RS grad' if kind == 'reduce' else 'AG param'} c{bucket.chunk} {bucket.group}", t0, "dp", step)
+            size = bucket.reduce_bytes if kind == "reduce" else bucket.gather_bytes
+            self._log(s, "dp", f"{'RS grad' if kind == 'reduce' else 'AG param'} c{bucket.chunk} {bucket.group}", t0, "dp",
+                      step, size)
             if done is not None:
                 done.succeed()
             if kind == "reduce":
@@ -242,6 +268,10 @@ class StepSimulation:
                     if v > 0:
                         yield from self._wait_msg(s, ("F", step, p.microbatch, v), step)
                     cuts = None
+                    if hide and first_f[p.chunk] == i and not st.align_param_gather:
+                        for k, b in enumerate(fwd_buckets):  # not aligned: the chunk's gathers start now
+                            if b.chunk == p.chunk:
+                                self._gather(s, step, k)
                     if hide and first_f[p.chunk] == i:
                         cuts = [(b.fwd_need_fraction, "before", self._param_waiter(s, step, k))
                                 for k, b in enumerate(fwd_buckets) if b.chunk == p.chunk]
@@ -253,18 +283,32 @@ class StepSimulation:
                         yield from self._wait_msg(s, ("B", step, p.microbatch, v), step)
                     cuts = None
                     if st.overlap_grad_reduce and last_b[p.chunk] == i:
-                        cuts = [(b.bwd_ready_fraction, "after", self._releaser(s, step, b))
-                                for b in stage.buckets if b.chunk == p.chunk]
+                        cuts = [(b.bwd_ready_fraction, "before" if b.prescale_s > 0 else "after",
+                                 self._releaser(s, step, b)) for b in stage.buckets if b.chunk == p.chunk]
                     yield from self._run_pass(s, chunk.bwd, label, step, max(chunk.layers, 1), cuts)
                     self.bwd_end[step][s] = env.now
                     if v > 0:
                         self._send(s, (v - 1) % pp, ("B", step, p.microbatch, v - 1), step)
+            if stage.grad_prescale_s > 0 and not st.overlap_grad_reduce:  # every bucket's 1/dp scaling, now
+                t0 = env.now
+                yield env.timeout(stage.grad_prescale_s)
+                self.acc[step][s]["compute"] += env.now - t0
+                self.bwd_end[step][s] = env.now
             if not st.overlap_grad_reduce:
                 for b in stage.backward_buckets:
                     self._reduce(s, step, b)
             yield from self._wait(s, self.grad_done[step][s], "dp_grad", step)
+            if s in self.embd_stages:  # both ends reduced their DP grads: all-reduce the shared embedding's
+                yield from self._wait(s, env.all_of([self.grad_done[step][j] for j in self.embd_stages]), "dp_grad", step)
+                t0 = env.now
+                yield self.net.transfer(max(stage.embedding_grad_s - stage.embedding_grad_latency_s, 0.0),
+                                        self._res(stage.embedding_grad_link, s), stage.embedding_grad_latency_s)
+                self.acc[step][s]["dp_grad"] += env.now - t0
+                self._log(s, "dp", "AR embedding grad (embd)", t0, "dp", step)
+                if not self.embd_done[step].triggered:
+                    self.embd_done[step].succeed()
             t0 = env.now
-            yield env.all_of(self.grad_done[step])
+            yield env.all_of(self.grad_done[step] + ([self.embd_done[step]] if self.embd_stages else []))
             drain = min(max(max(self.bwd_end[step]) - t0, 0.0), env.now - t0)  # others still in backward
             self.acc[step][s]["pipeline_bubble"] += drain
             self.acc[step][s]["dp_grad"] += env.now - t0 - drain
@@ -280,8 +324,8 @@ class StepSimulation:
             if not st.hide_param_gather:
                 for k in range(len(fwd_buckets)):
                     yield from self._wait(s, self._gather(s, step, k), "dp_param", step)
-            elif step + 1 < self.steps:
-                for k in range(len(fwd_buckets)):  # prefetch every bucket, in forward order
+            elif step + 1 < self.steps and st.align_param_gather:
+                for k in range(len(fwd_buckets)):  # aligned: prefetch every bucket, in forward order
                     self._gather(s, step + 1, k)
             self.rank_end[step][s] = env.now
 
@@ -291,7 +335,17 @@ class StepSimulation:
         return wait
 
     def _releaser(self, s: int, step: int, bucket: BucketCost):  # noqa: ANN202
-        return lambda: self._reduce(s, step, bucket)
+        """Release ``bucket``'s reduction; with a 1/dp pre-scaling (``prescale_s``) a generator that
+        first runs it on the compute stream."""
+        if bucket.prescale_s <= 0:
+            return lambda: self._reduce(s, step, bucket)
+
+        def scale_then_reduce() -> Ev:
+            t0 = self.env.now
+            yield self.env.timeout(bucket.prescale_s)
+            self.acc[step][s]["compute"] += self.env.now - t0
+            self._reduce(s, step, bucket)
+        return scale_then_reduce
 
     def run(self) -> DesResult:
         """Run the simulation to the end and collect per-step times and attributions."""

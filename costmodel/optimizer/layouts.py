@@ -7,20 +7,21 @@ non-2-D parameters). Outputs are bucket spans and owner arrays; nothing here kno
 * :func:`ddp_buckets`: DDP buckets. With the distributed optimizer every parameter starts on a
   64-element boundary and each bucket end is padded to a multiple of lcm(dp, 128); without it
   (plain DDP: legacy layer-wise, replicated) nothing is padded. A bucket closes once it holds
-  ``bucket_size`` elements (``None`` = one bucket).
+  ``bucket_size`` elements (``None`` = one bucket); with the distributed optimizer a shared
+  embedding gets a bucket of its own.
 * :func:`shard_param_numel`: parameter elements (padding excluded) in each rank's equal shard of
   an element-wise bucket.
 * :func:`whole_param_owner`: legacy layer-wise ownership of whole parameters: ``ping_pong``
   (stable ascending sort by numel, owners 0,1,…,d−1,d−1,…,0,0,1,…), ``lpt`` (descending cost,
   least-loaded rank) or ``none`` (layout order dealt round-robin: no balancing).
-* :func:`layer_wise_buckets`: the current layout (``_compute_per_buffer_param_layout``): chunking,
-  per-chunk assignment (LPT by cost with the 1.3× cap and loads persisting across chunks), 64-aligned
+* :func:`layer_wise_buckets`: the current layout (``_compute_per_buffer_param_layout``): chunking
+  (:func:`chunk_bounds`, our reconstruction of Megatron's closure rule), per-chunk assignment (LPT by cost with the 1.3× cap and loads persisting across chunks), 64-aligned
   starts, shard padding to lcm(64, lcm(d,128)/d); a parameter never crosses a shard boundary.
+  :func:`layer_wise_layout` adds the shared-embedding rule (its own bucket, on shard 0).
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -58,23 +59,37 @@ class BucketSpan:
     owner: np.ndarray | None = None
 
 
-def ddp_buckets(numel: np.ndarray, dp: int, bucket_size: int | None, distributed_optimizer: bool) -> list[BucketSpan]:
-    """DDP buckets over ``numel`` (backprop order); see the module docstring for the padding."""
+def ddp_buckets(numel: np.ndarray, dp: int, bucket_size: int | None, distributed_optimizer: bool,
+                isolate: np.ndarray | None = None) -> list[BucketSpan]:
+    """DDP buckets over ``numel`` (backprop order); see the module docstring for the padding.
+
+    ``isolate`` (bool per parameter): Megatron's ``shared_embedding`` parameters, which get a bucket
+    of their own when the distributed optimizer is used (``_does_param_require_new_bucket``).
+    """
     align = PARAM_ALIGN if distributed_optimizer else 1
     end_pad = math.lcm(dp, 128) if distributed_optimizer else 1
     limit = bucket_size if bucket_size is not None else math.inf
+    alone = isolate.tolist() if isolate is not None and distributed_optimizer else [False] * len(numel)
     out: list[BucketSpan] = []
-    first, cursor, starts = 0, 0, []
+    first, cursor = 0, 0
+    starts: list[int] = []
     sizes = numel.tolist()
+
+    def close(stop: int) -> None:
+        nonlocal first, cursor, starts
+        out.append(BucketSpan(first, stop, round_up(cursor, end_pad), sum(sizes[first:stop]), np.array(starts)))
+        first, cursor, starts = stop, 0, []
+
     for i, n in enumerate(sizes):
+        if alone[i] and starts:
+            close(i)
         start = round_up(cursor, align)
         starts.append(start)
         cursor = start + n
-        if cursor >= limit:
-            out.append(BucketSpan(first, i + 1, round_up(cursor, end_pad), sum(sizes[first:i + 1]), np.array(starts)))
-            first, cursor, starts = i + 1, 0, []
+        if cursor >= limit or alone[i]:
+            close(i + 1)
     if starts:
-        out.append(BucketSpan(first, len(sizes), round_up(cursor, end_pad), sum(sizes[first:]), np.array(starts)))
+        close(len(sizes))
     return out
 
 
@@ -134,10 +149,6 @@ def shard_pad_multiple(d: int) -> int:
     return math.lcm(PARAM_ALIGN, math.lcm(d, 128) // d)
 
 
-def _aligned(x: np.ndarray | int) -> np.ndarray:
-    return -(-np.asarray(x) // PARAM_ALIGN) * PARAM_ALIGN
-
-
 def _assign_chunk(numel: np.ndarray, cost: np.ndarray, d: int, loads: np.ndarray,
                   strategy: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Place one chunk on d shards; returns (owner, start within shard, shard cursors); ``loads`` updated.
@@ -162,29 +173,21 @@ def _assign_chunk(numel: np.ndarray, cost: np.ndarray, d: int, loads: np.ndarray
                 cursors[0] = at + sizes[i]
                 load[0] += costs[i]
         else:
-            # least-loaded rank that fits under the cap (ties: lowest rank) from a heap of (load, rank):
-            # the same choice as scanning every rank, in O(log d) per item while most ranks fit
             padded = [0] * d
-            heap = [(load[k], k) for k in range(d)]
-            heapq.heapify(heap)
+            ranks = range(d)
             for i in order:
                 size = sizes[i]
-                skipped = []
-                while heap and padded[heap[0][1]] + size > cap:
-                    skipped.append(heapq.heappop(heap))
-                if heap:
-                    r = heapq.heappop(heap)[1]
-                else:  # nothing fits under the cap: the shortest shard
-                    r = min(range(d), key=cursors.__getitem__)
-                    skipped = [e for e in skipped if e[1] != r]
-                for e in skipped:
-                    heapq.heappush(heap, e)
+                r, best = -1, math.inf
+                for k in ranks:
+                    if padded[k] + size <= cap and load[k] < best:
+                        r, best = k, load[k]
+                if r < 0:  # nothing fits under the cap: the shortest shard
+                    r = min(ranks, key=cursors.__getitem__)
                 at = padded[r]
                 owner[i], start[i] = r, at
                 cursors[r] = at + size
                 padded[r] = -(-cursors[r] // PARAM_ALIGN) * PARAM_ALIGN
                 load[r] += costs[i]
-                heapq.heappush(heap, (load[r], r))
     else:
         if strategy == "ping_pong":
             order = np.argsort(numel, kind="stable").tolist()
@@ -209,10 +212,33 @@ def _padded_shard(cursors: np.ndarray, d: int) -> int:
     return round_up(max(int(cursors.max()), 1), shard_pad_multiple(d))
 
 
-def _absorbable(numel: np.ndarray, cost: np.ndarray, nxt: int, d: int, loads: np.ndarray, strategy: str) -> bool:
-    """Whether a next parameter of ``nxt`` elements fits into the chunk's existing shard padding."""
-    _, _, cursors = _assign_chunk(numel, cost, d, loads.copy(), strategy)
-    return bool((_aligned(cursors) + nxt <= _padded_shard(cursors, d)).any())
+def chunk_bounds(numel: list[int], d: int, bucket_size: int | None) -> list[int]:
+    """Start index of every chunk of a layer-wise buffer, plus ``len(numel)`` (Megatron's closure rule).
+
+    Our reconstruction of ``LayerWiseDistributedOptimizer._compute_per_buffer_param_layout`` (issue 13
+    item 5; the source is not available here). Walking the parameters in backprop order, before adding
+    a parameter of ``n`` elements to a non-empty chunk of ``C`` elements whose largest parameter has
+    ``M`` elements (largest **in the chunk**), the chunk closes when ``C >= max(bucket_size,
+    floor(0.9·d·M))`` and the parameter cannot be absorbed. Absorption uses Megatron's element-count
+    estimate, not a replay of the assignment: the estimated shard is ``S = round_up(max(ceil(C/d), M),
+    shard_pad_multiple(d))``, and ``n`` is absorbable iff ``n <= d·S − C`` and ``n <= S``.
+    ``bucket_size`` None: one chunk.
+    """
+    bounds = [0]
+    if bucket_size is None:
+        return [0, len(numel)] if numel else [0]
+    multiple = shard_pad_multiple(d)
+    acc = largest = 0
+    for i, n in enumerate(numel):
+        if i > bounds[-1] and acc >= max(bucket_size, int(0.9 * d * largest)):
+            shard = round_up(max(-(-acc // d), largest), multiple)
+            if not (n <= d * shard - acc and n <= shard):
+                bounds.append(i)
+                acc = largest = 0
+        acc += n
+        largest = max(largest, n)
+    bounds.append(len(numel))
+    return bounds
 
 
 _LAYER_WISE_MEMO: OrderedDict[tuple[bytes, bytes, int, int | None, str], list[BucketSpan]] = OrderedDict()
@@ -246,32 +272,45 @@ def layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size:
     return list(spans)
 
 
+def isolated_bucket(first: int, numel: int, d: int) -> BucketSpan:
+    """A shared embedding alone in a layer-wise bucket: whole on shard 0, the other shards padding
+    of equal size (our reading of the current layout's rule, §4.1; the source is not available)."""
+    shard = round_up(max(numel, 1), shard_pad_multiple(d))
+    return BucketSpan(first, first + 1, shard * d, numel, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
+
+
+def layer_wise_layout(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size: int | None, strategy: str,
+                      isolate: np.ndarray | None = None) -> list[BucketSpan]:
+    """:func:`layer_wise_buckets` of a buffer in which the ``isolate`` parameters (shared embeddings)
+    each get their own bucket (:func:`isolated_bucket`); the runs between them are laid out apart
+    (loads restart after an isolated parameter; in practice it is the last one of its buffer)."""
+    if isolate is None or not isolate.any():
+        return layer_wise_buckets(numel, cost, d, bucket_size, strategy)
+    out: list[BucketSpan] = []
+    lo = 0
+    for i in [*np.flatnonzero(isolate).tolist(), len(numel)]:
+        if i > lo:
+            for span in layer_wise_buckets(numel[lo:i], cost[lo:i], d, bucket_size, strategy):
+                out.append(BucketSpan(span.first + lo, span.stop + lo, span.numel, span.used, span.starts, span.owner))
+        if i < len(numel):
+            out.append(isolated_bucket(i, int(numel[i]), d))
+        lo = i + 1
+    return out
+
+
 def _layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size: int | None,
                         strategy: str) -> list[BucketSpan]:
     """The current layer-wise layout of one buffer (§4.1): whole parameters per shard.
 
-    Parameters are walked in backprop order into chunks; a chunk closes once it holds at least
-    max(bucket_size, ⌊0.9·d·max numel⌋) elements and the next parameter cannot be absorbed into the
-    chunk's shard padding. Each chunk becomes one bucket of d equal, padded shards; ``starts`` are
-    bucket-relative offsets (owner·shard + start within the shard).
+    Parameters are walked in backprop order into chunks (:func:`chunk_bounds`: the closure rule).
+    Each chunk becomes one bucket of d equal, padded shards; ``starts`` are bucket-relative offsets
+    (owner·shard + start within the shard).
     """
     if len(numel) == 0:
         return []
     numel = numel.astype(np.int64)
     cost = cost.astype(np.float64)
-    limit = math.inf if bucket_size is None else bucket_size
-    threshold = max(limit, int(0.9 * d * int(numel.max())))
-    loads = np.zeros(d)
-    bounds = [0]
-    acc = 0
-    for i, n in enumerate(numel.tolist()):
-        lo = bounds[-1]
-        if i > lo and acc >= threshold and not _absorbable(numel[lo:i], cost[lo:i], n, d, loads, strategy):
-            _assign_chunk(numel[lo:i], cost[lo:i], d, loads, strategy)  # commit the closed chunk's loads
-            bounds.append(i)
-            acc = 0
-        acc += n
-    bounds.append(len(numel))
+    bounds = chunk_bounds(numel.tolist(), d, bucket_size)
     loads = np.zeros(d)
     out = []
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from costmodel.compute import gemm_time_s
+from costmodel.compute import newton_schulz_gemm_time_s
+from costmodel.kernels import kernel_floor_s
 from topologies.hardware import SystemSpec
 from workloads.comm import DTYPE_BYTES, CollectiveCall
 from workloads.flops import newton_schulz_flops
@@ -139,10 +140,9 @@ def tensor_ns_work(tensor: TensorSpec, st: NsSettings) -> NsWork:
 
 
 def ns_time_s(work: NsWork, system: SystemSpec, precision: str) -> float:
-    """Seconds of the NS GEMMs of ``work`` (each timed by costmodel.compute at the NS factor)."""
+    """GPU seconds of the NS GEMMs of ``work`` (one kernel each, at the Newton-Schulz GEMM efficiency)."""
     cls = MATMUL_CLASS[precision]
-    scale = system.efficiency.newton_schulz
-    return sum(gemm_time_s(f, system, cls, scale) * k for f, k in work.gemms)
+    return sum(kernel_floor_s(newton_schulz_gemm_time_s(f, system, cls), 0.0, system) * k for f, k in work.gemms)
 
 
 def tp_comm_time_s(work: NsWork, call_time_s: Callable[[CollectiveCall], float]) -> float:

@@ -12,25 +12,23 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from functools import partial
 
 import numpy as np
 
 from costmodel.optimizer import layouts as lay
-from costmodel.optimizer.elementwise import adam_bytes_per_element
 from costmodel.optimizer.newton_schulz import NsSettings
 from costmodel.optimizer.plan_types import OptimizerPlan, StageOptimizerPlan
-from costmodel.optimizer.stage_builder import (
-    Grid,
-    StageBuilder,
-    Timer,
-    inventory_chunk_buffers,
-    rank_work,
-)
+from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer, chunk_buffers, rank_work
 from costmodel.optimizer.summary import optimizer_report
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from workloads.comm import CollectiveCall
+from workloads.fp8_params import (
+    fp8_gather_active,
+    fp8_gather_note,
+    is_fp8_param,
+    param_gather_bytes_per_element,
+)
 from workloads.inventory import Inventory
 
 __all__ = ["Grid", "build_optimizer_plan", "cached_inventory", "clear_caches", "expected_rank_collectives",
@@ -38,23 +36,36 @@ __all__ = ["Grid", "build_optimizer_plan", "cached_inventory", "clear_caches", "
 
 _CACHE: OrderedDict[tuple, OptimizerPlan] = OrderedDict()
 _CACHE_SIZE = 256
+_INVENTORIES: OrderedDict[tuple, Inventory] = OrderedDict()
+_INVENTORY_CACHE_SIZE = 64
 
 
 def cached_inventory(scenario) -> Inventory:  # noqa: ANN001 - workloads.scenario.Scenario
-    """``workloads.inventory.inventory_for(scenario)`` (memoised there on what the inventory depends
-    on: shared by every plan and memory estimate of the same sizes)."""
+    """``workloads.inventory.inventory_for(scenario)``, memoised on what the inventory depends on
+    (model, tp, pp, vpp, ep, etp, QKV split, pipeline split): shared by every plan and memory
+    estimate of the same sizes."""
     from workloads.inventory import inventory_for
 
-    return inventory_for(scenario)
+    p = scenario.par
+    key = (scenario.model, p.tp, p.pp, p.vpp, p.ep, p.expert_tp, scenario.optimizer.split_qkv, p.stage_split)
+    inv = _INVENTORIES.get(key)
+    if inv is None:
+        inv = inventory_for(scenario)
+        _INVENTORIES[key] = inv
+        if len(_INVENTORIES) > _INVENTORY_CACHE_SIZE:
+            _INVENTORIES.popitem(last=False)
+    else:
+        _INVENTORIES.move_to_end(key)
+    return inv
 
 
 def clear_caches() -> None:
     """Forget every memoised plan, inventory, layer-wise layout and Newton–Schulz work (cold timings)."""
-    from costmodel.optimizer import newton_schulz
-    from workloads.inventory import clear_inventory_cache
+    from costmodel.optimizer import newton_schulz, stage_builder
 
     _CACHE.clear()
-    clear_inventory_cache()
+    stage_builder._MUON_KERNELS.clear()
+    _INVENTORIES.clear()
     lay.clear_memo()
     newton_schulz._tensor_work.cache_clear()
 
@@ -62,8 +73,9 @@ def clear_caches() -> None:
 def plan_key(scenario) -> tuple:  # noqa: ANN001 - workloads.scenario.Scenario
     """Hashable key of everything the optimizer plan depends on (model, system, sizes, optimizer)."""
     c = scenario.config
-    return (scenario.model.model_dump_json(), scenario.system.model_dump_json(), c.gpus,
-            c.parallelism.model_dump_json(), c.optimizer.model_dump_json(), c.placement.model_dump_json())
+    return (scenario.model.model_dump_json(), scenario.system.model_dump_json(), c.gpus, c.precision,
+            c.parallelism.model_dump_json(), c.optimizer.model_dump_json(), c.placement.model_dump_json(),
+            scenario.runtime.bf16_layers)
 
 
 def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads.scenario.Scenario
@@ -77,9 +89,11 @@ def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads
 
     p = scenario.par
     placement = placement_for(scenario)
-    grid = Grid(dp=scenario.dp * p.cp, expert_dp=scenario.expert_dp, tp=p.tp, etp=p.expert_tp, ep=p.ep)
+    grid = Grid(dp=scenario.dp * p.cp, expert_dp=scenario.expert_dp, tp=p.tp, etp=p.expert_tp, ep=p.ep,
+                instances=scenario.optimizer.num_distributed_optimizer_instances)
     plan = plan_from_inventory(cached_inventory(scenario), scenario.optimizer, grid, scenario.system, placement.shape,
-                               fsdp=p.fsdp > 0)
+                               fsdp=p.fsdp > 0, precision=scenario.precision.value,
+                               bf16_layers=scenario.runtime.bf16_layers)
     _CACHE[key] = plan
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
@@ -87,13 +101,17 @@ def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads
 
 
 def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSpec | None = None,  # noqa: ANN001
-                        shape_of: Callable[[str], GroupShape] | None = None, fsdp: bool = False) -> OptimizerPlan:
+                        shape_of: Callable[[str], GroupShape] | None = None, fsdp: bool = False,
+                        precision: str = "bf16", bf16_layers: tuple[int, int] = (0, 0)) -> OptimizerPlan:
     """The optimizer plan of ``inventory`` under ``spec`` (an OptimizerSpec) and group sizes ``grid``.
 
     ``shape_of(group)`` gives the placement shape of a group kind for collective times (default:
     one NVLink domain); without ``system`` every time is zero but bytes, FLOPs and ownership are exact.
     ``fsdp``: Megatron-FSDP over the whole dp groups: AdamW on each rank's shard, no DP buckets
     (the per-layer gathers and reduce-scatters are :mod:`costmodel.fsdp`'s).
+    ``precision`` (training recipe: bf16, fp8-cs, mxfp8, nvfp4) decides what ``fp8_param_gather``
+    does (:mod:`workloads.fp8_params`); the GEMM weights of the ``bf16_layers`` (first, last) layers
+    kept in BF16 (``first_last_layers_bf16``) are never FP8 parameters.
     """
     if grid.etp * grid.ep * grid.expert_dp != grid.gpus_per_stage:
         raise ValueError(f"inconsistent grid {grid}: tp·dp must equal etp·ep·expert_dp")
@@ -106,7 +124,9 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
         raise ValueError("the layer_wise distributed optimizer is for muon")
     st = NsSettings.from_spec(spec)
     timer = Timer(system, spec.matmul_precision, shape_of)
-    stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp) for s in range(inventory.pp))
+    fp8 = fp8_gather_active(kind, dist, precision, spec.fp8_param_gather, fsdp)
+    stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp, fp8, precision, bf16_layers)
+                   for s in range(inventory.pp))
     layer_wise = dist == "layer_wise"
     gathers = any(b.gather_op for s in stages for b in s.buckets)
     return OptimizerPlan(
@@ -114,83 +134,102 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
         layout=spec.layer_wise_layout if layer_wise else None,
         tp_mode=spec.tp_mode if kind == "muon" else None,
         load_balance=spec.resolved_load_balance if layer_wise else None,
-        stages=stages, notes=_notes(inventory, spec, grid, dist, st) + ((FSDP_NOTE,) if fsdp else ()),
+        stages=stages, notes=_notes(inventory, spec, grid, dist, st, precision, fsdp) + ((fsdp_note(spec),) if fsdp else ()),
         hide_param_gather=bool(spec.hide_param_gather and spec.overlap_grad_reduce and gathers),
+        hypothetical=spec.hypothetical_reason is not None,
     )
 
 
-FSDP_NOTE = ("Megatron-FSDP: parameters gathered and gradients reduce-scattered per layer and micro-batch "
-             "during forward/backward (exposed comm 'dp_fsdp'); the optimizer step is AdamW on the local shard")
+FSDP_NOTES = {
+    "optim_grads_params": "Megatron-FSDP (optim_grads_params): parameters gathered and gradients reduce-scattered per "
+                          "layer and micro-batch during forward/backward (exposed comm 'dp_fsdp'); the optimizer step "
+                          "is AdamW on the local shard",
+    "optim_grads": "Megatron-FSDP (optim_grads): gradients reduce-scattered per layer and micro-batch in backward "
+                   "(exposed comm 'dp_fsdp'); AdamW on the local shard; parameters all-gathered per bucket after the step",
+    "optim": "Megatron-FSDP (optim): gradients accumulate unsharded and are reduce-scattered per bucket after the "
+             "last micro-batch; AdamW on the local shard; parameters all-gathered per bucket after the step",
+    "no_shard": "Megatron-FSDP (no_shard): gradients all-reduced per bucket after the last micro-batch; every rank "
+                "steps every parameter",
+}
+
+
+def fsdp_note(spec) -> str:  # noqa: ANN001 - workloads.scenario.OptimizerSpec
+    """The plan note of Megatron-FSDP under ``spec``'s sharding strategy."""
+    return FSDP_NOTES[spec.data_parallel_sharding_strategy]
 
 
 def _fsdp_shards(b: StageBuilder, buf) -> None:  # noqa: ANN001 - stage_builder._Buffer
-    """Megatron-FSDP: each rank steps its equal shard of the (padded) buffer; no buckets."""
-    gs, role = b.grid.size(buf.group), b.roles[buf.group]
+    """Megatron-FSDP with sharded gradients: each rank steps its equal shard of the (padded) buffer;
+    no gradient buckets (the reduce-scatters are per layer, :mod:`costmodel.fsdp`)."""
+    gs = b.grid.size(buf.group)
     for span in lay.ddp_buckets(buf.numel, gs, None, distributed_optimizer=True):
-        per_rank = lay.shard_param_numel(span, buf.numel, gs).astype(np.float64)
-        role.owned += per_rank
-        role.mem_bytes += per_rank * adam_bytes_per_element(b.gb)
+        b.adam_shards(buf.group, span, buf.numel)
+
+
+def _fsdp_stage(b: StageBuilder, buffers: list, strategy: str) -> None:
+    """The step's bucket work of Megatron-FSDP under ``strategy`` (see :mod:`costmodel.fsdp`)."""
+    for buf in buffers:
+        everything = np.arange(len(buf.numel))
+        if strategy == "optim_grads_params":
+            _fsdp_shards(b, buf)
+        elif strategy == "optim_grads":  # sharded gradients: only the parameter gather is per bucket
+            b.element_wise(buf, everything, reduce=False)
+        elif strategy == "optim":
+            b.element_wise(buf, everything)
+        else:  # no_shard: DDP all-reduce, every rank steps everything
+            b.ddp(buf, gather_op=None)
+            b.step_whole(buf, everything, np.full(len(buf.numel), -1, dtype=np.int64))
 
 
 def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings,  # noqa: ANN001
-           fsdp: bool = False) -> StageOptimizerPlan:
-    """One stage's plan. Buffers of equal content (other chunks and stages of the same layers) share
-    their work through :meth:`StageBuilder.replay`: the cost is per distinct chunk, not per tensor."""
-    b = StageBuilder(s, grid, spec, timer, st)
-    buffers = [buf for c in range(inv.vpp) for buf in inventory_chunk_buffers(inv, s, c, spec.kind)]
+           fsdp: bool = False, fp8: bool = False, precision: str = "bf16",
+           bf16_layers: tuple[int, int] = (0, 0)) -> StageOptimizerPlan:
+    tensors = inv.stage_tensors(s)
+    b = StageBuilder(s, grid, spec, timer, st, param_gather_bytes_per_element(precision, True))
+    fp8_of = (lambda t: is_fp8_param(t, inv.model.num_layers, bf16_layers)) if fp8 else None
+    buffers = [buf for c in range(inv.vpp)
+               for buf in chunk_buffers([t for t in tensors if t.chunk == c], c, spec.kind, fp8_of)]
     dist = spec.resolved_distribution
     if fsdp:
-        for buf in buffers:
-            b.replay([buf], "fsdp", partial(_fsdp_shards, buf=buf))
+        _fsdp_stage(b, buffers, spec.data_parallel_sharding_strategy)
     elif dist == "element_wise":
         for buf in buffers:
-            b.replay([buf], "element_wise", partial(_element_wise, buf=buf))
+            b.element_wise(buf, np.arange(len(buf.numel)))
     elif dist == "replicated":
         for buf in buffers:
-            b.replay([buf], "replicated", partial(_replicated, buf=buf))
+            b.ddp(buf, gather_op=None)
+            b.step_whole(buf, np.arange(len(buf.numel)), np.full(len(buf.numel), -1, dtype=np.int64))
     elif spec.layer_wise_layout == "current":
         strategy = spec.resolved_load_balance
         for buf in buffers:
-            b.replay([buf], "current", partial(_current, buf=buf, strategy=strategy), strategy)
+            b.layer_wise_current(buf, np.flatnonzero(buf.muon), strategy)
+            b.element_wise(buf, np.flatnonzero(~buf.muon))
+    elif grid.dp == 1:  # legacy with dp·cp = 1: Megatron's shard_params returns early (nothing sharded)
+        for buf in buffers:
+            b.ddp(buf, gather_op=None)
+            b.step_whole(buf, np.arange(len(buf.numel)), np.full(len(buf.numel), -1, dtype=np.int64))
     else:  # legacy: whole parameters of the whole stage assigned per dp group
         strategy = spec.resolved_load_balance
         for group in ("dp", "expert_dp"):
             bufs = [buf for buf in buffers if buf.group == group]
-            if bufs:
-                b.replay(bufs, "legacy", partial(_legacy, bufs=bufs, group=group, strategy=strategy), strategy)
+            if not bufs:
+                continue
+            numel = np.concatenate([buf.numel for buf in bufs])
+            cost = np.concatenate([buf.cost for buf in bufs])
+            owner = np.empty(len(numel), dtype=np.int64)
+            order = _sub_optimizer_order(bufs)
+            owner[order] = lay.whole_param_owner(numel[order], cost[order], grid.size(group), strategy)
+            at = 0
+            for buf in bufs:
+                n = len(buf.numel)
+                b.ddp(buf, gather_op="all_gather_v")
+                b.step_whole(buf, np.arange(n), owner[at:at + n], gathered_by_copies=True)
+                at += n
+    if inv.pp > 1:
+        for t in tensors:
+            if t.shared_embedding:
+                b.embedding_grad(t, grid.dp if fsdp else 0)
     return b.finish(rank_work)
-
-
-def _element_wise(b: StageBuilder, buf) -> None:  # noqa: ANN001 - stage_builder._Buffer
-    """Element-wise distributed optimizer (AdamW) over the whole buffer."""
-    b.element_wise(buf, np.arange(len(buf.numel)))
-
-
-def _replicated(b: StageBuilder, buf) -> None:  # noqa: ANN001 - stage_builder._Buffer
-    """Replicated optimizer: the buffer all-reduced, every rank steps every parameter."""
-    b.ddp(buf, gather_op=None)
-    b.step_whole(buf, np.arange(len(buf.numel)), np.full(len(buf.numel), -1, dtype=np.int64))
-
-
-def _current(b: StageBuilder, buf, strategy: str) -> None:  # noqa: ANN001 - stage_builder._Buffer
-    """Current layer-wise layout: Muon parameters in layer-wise buckets, the others element-wise."""
-    b.layer_wise_current(buf, np.flatnonzero(buf.muon), strategy)
-    b.element_wise(buf, np.flatnonzero(~buf.muon))
-
-
-def _legacy(b: StageBuilder, bufs: list, group: str, strategy: str) -> None:
-    """Legacy layer-wise layout: whole parameters of the stage's ``group`` buffers owned by one rank."""
-    numel = np.concatenate([buf.numel for buf in bufs])
-    cost = np.concatenate([buf.cost for buf in bufs])
-    owner = np.empty(len(numel), dtype=np.int64)
-    order = _sub_optimizer_order(bufs)
-    owner[order] = lay.whole_param_owner(numel[order], cost[order], b.grid.size(group), strategy)
-    at = 0
-    for buf in bufs:
-        n = len(buf.numel)
-        b.ddp(buf, gather_op="all_gather_v")
-        b.step_whole(buf, np.arange(n), owner[at:at + n])
-        at += n
 
 
 def _sub_optimizer_order(bufs: list) -> np.ndarray:
@@ -206,8 +245,17 @@ def _sub_optimizer_order(bufs: list) -> np.ndarray:
     return np.concatenate([order[muon], order[~muon]])
 
 
-def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings) -> tuple[str, ...]:  # noqa: ANN001
-    notes: list[str] = []
+def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings, precision: str = "bf16",  # noqa: ANN001
+           fsdp: bool = False) -> tuple[str, ...]:
+    notes: list[str] = [spec.hypothetical_reason] if spec.hypothetical_reason else []
+    fp8_note = fp8_gather_note(spec.kind, dist, precision, spec.fp8_param_gather, fsdp)
+    if fp8_note:
+        notes.append(fp8_note)
+    elif spec.fp8_param_gather:
+        notes.append(f"fp8_param_gather ({precision}): the TE linear weights sit in their own buffers and are gathered "
+                     + ("in FP8 (1 B per element)" if precision == "fp8-cs" else
+                        "in BF16 and quantized to MXFP8 after the gather (2 B per element)")
+                     + ("; Megatron-FSDP's per-layer gathers move them as stored" if fsdp else ""))
     sharded_tp = grid.tp > 1 or grid.etp > 1
     if spec.kind == "muon":
         if spec.tp_mode == "blockwise" and sharded_tp:
@@ -217,12 +265,20 @@ def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings) -> tuple
             notes.append("SYRK disabled: EO/MCore use it only with bf16 ('medium') Newton-Schulz matmuls")
         if not sharded_tp:
             notes.append("tp = etp = 1: every Newton-Schulz call is local, tp_mode has no effect")
-        if dist == "layer_wise" and spec.layer_wise_layout == "legacy":
+        if inv.embedding_copy is not None and inv.embedding_copy.optimizer == "muon":
+            notes.append("MTP with pp > 1: the last stage's own copy of the word embedding is orthogonalised by Muon "
+                         "(Megatron-Core 0.16.1 flags is_embedding_or_output_parameter only where pre_process), while "
+                         "stage 0's copy is on AdamW; their gradients are all-reduced over the embedding group")
+        if dist == "layer_wise" and spec.layer_wise_layout == "legacy" and grid.dp == 1:
+            notes.append("legacy layer-wise with dp·cp = 1: Megatron-Core's shard_params returns early, so nothing "
+                         "is sharded (experts included, even with expert_dp > 1): every rank steps all its "
+                         "parameters, gradients are all-reduced and no parameter is gathered")
+        elif dist == "layer_wise" and spec.layer_wise_layout == "legacy":
             notes.append("legacy layer-wise layout: gradients all-reduced, whole parameters (Muon and AdamW) owned "
                          f"by one rank ({spec.resolved_load_balance}), updated parameters gathered with a "
                          "variable-size all_gather_v per bucket")
         if dist == "layer_wise" and spec.layer_wise_layout == "current" and any(
-                t.dp_group == "expert_dp" and t.optimizer == "adamw" for t in inv.by_content.values()):
+                t.dp_group == "expert_dp" and t.optimizer == "adamw" for t in inv.tensors):
             notes.append("expert-parallel non-Muon parameters modelled on element-wise buckets over expert_dp "
                          "(Megatron asserts on them in the current layout; use the legacy layout)")
     if dist == "replicated":

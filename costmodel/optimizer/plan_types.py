@@ -16,9 +16,7 @@ work, so ``ranks`` holds one :class:`RankWork` per distinct pair (``multiplicity
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -37,30 +35,95 @@ class Bucket:
     numel: int  # padded elements in the bucket
     grad_bytes: int  # numel x grad element size (nccl-tests size of the reduce)
     param_bytes: int  # numel x param element size (nccl-tests size of the gather)
-    reduce_op: Literal["reduce_scatter", "all_reduce"]
+    reduce_op: Literal["reduce_scatter", "all_reduce"] | None  # None: reduced elsewhere (Megatron-FSDP per layer)
     gather_op: Literal["all_gather", "all_gather_v"] | None
     order: int = 0  # position in backprop order within the stage (0 = reduced first)
     used_numel: int = 0  # parameter elements (numel minus padding)
     kind: Literal["element_wise", "layer_wise", "ddp"] = "element_wise"
+    param_dtype: Literal["bf16", "fp8"] = "bf16"  # what the parameter gather moves (fp8: fp8_param_gather, fp8-cs)
+    instances: int = 1  # distributed-optimizer instances: reduce and gather within one, all-reduce across
+    averaged: bool = False  # average_in_collective with a scaling factor of 1: the reduction averages, no pre-scaling
+
+    @property
+    def prescaled(self) -> bool:
+        """Whether Megatron-Core's ``start_grad_sync`` scales this bucket by its gradient scaling factor
+        (1/dp) before reducing it: every reduced bucket over more than one rank, unless ``averaged``
+        (``average_in_collective`` makes the factor 1 for dense buckets, and for expert buckets whose
+        expert-data-parallel group is the dense one). Buckets reduced elsewhere (Megatron-FSDP per
+        layer) are not scaled here."""
+        return (not self.averaged and self.reduce_op is not None and self.group_size * self.instances > 1
+                and self.numel > 0)
+
+    @property
+    def reduce_group(self) -> str:
+        """Group kind of the reduction and the gather: the dp group, or one instance of it."""
+        return self.dp_group if self.instances == 1 else f"{self.dp_group}_instance"
+
+    @property
+    def across_group(self) -> str:
+        """Group kind across the instances (the all-reduce of each rank's reduced shard)."""
+        return f"{self.dp_group}_across"
+
+    @property
+    def across_bytes(self) -> int:
+        """Bytes of the all-reduce across instances: one rank's reduced shard (nccl-tests size)."""
+        return self.grad_bytes // self.group_size if self.instances > 1 else 0
 
 
 @dataclass(frozen=True)
 class RankWork:
-    """Optimizer-step work of one GPU (seconds are modelled times on that GPU)."""
+    """Optimizer-step work of one GPU (seconds are modelled times on that GPU).
+
+    The step is a stream of kernels (:mod:`costmodel.optimizer.kernel_sequence`) issued eagerly
+    after the gradient-norm synchronisation: ``newton_schulz_s`` and ``elementwise_s`` are GPU
+    seconds (each kernel at least ``kernel_min_s``), ``issue_s`` the host seconds to issue the
+    ``kernels`` launches; the step takes the larger of GPU time (with the TP collectives) and issue
+    time (``total_s`` = :meth:`step_s`, computed by the plan builder for all GPUs at once).
+    """
 
     rank: int  # index of the GPU within the stage's representative set (see StageOptimizerPlan)
     owned_numel: int
     newton_schulz_flops: float
-    newton_schulz_s: float
-    elementwise_s: float  # AdamW / Muon momentum / weight update, memory-bound
+    newton_schulz_s: float  # GPU seconds of the Newton-Schulz GEMMs
+    elementwise_s: float  # GPU seconds of the other kernels: momentum, normalisation, casts, scale, update, Adam, norm
     tp_comm_s: float  # Newton-Schulz TP collectives on the critical path (duplicated / distributed)
     multiplicity: int = 1  # GPUs of the stage doing exactly this work
     dense_rank: int = 0  # index in the dense dp (dp×cp) group
     expert_rank: int = 0  # index in the expert-dp group
+    issue_s: float = 0.0  # host seconds to issue the step's kernel launches (launches × kernel_issue_s)
+    kernel_parts: tuple[float, ...] = ()  # launches by part, in the order of KERNEL_PARTS
+    muon_tensors: int = 0  # Muon tensors (expert copies counted) this GPU steps
+    total_s: float = 0.0  # step_s(gpu_s, issue_s): the optimizer step on this GPU (set by the plan builder)
 
     @property
-    def total_s(self) -> float:
+    def gpu_s(self) -> float:
+        """Seconds the GPU is busy (kernels and blocking TP collectives)."""
         return self.newton_schulz_s + self.elementwise_s + self.tp_comm_s
+
+    @property
+    def host_idle_s(self) -> float:
+        """Seconds the GPU waits for the host to issue kernels (launch-bound step; 0 when GPU-bound)."""
+        return self.total_s - self.gpu_s
+
+    @property
+    def kernels(self) -> float:
+        """Kernel launches of the step on this GPU."""
+        return sum(self.kernel_parts)
+
+    @staticmethod
+    def step_s(gpu_s: float, issue_s: float) -> float:
+        """``total_s`` of a GPU busy ``gpu_s`` whose host issues for ``issue_s``: the larger of the two."""
+        return max(gpu_s, issue_s)
+
+    @property
+    def kernel_counts(self) -> dict[str, float]:
+        """Launches by part (:data:`KERNEL_PARTS`)."""
+        return dict(zip(KERNEL_PARTS, self.kernel_parts, strict=True)) if self.kernel_parts else {}
+
+
+KERNEL_PARTS = ("newton_schulz_gemm", "muon_elementwise", "adam_multi_tensor", "adam_param_copy", "grad_norm",
+                "gather_copy")
+"""The parts of an optimizer step's kernel launches (:mod:`costmodel.optimizer.kernel_sequence`)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,31 +131,14 @@ class RoleOwnership:
     """Which Muon items one dp role (dense or expert) of a stage owns, and the TP calls each makes.
 
     ``owner[i]`` is the dp index stepping item ``i`` (-1 = every rank, replicated optimizer);
-    ``names[i]`` its parameter name and ``item_calls[i]`` the Newton-Schulz TP collectives of one
-    call on it, both listed on first use from ``name_parts`` (a function giving a buffer's item
-    names, positions of the items there) and ``call_parts`` (calls per distinct tensor, the
-    items' distinct-tensor ids).
+    ``item_calls[i]`` are the Newton-Schulz TP collectives of one call on item ``i``.
     """
 
     group: Literal["dp", "expert_dp"]
     size: int
+    names: tuple[str, ...]
     owner: np.ndarray
-    name_parts: tuple[tuple[Callable[[], list[str]], np.ndarray], ...] = ()
-    call_parts: tuple[tuple[list[tuple[CollectiveCall, ...]], np.ndarray], ...] = ()
-
-    @cached_property
-    def names(self) -> tuple[str, ...]:
-        """Parameter name of every item."""
-        out: list[str] = []
-        for names_of, idx in self.name_parts:
-            names = names_of()
-            out += [names[i] for i in idx.tolist()]
-        return tuple(out)
-
-    @cached_property
-    def item_calls(self) -> tuple[tuple[CollectiveCall, ...], ...]:
-        """Newton-Schulz TP collectives of one call on every item."""
-        return tuple(calls[j] for calls, ids in self.call_parts for j in ids.tolist())
+    item_calls: tuple[tuple[CollectiveCall, ...], ...]
 
     def owned_items(self, index: int) -> list[int]:
         """Item positions stepped by dp index ``index``."""
@@ -175,6 +221,7 @@ class OptimizerPlan:
     stages: tuple[StageOptimizerPlan, ...]
     notes: tuple[str, ...] = field(default=())
     hide_param_gather: bool = False  # engines overlap each bucket's gather with the next forward
+    hypothetical: bool = False  # a (layout, load balance) pair Megatron-Core does not have (a what-if)
 
     @property
     def critical_stage(self) -> StageOptimizerPlan:

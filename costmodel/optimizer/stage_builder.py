@@ -11,7 +11,8 @@ dp×cp, experts over ``expert_dp``); the distribution then decides buckets and w
   all-gather; non-Muon parameters in separate element-wise buckets;
 * ``layer_wise`` ``legacy``: unpadded DDP buckets all-reduced; every parameter (Muon and AdamW)
   owned whole by one rank (ping-pong by numel over the stage by default); ``all_gather_v`` per
-  bucket of the updated parameters;
+  bucket of the updated parameters. With dp·cp = 1 Megatron's ``shard_params`` returns early:
+  every rank steps all its parameters (experts too, whatever expert_dp is), nothing is gathered;
 * ``replicated``: unpadded DDP buckets all-reduced; every rank steps everything.
 
 Per-rank values are numpy arrays over a role's dp indices; a GPU's load is its dense-role work plus
@@ -20,20 +21,15 @@ its expert-role work (see :mod:`costmodel.optimizer.plan_types`).
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
-from functools import cached_property, partial
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from costmodel.kernels import KernelSpec
+from costmodel.optimizer import kernel_sequence as ks
 from costmodel.optimizer import layouts as lay
-from costmodel.optimizer.elementwise import (
-    NS_CAST_BYTES_PER_ELEMENT,
-    PARAM_BYTES,
-    adam_bytes_per_element,
-    muon_bytes_per_element,
-)
+from costmodel.optimizer.elementwise import PARAM_BYTES
 from costmodel.optimizer.newton_schulz import (
     NsSettings,
     NsWork,
@@ -42,6 +38,7 @@ from costmodel.optimizer.newton_schulz import (
     tp_comm_time_s,
 )
 from costmodel.optimizer.plan_types import (
+    KERNEL_PARTS,
     Bucket,
     RankWork,
     RoleOwnership,
@@ -51,7 +48,7 @@ from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from workloads.comm import CollectiveCall, merge_calls
 from workloads.flops import newton_schulz_cost_proxy
-from workloads.inventory import Inventory, TensorSpec
+from workloads.inventory import TensorSpec
 
 GROUPS = ("dp", "expert_dp")
 
@@ -65,13 +62,18 @@ class Grid:
     tp: int = 1
     etp: int = 1
     ep: int = 1
+    instances: int = 1  # distributed-optimizer instances: the optimizer shards over dp / instances ranks
 
     @property
     def gpus_per_stage(self) -> int:
         return self.tp * self.dp
 
     def size(self, group: str) -> int:
-        return self.dp if group == "dp" else self.expert_dp
+        """Ranks the optimizer of ``group`` ('dp' or 'expert_dp') shards over (one instance's share)."""
+        return (self.dp if group == "dp" else self.expert_dp) // self.instances
+
+
+_MUON_KERNELS: dict[tuple, tuple[SystemSpec | None, tuple[float, float, float, float]]] = {}
 
 
 class Timer:
@@ -82,12 +84,43 @@ class Timer:
         self.system, self.precision, self.shape_of = system, precision, shape_of
         self._ns: dict[NsWork, tuple[float, float]] = {}
         self._calls: dict[CollectiveCall, float] = {}
-        self.memo: dict[str, dict] = {}  # per-plan memos of the stage builders (see StageBuilder)
-        self.s_per_byte = 0.0
+        self.s_per_byte = self.min_s = self.issue_s = 0.0
+        self.muon_rows: dict[tuple, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}  # see StageBuilder.muon_item
+        self.adam_rows: dict[tuple[int, tuple[float, ...]], np.ndarray] = {}  # see StageBuilder.adam_item
         if system is not None:
             from costmodel.compute import memory_time_s
 
             self.s_per_byte = memory_time_s(1e9, system) / 1e9
+            self.min_s, self.issue_s = system.efficiency.kernel_min_s, system.efficiency.kernel_issue_s
+
+    def kernels_s(self, kernels: tuple[KernelSpec, ...]) -> tuple[float, float]:
+        """(GPU seconds of the Newton-Schulz GEMMs, GPU seconds of the other kernels) of ``kernels``."""
+        if self.system is None:
+            return 0.0, 0.0
+        from costmodel.compute import kernel_gpu_s
+
+        ns = sum(k.count * kernel_gpu_s(k, self.system) for k in kernels if k.kind == "ns_gemm")
+        other = sum(k.count * kernel_gpu_s(k, self.system) for k in kernels if k.kind != "ns_gemm")
+        return ns, other
+
+    def muon_kernels(self, t: TensorSpec, work: NsWork, st: NsSettings, grad_bytes: int,
+                     shape_key: tuple) -> tuple[float, float, float, float]:
+        """(NS GEMM GPU s, other GPU s, launches, NS GEMM launches) of one Muon tensor's kernel sequence,
+        memoised across plans per (tensor shape and sharding, NS settings, gradient size, system)."""
+        key = (shape_key, st, grad_bytes, id(self.system))
+        hit = _MUON_KERNELS.get(key)
+        if hit is not None and hit[0] is self.system:
+            return hit[1]
+        kernels = ks.muon_tensor_kernels(t, work, st, grad_bytes)
+        out = (*self.kernels_s(kernels), ks.kernel_count(kernels), ks.kernel_count(kernels, "ns_gemm"))
+        if len(_MUON_KERNELS) > 4096:
+            _MUON_KERNELS.clear()
+        _MUON_KERNELS[key] = (self.system, out)  # the entry keeps the system alive: its id stays unique
+        return out
+
+    def floored_s(self, launches: np.ndarray | float, num_bytes: np.ndarray | float) -> np.ndarray:
+        """GPU seconds of ``launches`` kernels sharing ``num_bytes`` bytes: max(memory, launches·kernel_min_s)."""
+        return np.maximum(np.asarray(num_bytes) * self.s_per_byte, np.asarray(launches) * self.min_s)
 
     def call_s(self, call: CollectiveCall) -> float:
         """Seconds of one ``call`` (nccl-tests size) over its group's placement shape."""
@@ -111,48 +144,48 @@ class Timer:
         return self._ns[work]
 
 
+COLUMNS = ("owned", "flops", "ns_s", "tp_s", "ew_s", "kernels", "ns_kernels", "muon_items", "adam_pieces",
+           "adam_chunks", "adam_numel", "norm_pieces", "norm_chunks", "items")
+"""Per-rank accumulators of a role: owned elements, NS FLOPs and GPU seconds, TP comm seconds, GPU
+seconds and launches of the per-tensor kernels (NS GEMM launches apart), Muon tensors stepped,
+fused-Adam shard pieces / chunks / elements, gradient-norm pieces / chunks, whole items owned."""
+
+
+ADAM_SHARD_COLUMNS = [COLUMNS.index(c) for c in ("owned", "adam_numel", "adam_pieces", "adam_chunks", "norm_pieces",
+                                                  "norm_chunks", "kernels", "ew_s")]
+
+
 @dataclass
 class _Role:
-    """Accumulated per-rank work of one dp role of one stage."""
+    """Accumulated per-rank work of one dp role of one stage (columns :data:`COLUMNS`)."""
 
     group: str
     size: int
-    owned: np.ndarray = field(init=False)
-    flops: np.ndarray = field(init=False)
-    ns_s: np.ndarray = field(init=False)
-    tp_s: np.ndarray = field(init=False)
-    mem_bytes: np.ndarray = field(init=False)
-    names: list[tuple[_Buffer, np.ndarray]] = field(default_factory=list)  # (buffer, item positions) per step
+    acc: np.ndarray = field(init=False)
+    names: list[str] = field(default_factory=list)
     owners: list[np.ndarray] = field(default_factory=list)
-    calls: list[tuple[list[tuple[CollectiveCall, ...]], np.ndarray]] = field(default_factory=list)  # (per distinct, ids)
-
-    def absorb(self, other: _Role, target: dict[int, _Buffer]) -> None:
-        """Add ``other``'s work as if done on buffers ``target[id(recorded buffer)]`` (same contents)."""
-        for f in fields(self):
-            mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if isinstance(mine, np.ndarray):
-                mine += theirs
-            elif f.name == "names":
-                mine.extend((target.get(id(b), b), idx) for b, idx in theirs)
-            elif isinstance(mine, list):
-                mine.extend(theirs)
-            elif isinstance(mine, (int, float)) and not isinstance(mine, bool) and f.name != "size":
-                setattr(self, f.name, mine + theirs)
+    calls: list[tuple[CollectiveCall, ...]] = field(default_factory=list)
+    gather_items: int = 0  # legacy layout: whole items gathered into the model by copies
+    gather_numel: int = 0
 
     def __post_init__(self) -> None:
-        z = np.zeros(self.size)
-        self.owned, self.flops, self.ns_s, self.tp_s, self.mem_bytes = z.copy(), z.copy(), z.copy(), z.copy(), z.copy()
+        self.acc = np.zeros((len(COLUMNS), self.size))
 
-    def add_owned(self, owner: np.ndarray, numel, flops, ns_s, tp_s, mem_bytes) -> None:  # noqa: ANN001
-        """Add per-item values to their owners (owner -1 = every rank)."""
+    def col(self, name: str) -> np.ndarray:
+        """Per-rank values of one column (a view: adding to it accumulates)."""
+        return self.acc[COLUMNS.index(name)]
+
+    def add_owned(self, owner: np.ndarray, values: np.ndarray) -> None:
+        """Add per-item rows ``values`` (items × columns) to their owners (owner -1 = every rank)."""
         everyone = owner < 0
-        for arr, vals in ((self.owned, numel), (self.flops, flops), (self.ns_s, ns_s), (self.tp_s, tp_s),
-                          (self.mem_bytes, mem_bytes)):
-            vals = np.asarray(vals, dtype=np.float64)
-            if (~everyone).any():
-                arr += np.bincount(owner[~everyone], weights=vals[~everyone], minlength=self.size)
-            if everyone.any():
-                arr += vals[everyone].sum()
+        some = ~everyone
+        if some.any():
+            ncol = len(COLUMNS)
+            index = (owner[some][:, None] * ncol + np.arange(ncol)).ravel()
+            sums = np.bincount(index, weights=values[some].ravel(), minlength=self.size * ncol)
+            self.acc += sums.reshape(self.size, ncol).T
+        if everyone.any():
+            self.acc += values[everyone].sum(axis=0)[:, None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -160,30 +193,21 @@ class _Buffer:
     """Parameters of one buffer (stage, chunk, dp group) in backprop order.
 
     Expert copies of one tensor share its :class:`TensorSpec`: ``unique`` lists the distinct
-    tensors (one of each content: :func:`workloads.inventory.content_id`) and ``tid`` maps every
-    item to its entry there. ``key`` names the content (buffers with equal keys hold equal items);
-    ``names`` (built on first use) are the items' parameter names.
+    tensors and ``tid`` maps every item to its entry there.
     """
 
     chunk: int
     group: str
+    tensors: list[TensorSpec]
+    names: list[str]
     numel: np.ndarray
     cost: np.ndarray
     muon: np.ndarray
     position: np.ndarray  # index in the chunk's backprop order (bucket readiness)
     unique: tuple[TensorSpec, ...] = ()
     tid: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    key: tuple = ()
-    name_source: Callable[[], list[str]] | None = field(default=None, repr=False)
-
-    @cached_property
-    def names(self) -> list[str]:
-        """Parameter name of every item (expert copies numbered as Megatron's local experts)."""
-        return self.name_source() if self.name_source is not None else []
-
-
-def _names_of(buf: _Buffer) -> list[str]:
-    return buf.names
+    shared: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # Megatron shared_embedding
+    fp8: bool = False  # FP8 parameters (fp8_param_gather): their own buffer, param dtype uint8
 
 
 def _cost(t: TensorSpec) -> int:
@@ -191,108 +215,60 @@ def _cost(t: TensorSpec) -> int:
     return newton_schulz_cost_proxy(*shape) if len(shape) == 2 else t.local_numel
 
 
-def _item_names(tensors: list[TensorSpec]) -> list[str]:
-    """Names of the items of distinct tensors ``tensors`` (expert copies numbered, highest first)."""
-    return [n for t in tensors
-            for n in ([f"{t.name}{k}" for k in reversed(range(t.experts_per_rank))] if t.num_experts > 1
-                      else [t.name] * t.experts_per_rank)]
+def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str,
+                  fp8_params: Callable[[TensorSpec], bool] | None = None) -> list[_Buffer]:
+    """Split one chunk's tensors (definition order) into dense and expert buffers, backprop order.
 
-
-def _skeletons(tensors: Sequence[TensorSpec], kind: str) -> list[tuple[str, tuple[int, ...], dict[str, np.ndarray]]]:
-    """(group, positions in ``tensors`` of the distinct entries, read-only arrays) of each buffer of
-    a chunk whose tensors (definition order) are ``tensors``."""
-    runs: dict[str, list[tuple[int, int, int]]] = {g: [] for g in GROUPS}  # (index in tensors, copies, first position)
+    ``fp8_params`` (fp8_param_gather active): which tensors are FP8 parameters
+    (:func:`workloads.fp8_params.is_fp8_param`); they get buffers of their own, as Megatron keys its
+    buffers by (param dtype, grad dtype).
+    """
+    keys = [(g, f) for g in GROUPS for f in ((True, False) if fp8_params else (False,))]
+    runs: dict[tuple[str, bool], list[tuple[TensorSpec, int, int]]] = {k: [] for k in keys}  # (tensor, copies, first position)
     pos = 0
-    for k in range(len(tensors) - 1, -1, -1):
-        t = tensors[k]
+    for t in reversed(tensors):
         if t.optimizer == "none":
             continue
         copies = t.experts_per_rank
-        runs[t.dp_group].append((k, copies, pos))
+        runs[(t.dp_group, fp8_params is not None and fp8_params(t))].append((t, copies, pos))
         pos += copies
     out = []
-    for g in GROUPS:
-        items = runs[g]
+    for g, f in keys:
+        items = runs[(g, f)]
         if not items:
             continue
-        uniq = [tensors[k] for k, _, _ in items]
+        uniq = tuple(t for t, _, _ in items)
         counts = np.array([c for _, c, _ in items], dtype=np.int64)
         firsts = np.array([p for _, _, p in items], dtype=np.int64)
         tid = np.repeat(np.arange(len(items), dtype=np.int64), counts)
         offset = np.arange(len(tid), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-        arrays = {"numel": np.array([t.local_numel for t in uniq], dtype=np.int64)[tid],
-                  "cost": np.array([_cost(t) for t in uniq], dtype=np.float64)[tid],
-                  "muon": np.array([kind == "muon" and t.optimizer == "muon" for t in uniq], dtype=bool)[tid],
-                  "position": firsts[tid] + offset, "tid": tid}
-        for a in arrays.values():
-            a.setflags(write=False)
-        out.append((g, tuple(k for k, _, _ in items), arrays))
+        names = [n for t, c, _ in items
+                 for n in ([f"{t.name}{k}" for k in reversed(range(c))] if t.num_experts > 1 else [t.name] * c)]
+        out.append(_Buffer(
+            chunk=chunk, group=g, tensors=[uniq[i] for i in tid.tolist()], names=names,
+            numel=np.array([t.local_numel for t in uniq], dtype=np.int64)[tid],
+            cost=np.array([_cost(t) for t in uniq], dtype=np.float64)[tid],
+            muon=np.array([kind == "muon" and t.optimizer == "muon" for t in uniq], dtype=bool)[tid],
+            position=firsts[tid] + offset, unique=uniq, tid=tid,
+            shared=np.array([t.shared_embedding for t in uniq], dtype=bool)[tid], fp8=f,
+        ))
     return out
-
-
-def chunk_buffers(tensors: Sequence[TensorSpec], chunk: int, kind: str) -> list[_Buffer]:
-    """Split one chunk's tensors (definition order) into dense and expert buffers, backprop order."""
-    return [_Buffer(chunk=chunk, group=g, unique=tuple(tensors[k] for k in picks), key=(object(), g),
-                    name_source=lambda picks=picks: _item_names([tensors[k] for k in picks]),  # type: ignore[misc]
-                    **arrays)
-            for g, picks, arrays in _skeletons(tensors, kind)]
-
-
-_SKELETONS: OrderedDict[tuple, list[tuple[str, tuple[int, ...], dict[str, np.ndarray]]]] = OrderedDict()
-_SKELETON_CACHE_SIZE = 4096
-
-
-def inventory_chunk_buffers(inv: Inventory, stage: int, chunk: int, kind: str) -> list[_Buffer]:
-    """:func:`chunk_buffers` of chunk ``chunk`` of ``stage``, memoised on the chunk's content
-    (:meth:`Inventory.chunk_key`): equal chunks of any inventory share their arrays; names are
-    listed from the chunk's own tensors when asked for."""
-    key = inv.chunk_key(stage, chunk)
-    skel = _SKELETONS.get((key, kind))
-    rep = inv.by_content
-    if skel is None:
-        skel = _SKELETONS[(key, kind)] = _skeletons([rep[i] for i in key], kind)
-        if len(_SKELETONS) > _SKELETON_CACHE_SIZE:
-            _SKELETONS.popitem(last=False)
-
-    def names(picks: tuple[int, ...]) -> list[str]:
-        tensors = inv.chunk_tensors(stage, chunk)
-        return _item_names([tensors[k] for k in picks])
-
-    return [_Buffer(chunk=chunk, group=g, unique=tuple(rep[key[k]] for k in picks), key=(key, kind, g),
-                    name_source=lambda picks=picks: names(picks), **arrays)  # type: ignore[misc]
-            for g, picks, arrays in skel]
 
 
 class StageBuilder:
     """Accumulates buckets and per-rank work of one stage."""
 
-    def __init__(self, stage: int, grid: Grid, spec, timer: Timer, st: NsSettings) -> None:  # noqa: ANN001
+    def __init__(self, stage: int, grid: Grid, spec, timer: Timer, st: NsSettings,  # noqa: ANN001
+                 fp8_gather_bytes: int = PARAM_BYTES) -> None:
         self.stage, self.grid, self.spec, self.timer, self.st = stage, grid, spec, timer, st
+        self.fp8_gather_bytes = fp8_gather_bytes  # bytes per element gathered for FP8-parameter buffers
         self.roles = {g: _Role(g, grid.size(g)) for g in GROUPS}
         self.buckets: list[tuple[tuple[int, int], dict]] = []  # (sort key, Bucket kwargs)
         self.gb = spec.grad_bytes
+        self.adam = ks.AdamBytes.of(spec)
         self.grad_dtype = "fp32" if self.gb == 4 else "bf16"
-        self._muon_memo = timer.memo.setdefault("muon_item", {})  # shared by the plan's stages
-        self._buffer_memo = timer.memo.setdefault("buffer_rows", {})
-        self._effects = timer.memo.setdefault("buffer_effects", {})
-
-    def replay(self, bufs: Sequence[_Buffer], op: str, run: Callable[[StageBuilder], None], *args: object) -> None:
-        """Run ``run(builder)`` (which works on buffers ``bufs`` only), or replay what it did on
-        earlier buffers of the same contents and bucket sizes in this plan: their buckets, owners
-        and per-rank work are the same (only stage, chunk and names differ)."""
-        key = (op, *((b.key, self.bucket_size(b.chunk)) for b in bufs), *args)
-        hit = self._effects.get(key)
-        if hit is None:
-            sub = StageBuilder(self.stage, self.grid, self.spec, self.timer, self.st)
-            run(sub)
-            hit = self._effects[key] = (tuple(bufs), sub.roles, sub.buckets)
-        sources, roles, buckets = hit
-        target = {id(src): buf for src, buf in zip(sources, bufs, strict=True)}
-        for g, role in roles.items():
-            self.roles[g].absorb(role, target)
-        for (chunk, ready), kw in buckets:
-            buf = next(b for src, b in zip(sources, bufs, strict=True) if src.chunk == -chunk)
-            self.buckets.append(((-buf.chunk, ready), {**kw, "stage": self.stage, "chunk": buf.chunk}))
+        self._buffer_memo: dict[int, tuple[_Buffer, np.ndarray, list[tuple[CollectiveCall, ...]]]] = {}
+        self.extra_calls: list[CollectiveCall] = []  # per-step collectives outside the DP buckets
 
     def bucket_size(self, chunk: int) -> int | None:
         """Elements per bucket; None (one bucket) for pp ranks > 0, chunks > 0, or no overlap."""
@@ -300,82 +276,123 @@ class StageBuilder:
             return None
         return self.spec.bucket_size_elements or lay.default_bucket_size(self.grid.dp)
 
-    def add_bucket(self, buf: _Buffer, idx: np.ndarray, numel: int, used: int, reduce_op: str,
+    def add_bucket(self, buf: _Buffer, idx: np.ndarray, numel: int, used: int, reduce_op: str | None,
                    gather_op: str | None, kind: str) -> None:
         ready = int(buf.position[idx].max())
         gs = self.grid.size(buf.group)
-        gather_bytes = (used if gather_op == "all_gather_v" else numel) * PARAM_BYTES
+        per = self.fp8_gather_bytes if buf.fp8 else PARAM_BYTES
+        gather_bytes = (used if gather_op == "all_gather_v" else numel) * per
         self.buckets.append(((-buf.chunk, ready), dict(
             stage=self.stage, chunk=buf.chunk, dp_group=buf.group, group_size=gs, numel=numel,
-            grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * PARAM_BYTES,
-            reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind)))
+            grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * per,
+            reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind,
+            param_dtype="fp8" if per == 1 else "bf16", instances=self.grid.instances,
+            averaged=self.spec.average_in_collective and (buf.group == "dp" or gs * self.grid.instances == self.grid.dp))))
 
-    def muon_item(self, t: TensorSpec) -> tuple[float, float, float, float, tuple[CollectiveCall, ...]]:
-        """(NS FLOPs, NS s, TP comm s, HBM bytes, TP calls) of stepping one copy of ``t`` (memoised per
-        plan on the tensor object: buffers hold one representative per content)."""
-        key = id(t)
-        if key not in self._muon_memo:
+    def muon_item(self, t: TensorSpec) -> tuple[np.ndarray, tuple[CollectiveCall, ...]]:
+        """(row of :data:`COLUMNS`, TP calls) of stepping one copy of Muon tensor ``t``: its kernel
+        sequence (:func:`kernel_sequence.muon_tensor_kernels`, MCore defaults: no Nesterov, weight
+        decay on) timed on the GPU, its NS FLOPs and TP collectives (memoised per plan on what they
+        depend on: tensors of the same shapes and sharding share them)."""
+        key = (t.muon_components, t.shard_dim, t.shards, t.shard_group, t.global_shape)
+        hit = self.timer.muon_rows.get(key)
+        if hit is None:
             w = tensor_ns_work(t, self.st)
-            ns_s, tp_s = self.timer.ns(w)
-            mem = t.local_numel * muon_bytes_per_element(self.gb) + w.matrix_numel * NS_CAST_BYTES_PER_ELEMENT
-            self._muon_memo[key] = (w.flops, ns_s, tp_s, float(mem), w.calls)
-        return self._muon_memo[key]
+            _, tp_s = self.timer.ns(w)
+            ns_s, ew_s, launches, ns_launches = self.timer.muon_kernels(t, w, self.st, self.gb, key)
+            n = t.local_numel
+            row = np.array([n, w.flops, ns_s, tp_s, ew_s, launches, ns_launches, 1, 0, 0, 0, 1, float(ks.chunks_of(n)), 1],
+                           dtype=np.float64)
+            hit = self.timer.muon_rows[key] = (row, w.calls)
+        return hit
+
+    def adam_item(self, t: TensorSpec) -> np.ndarray:
+        """Row of :data:`COLUMNS` of a whole non-Muon parameter stepped by one rank's fused Adam:
+        one shard piece of the multi-tensor launches, its main -> model copy (and gradient cast)."""
+        n = t.local_numel
+        key = (n, self.adam.piece_kernels)
+        row = self.timer.adam_rows.get(key)
+        if row is None:
+            per_kernel = len(self.adam.piece_kernels)
+            ew_s = sum(float(self.timer.floored_s(1, b * n)) for b in self.adam.piece_kernels)
+            chunks = float(ks.chunks_of(n))
+            row = self.timer.adam_rows[key] = np.array([n, 0, 0, 0, ew_s, per_kernel, 0, 0, 1, chunks, n, 1, chunks, 1],
+                                                       dtype=np.float64)
+        return row
 
     def _per_tensor(self, buf: _Buffer) -> tuple[np.ndarray, list[tuple[CollectiveCall, ...]]]:
-        """(numel, NS FLOPs, NS s, TP comm s, HBM bytes) per distinct tensor of ``buf`` as an
-        (items, 4) array without numel, and each one's TP calls (empty for non-Muon tensors)."""
-        hit = self._buffer_memo.get(buf.key)
-        if hit is not None:
+        """Rows of :data:`COLUMNS` per distinct tensor of ``buf`` (items × columns), and each one's
+        TP calls (empty for non-Muon tensors)."""
+        hit = self._buffer_memo.get(id(buf))
+        if hit is not None and hit[0] is buf:
             return hit[1], hit[2]
         muon = np.zeros(len(buf.unique), dtype=bool)
         muon[buf.tid] = buf.muon
         rows, calls = [], []
         for t, m in zip(buf.unique, muon.tolist(), strict=True):
             if m:
-                flops, ns_s, tp_s, mem, c = self.muon_item(t)
-                rows.append((flops, ns_s, tp_s, mem))
+                row, c = self.muon_item(t)
+                rows.append(row)
                 calls.append(c)
             else:
-                rows.append((0.0, 0.0, 0.0, float(t.local_numel * adam_bytes_per_element(self.gb))))
+                rows.append(self.adam_item(t))
                 calls.append(())
-        per = np.array(rows, dtype=np.float64).reshape(len(rows), 4)
-        self._buffer_memo[buf.key] = (buf, per, calls)
+        per = np.array(rows, dtype=np.float64).reshape(len(rows), len(COLUMNS))
+        self._buffer_memo[id(buf)] = (buf, per, calls)
         return per, calls
 
-    def step_whole(self, buf: _Buffer, sel: np.ndarray, owner: np.ndarray) -> None:
-        """Owners step whole parameters ``buf[sel]``: Muon (NS + update) or AdamW on the full tensor."""
+    def step_whole(self, buf: _Buffer, sel: np.ndarray, owner: np.ndarray, gathered_by_copies: bool = False) -> None:
+        """Owners step whole parameters ``buf[sel]``: Muon (NS + update) or AdamW on the full tensor.
+
+        ``gathered_by_copies`` (legacy layout): every rank copies the parameters it does not own
+        back into the model after the gather (:func:`kernel_sequence.gather_copy_kernels`).
+        """
         if len(sel) == 0:
             return
         role = self.roles[buf.group]
         per, calls = self._per_tensor(buf)
-        vals = per[buf.tid[sel]]
-        role.add_owned(owner, buf.numel[sel].astype(np.float64), vals[:, 0], vals[:, 1], vals[:, 2], vals[:, 3])
+        role.add_owned(owner, per[buf.tid[sel]])
+        if gathered_by_copies:
+            role.gather_items += len(sel)
+            role.gather_numel += int(buf.numel[sel].sum())
         is_muon = buf.muon[sel]
         if is_muon.any():
             picked = sel[is_muon]
-            role.names.append((buf, picked))
-            role.calls.append((calls, buf.tid[picked]))
+            role.names.extend([buf.names[i] for i in picked.tolist()])
+            role.calls.extend([calls[j] for j in buf.tid[picked].tolist()])
         role.owners.append(owner[is_muon])
 
-    def element_wise(self, buf: _Buffer, sel: np.ndarray) -> None:
-        """AdamW on equal shards of padded DDP buckets (reduce-scatter + all-gather)."""
+    def adam_shards(self, group: str, span: lay.BucketSpan, numel: np.ndarray) -> None:
+        """Fused Adam on each rank's equal shard of one padded bucket ``span`` (parameters ``numel``)."""
+        gs, role = self.grid.size(group), self.roles[group]
+        per_rank = lay.shard_param_numel(span, numel, gs).astype(np.float64)
+        pieces = ks.element_wise_shard_pieces(span.starts, numel[span.first:span.stop], span.numel, gs)
+        chunks = ks.shard_chunks(pieces, per_rank)
+        per_kernel = len(self.adam.piece_kernels)
+        piece_s = sum((self.timer.floored_s(pieces, b * per_rank) for b in self.adam.piece_kernels), np.zeros(len(pieces)))
+        role.acc[ADAM_SHARD_COLUMNS] += np.stack([per_rank, per_rank, pieces, chunks, pieces, chunks,
+                                                  per_kernel * pieces, piece_s])
+
+    def element_wise(self, buf: _Buffer, sel: np.ndarray, reduce: bool = True) -> None:
+        """AdamW on equal shards of padded DDP buckets (reduce-scatter + all-gather; ``reduce`` False:
+        the gradients arrive reduce-scattered already, Megatron-FSDP optim_grads, so only the gather)."""
         if len(sel) == 0:
             return
-        gs, role = self.grid.size(buf.group), self.roles[buf.group]
+        gs = self.grid.size(buf.group)
         numel = buf.numel[sel]
-        for span in lay.ddp_buckets(numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=True):
-            per_rank = lay.shard_param_numel(span, numel, gs).astype(np.float64)
-            role.owned += per_rank
-            role.mem_bytes += per_rank * adam_bytes_per_element(self.gb)
-            self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used, "reduce_scatter", "all_gather",
-                            "element_wise")
+        for span in lay.ddp_buckets(numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=True,
+                                    isolate=buf.shared[sel]):
+            self.adam_shards(buf.group, span, numel)
+            self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used,
+                            "reduce_scatter" if reduce else None, "all_gather", "element_wise")
 
     def layer_wise_current(self, buf: _Buffer, sel: np.ndarray, strategy: str) -> None:
         """Muon parameters in shard-aligned layer-wise buckets (reduce-scatter + equal all-gather)."""
         if len(sel) == 0:
             return
         gs = self.grid.size(buf.group)
-        spans = lay.layer_wise_buckets(buf.numel[sel], buf.cost[sel], gs, self.bucket_size(buf.chunk), strategy)
+        spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, self.bucket_size(buf.chunk), strategy,
+                                      isolate=buf.shared[sel])
         for span in spans:
             idx = sel[span.first:span.stop]
             assert span.owner is not None  # layer-wise spans always carry their owners
@@ -389,24 +406,36 @@ class StageBuilder:
             self.add_bucket(buf, np.arange(span.first, span.stop), span.numel, span.used, "all_reduce",
                             gather_op, "ddp")
 
+    def embedding_grad(self, t: TensorSpec, fsdp: int = 0) -> None:
+        """The all-reduce of a shared embedding's gradient between the first and the last stage
+        (``finalize_model_grads._allreduce_word_embedding_grads``, group ``embd``): the whole local
+        main_grad in the gradient dtype; with Megatron-FSDP its local shard (approximated as
+        ⌈numel / fsdp⌉: the FSDP shard boundaries are not modelled)."""
+        numel = -(-t.rank_numel // fsdp) if fsdp else t.rank_numel
+        self.extra_calls.append(CollectiveCall("all_reduce", "embd", 2, self.grad_dtype, numel * self.gb, 1,
+                                               "embedding_grad"))
+
     def finish(self, rank_work: Callable[[StageBuilder], tuple[RankWork, ...]]) -> StageOptimizerPlan:
         self.buckets.sort(key=lambda kb: kb[0])
         buckets = tuple(Bucket(order=i, **kw) for i, (_, kw) in enumerate(self.buckets))
         bucket_calls = []
         for b in buckets:
-            phase_r = "grad_reduce"
-            bucket_calls.append(CollectiveCall(b.reduce_op, b.dp_group, b.group_size, self.grad_dtype,  # type: ignore[arg-type]
-                                               b.grad_bytes, 1, phase_r))
+            if b.reduce_op is not None:
+                bucket_calls.append(CollectiveCall(b.reduce_op, b.reduce_group, b.group_size, self.grad_dtype,  # type: ignore[arg-type]
+                                                   b.grad_bytes, 1, "grad_reduce"))
+            if b.instances > 1:  # the instances all-reduce each rank's reduced shard
+                bucket_calls.append(CollectiveCall("all_reduce", b.across_group, b.instances, self.grad_dtype,  # type: ignore[arg-type]
+                                                   b.across_bytes, 1, "grad_reduce_across"))
             if b.gather_op:
-                bucket_calls.append(CollectiveCall(b.gather_op, b.dp_group, b.group_size, "bf16",  # type: ignore[arg-type]
+                bucket_calls.append(CollectiveCall(b.gather_op, b.reduce_group, b.group_size, b.param_dtype,  # type: ignore[arg-type]
                                                    b.param_bytes, 1, "param_gather"))
+        bucket_calls += self.extra_calls
         used = sum(b.used_numel for b in buckets)
         padding = sum(b.numel for b in buckets) / used - 1 if used else 0.0
         roles = tuple(
-            RoleOwnership(group=r.group, size=r.size,  # type: ignore[arg-type]
+            RoleOwnership(group=r.group, size=r.size, names=tuple(r.names),  # type: ignore[arg-type]
                           owner=np.concatenate(r.owners) if r.owners else np.zeros(0, dtype=np.int64),
-                          name_parts=tuple((partial(_names_of, b), idx) for b, idx in r.names),
-                          call_parts=tuple(r.calls))
+                          item_calls=tuple(r.calls))
             for r in self.roles.values())
         ranks = rank_work(self)
         g = self.grid
@@ -421,39 +450,79 @@ class StageBuilder:
             tp=g.tp, etp=g.etp, ep=g.ep, roles=roles, bucket_calls=proto.bucket_calls)
 
 
+def _role_extras(role: _Role, idx: np.ndarray, timer: Timer,
+                 adam_bytes: float = ks.ADAM_BYTES_PER_ELEMENT) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(fused-Adam launches, their GPU s, legacy gather-copy launches, their GPU s) of ranks ``idx`` of a role
+    (``adam_bytes``: HBM bytes per element of the fused Adam kernel)."""
+    col = {name: role.col(name)[idx] for name in ("adam_pieces", "adam_chunks", "adam_numel", "items", "owned")}
+    adam = ks.multi_tensor_launches(col["adam_pieces"], col["adam_chunks"], 4)
+    adam_s = np.where(adam > 0, timer.floored_s(adam, adam_bytes * col["adam_numel"]), 0.0)
+    copies = np.zeros(len(idx))
+    copy_s = np.zeros(len(idx))
+    if role.gather_items:  # legacy: flatten the owned parameters, copy back every other one
+        copies = role.gather_items - col["items"]
+        copy_s = (timer.floored_s(copies, 4.0 * (role.gather_numel - col["owned"]))
+                  + timer.floored_s(1, 4.0 * col["owned"]))
+        copies = copies + 1
+    return adam, adam_s, copies, copy_s
+
+
+def host_adam_s(numel: np.ndarray, grad_bytes: int, system: SystemSpec | None) -> np.ndarray:
+    """Seconds of an AdamW step offloaded to the host (``optimizer_cpu_offload``) on ``numel`` elements:
+    the gradient shard down the host link (``grad_bytes`` each), Adam on the host's memory (the fp32
+    state traffic of the fused kernel, ``ADAM_BYTES_PER_ELEMENT``) and the bf16 parameters back up,
+    one after the other (Megatron's hybrid device optimizer pipelines them per parameter group; not
+    modelled: an upper bound)."""
+    if system is None:
+        return np.zeros(len(numel))
+    link, mem = system.gpu.host_link_Bps, system.gpu.host_memory_Bps
+    return numel * ((grad_bytes + PARAM_BYTES) / link + ks.ADAM_BYTES_PER_ELEMENT / mem)
+
+
 def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
-    """One RankWork per distinct (dense index, expert index) pair of the stage's GPUs."""
-    g = b.grid
+    """One RankWork per distinct (dense index, expert index) pair of the stage's GPUs.
+
+    A GPU's optimizer step is one eager kernel stream after the gradient-norm synchronisation:
+    per-tensor kernels of both roles, the fused-Adam launches of each role's optimizer, one
+    gradient-norm pass over all its main gradients, and (legacy layout) the gather copies;
+    ``RankWork.total_s`` takes the larger of its GPU time and its host issue time.
+    """
+    g, timer = b.grid, b.timer
     gpu = np.arange(g.gpus_per_stage)
-    d, e = gpu // g.tp, gpu // (g.etp * g.ep)
+    d, e = gpu // g.tp % g.size("dp"), gpu // (g.etp * g.ep) % g.size("expert_dp")  # instances work alike
     keys, first, counts = np.unique(d * g.expert_dp + e, return_index=True, return_counts=True)
     dd, ee = d[first], e[first]
     D, E = b.roles["dp"], b.roles["expert_dp"]  # noqa: N806
-    owned = D.owned[dd] + E.owned[ee]
-    flops = D.flops[dd] + E.flops[ee]
-    ns_s = D.ns_s[dd] + E.ns_s[ee]
-    tp_s = D.tp_s[dd] + E.tp_s[ee]
-    mem_s = (D.mem_bytes[dd] + E.mem_bytes[ee]) * b.timer.s_per_byte
-    values = np.stack([owned, flops, ns_s, mem_s, tp_s], axis=1)
-    return classes_of(values, first, counts, dd, ee, lambda v: RankWork(
-        rank=0, owned_numel=int(v[0]), newton_schulz_flops=float(v[1]), newton_schulz_s=float(v[2]),
-        elementwise_s=float(v[3]), tp_comm_s=float(v[4])))
 
+    def both(name: str) -> np.ndarray:
+        return D.col(name)[dd] + E.col(name)[ee]
 
-def classes_of(values: np.ndarray, first: np.ndarray, counts: np.ndarray, dense: np.ndarray, expert: np.ndarray,
-               build: Callable[[list[float]], RankWork]) -> tuple[RankWork, ...]:
-    """RankWork of every rank class (``values`` one row per class): built once per distinct row
-    (``build``), then copied with each class's first GPU, multiplicity and dp indices. Thousands of
-    classes doing the same work (a dense model's expert-dp classes) cost one construction each."""
-    rows, inverse = np.unique(values, axis=0, return_inverse=True)
-    protos = [build(r) for r in rows.tolist()]
-    out = []
-    new = object.__new__
-    for p, r, m, dr, er in zip(inverse.ravel().tolist(), first.tolist(), counts.tolist(), dense.tolist(),
-                               expert.tolist(), strict=True):
-        w = new(RankWork)
-        d = w.__dict__
-        d.update(protos[p].__dict__)  # the frozen dataclass's fields (set without running __init__)
-        d["rank"], d["multiplicity"], d["dense_rank"], d["expert_rank"] = r, m, dr, er
-        out.append(w)
-    return tuple(out)
+    owned, ns_kernels, copies_per_piece = both("owned"), both("ns_kernels"), len(b.adam.piece_kernels)
+    adam_d, adam_d_s, gather_d, gather_d_s = _role_extras(D, dd, timer, b.adam.fused)
+    adam_e, adam_e_s, gather_e, gather_e_s = _role_extras(E, ee, timer, b.adam.fused)
+    norm_pieces = both("norm_pieces")
+    norm = ks.multi_tensor_launches(norm_pieces, both("norm_chunks"), 1)
+    norm_s = np.where(norm > 0, timer.floored_s(norm, ks.NORM_BYTES_PER_ELEMENT * owned)
+                      + ks.GRAD_NORM_EXTRA * timer.min_s, 0.0)
+    norm = np.where(norm > 0, norm + ks.GRAD_NORM_EXTRA, 0.0)
+    adam_copies = copies_per_piece * both("adam_pieces")
+    parts = {"newton_schulz_gemm": ns_kernels, "muon_elementwise": both("kernels") - ns_kernels - adam_copies,
+             "adam_multi_tensor": adam_d + adam_e, "adam_param_copy": adam_copies, "grad_norm": norm,
+             "gather_copy": gather_d + gather_e}
+    kernels = sum(parts.values())
+    ew_s = both("ew_s") + adam_d_s + adam_e_s + norm_s + gather_d_s + gather_e_s
+    if b.spec.optimizer_cpu_offload:  # AdamW on the host: its GPU kernels give way to the copies and host time
+        ew_s = norm_s + gather_d_s + gather_e_s + host_adam_s(both("adam_numel"), b.gb, timer.system)
+        kernels = kernels - parts["adam_multi_tensor"] - parts["adam_param_copy"]
+        parts["adam_multi_tensor"] = parts["adam_param_copy"] = np.zeros(len(keys))
+    assert tuple(parts) == KERNEL_PARTS
+    ns_s, tp_s, issue_s = both("ns_s"), both("tp_s"), kernels * timer.issue_s
+    total_s = np.maximum(ns_s + ew_s + tp_s, issue_s)  # RankWork.step_s for every GPU class at once
+    ints = [np.asarray(a).astype(np.int64).tolist() for a in (first, owned, counts, dd, ee, both("muon_items"))]
+    floats = [a.tolist() for a in (both("flops"), ns_s, ew_s, tp_s, issue_s, total_s)]
+    by_part = zip(*[np.asarray(v, dtype=np.float64).tolist() for v in parts.values()], strict=True)
+    return tuple(
+        RankWork(rank=r, owned_numel=o, newton_schulz_flops=fl, newton_schulz_s=ns, elementwise_s=ew, tp_comm_s=tp,
+                 multiplicity=m, dense_rank=d, expert_rank=e, issue_s=iss, kernel_parts=part, muon_tensors=mt,
+                 total_s=tot)
+        for r, o, m, d, e, mt, fl, ns, ew, tp, iss, tot, part in zip(*ints, *floats, by_part, strict=True))

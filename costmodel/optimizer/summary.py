@@ -3,13 +3,14 @@
 Per-rank statistics, imbalance and the time lost to it are taken over the GPUs of the critical
 stage (the stage whose slowest GPU finishes the optimizer step last: it sets the step time).
 Newton–Schulz FLOPs are over every GPU of the job (``total``) and per GPU (``per_rank_max``,
-``per_rank_mean``). ``collectives`` is the list one GPU issues per step: the critical GPU's.
+``per_rank_mean``). ``collectives`` is the list one GPU issues per step: the critical GPU's; ``kernels`` that GPU's
+kernel launches by part, its GPU and host-issue seconds (:mod:`costmodel.optimizer.kernel_sequence`).
 """
 
 from __future__ import annotations
 
-from costmodel.optimizer.plan_types import OptimizerPlan, StageOptimizerPlan
-from costmodel.report import CollectiveOut, OptimizerReport, Stats
+from costmodel.optimizer.plan_types import OptimizerPlan, RankWork, StageOptimizerPlan
+from costmodel.report import CollectiveOut, OptimizerKernelsOut, OptimizerReport, Stats
 
 
 def per_rank_loads_s(stage: StageOptimizerPlan) -> list[tuple[int, float, int]]:
@@ -21,6 +22,17 @@ def imbalance_of(stage: StageOptimizerPlan) -> float:
     """max / mean per-GPU optimizer time of a stage (1.0 when empty or idle)."""
     mean = stage.mean_rank_s
     return stage.max_rank_s / mean if mean > 0 else 1.0
+
+
+def kernels_out(rank: RankWork, stage: StageOptimizerPlan) -> OptimizerKernelsOut:
+    """The kernel section of one GPU's optimizer step (``stage``: its pipeline stage's plan)."""
+    parts = dict(rank.kernel_counts)
+    per_tensor = parts.get("newton_schulz_gemm", 0.0) + parts.get("muon_elementwise", 0.0)
+    return OptimizerKernelsOut(
+        launches=rank.kernels, by_part=parts, muon_tensors=rank.muon_tensors,
+        launches_per_muon_tensor=per_tensor / rank.muon_tensors if rank.muon_tensors else None,
+        gpu_s=rank.gpu_s, issue_s=rank.issue_s, host_idle_s=rank.host_idle_s,
+        grad_prescale_launches=sum(1 for b in stage.buckets if b.prescaled))
 
 
 def optimizer_report(plan: OptimizerPlan, exposed_s: float, hidden_s: float) -> OptimizerReport:
@@ -43,12 +55,13 @@ def optimizer_report(plan: OptimizerPlan, exposed_s: float, hidden_s: float) -> 
         notes.append(f"per-rank statistics over the {crit.gpus} GPUs of pipeline stage {crit.stage} (the critical stage)")
     return OptimizerReport(
         kind=plan.kind, distribution=plan.distribution, layout=plan.layout, tp_mode=plan.tp_mode,
-        load_balance=plan.load_balance,
+        load_balance=plan.load_balance, hypothetical=plan.hypothetical,
         per_rank_compute_s=Stats(min=min(loads), mean=mean, max=max(loads)),
         imbalance=imbalance_of(crit), imbalance_lost_s=max(loads) - mean,
         exposed_s=exposed_s, hidden_s=hidden_s,
         newton_schulz_flops={"total": flops_total, "per_rank_max": flops_max,
                              "per_rank_mean": flops_total / gpus if gpus else 0.0},
         padding_overhead_pct=100.0 * (padded / used - 1) if used else 0.0,
+        kernels=kernels_out(crit.ranks[crit.critical_rank], crit) if crit.ranks else None,
         collectives=collectives, notes=notes,
     )

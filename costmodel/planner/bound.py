@@ -30,16 +30,14 @@ _CACHE_LIMIT = 50_000
 def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kind: str) -> tuple[float, float]:
     """(forward, backward) compute-stream seconds of one layer of ``kind`` for one micro-batch."""
     from costmodel import layer_costs as lc
+    from costmodel.layer_comm import layer_kind_costs
 
-    p, model, system = scenario.par, scenario.model, scenario.system
-    modules = tuple(p.recompute_modules)
+    model, system = scenario.model, scenario.system
     key = lc.layer_cache_key(scenario, shape, kind, shapes)
     hit = _KIND_COSTS.get(key)
     if hit is not None and hit[0] is model and hit[1] is system:
         return hit[2], hit[3]
-    ops = lc.layer_ops(model, shape, kind, p.recompute, modules)
-    f, b, fa, ba = lc.ops_time(ops, system)
-    cf, cb = lc.layer_comm(scenario, shape, kind, shapes, (fa, ba), True, (f, b))
+    f, b, cf, cb = layer_kind_costs(scenario, shape, kind, shapes, True)
     out = (f + sum(c.exposed_s for c in cf), b + sum(c.exposed_s for c in cb))
     if len(_KIND_COSTS) > _CACHE_LIMIT:
         _KIND_COSTS.clear()
@@ -52,7 +50,9 @@ def _chunk_kinds(scenario: Scenario) -> tuple[tuple[tuple[str, int], ...], ...]:
     from costmodel import step_structure as ss
 
     p, model = scenario.par, scenario.model
-    key = (id(model), p.pp, p.vpp, p.pipeline_split)
+    key = (id(model), p.pp, p.vpp, p.stage_split, scenario.runtime.bf16_layers,
+           scenario.precision.tensor_core_class != "bf16", p.recompute, p.recompute_method,
+           p.recompute_num_layers)  # BF16 and not-recomputed layers are their own kinds
     hit = _ITEMS.get(key)
     if hit is not None and hit[0] is model:
         return hit[1]
@@ -75,31 +75,35 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
     from topologies.groups import GroupShape
     from topologies.placement import placement_for
 
-    p = scenario.par
-    if p.fsdp > 0:  # per-layer FSDP collectives: the engine's own phase (the planner never generates fsdp)
+    p, rt = scenario.par, scenario.runtime
+    offloading = rt.cpu_offloading or rt.fine_grained_activation_offloading
+    if p.fsdp > 0 or offloading:  # per-layer FSDP / offload copies: the engine's own phase (rare in plans)
         from costmodel.analytic import analytic_timing
         from costmodel.optimizer.plan_types import EMPTY_PLAN
 
         return float(analytic_timing(ss.build_step_structure(scenario, plan=EMPTY_PLAN)).pipeline_s)
     shape = lc.rank_shape(scenario)
     placement = placement_for(scenario)
-    shapes = {k: placement.shape(k) for k in ("tp", "cp", "ep", "etp", "pp")}
+    shapes = {k: placement.shape(k) for k in lc.LAYER_GROUP_KINDS}
     items = _chunk_kinds(scenario)
     times = {k: _kind_times(scenario, shape, shapes, k) for k in {k for chunk in items for k, _ in chunk}}
     pp, vpp = p.pp, p.vpp
+    p2p = 0.0
+    if pp > 1:
+        from workloads.operations import ACT_BYTES
+
+        p2p_bytes = float(shape.sp_tokens * scenario.model.hidden_size * ACT_BYTES)
+        pair = GroupShape(2, 2, 1) if shapes["pp"].intra_domain else GroupShape(2, 1, 2)
+        p2p = lc.collective_s("send_recv", p2p_bytes, pair, scenario.system)[0]
+    blocking = p2p if vpp > 1 and not scenario.runtime.overlap_p2p_comm else 0.0  # as the engine: per pass
     work, cf, cb = [0.0] * pp, [0.0] * pp, [0.0] * pp
     for v, chunk in enumerate(items):
         s = v % pp
-        f = sum(times[k][0] * n for k, n in chunk)
-        b = sum(times[k][1] * n for k, n in chunk)
+        f = sum(times[k][0] * n for k, n in chunk) + blocking
+        b = sum(times[k][1] * n for k, n in chunk) + blocking
         work[s] += f + b
         cf[s] += f
         cb[s] += b
     cf = [x / vpp for x in cf]
     cb = [x / vpp for x in cb]
-    p2p = 0.0
-    if pp > 1:
-        p2p_bytes = float(shape.sp_tokens * scenario.model.hidden_size * lc.ACT_BYTES)
-        pair = GroupShape(2, 2, 1) if shapes["pp"].intra_domain else GroupShape(2, 1, 2)
-        p2p = lc.collective_s("send_recv", p2p_bytes, pair, scenario.system)[0]
-    return float(pipeline_time_s(work, cf, cb, scenario.num_microbatches, vpp, p2p))
+    return float(pipeline_time_s(work, cf, cb, scenario.num_microbatches, vpp, 0.0 if blocking else p2p))

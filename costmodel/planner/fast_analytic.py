@@ -29,7 +29,7 @@ from costmodel.optimizer.plan_types import EMPTY_PLAN, OptimizerPlan
 if TYPE_CHECKING:
     from workloads.scenario import Scenario
 
-PLAN_GROUPS = ("dp", "expert_dp", "tp", "etp", "ep")  # groups whose collectives the optimizer plan times
+PLAN_GROUPS = ("dp", "expert_dp", "tp", "etp", "ep", "embd")  # groups whose collectives the optimizer plan times
 
 
 def _breakdown_terms(breakdown: Any) -> tuple[tuple[str, float], ...]:
@@ -59,8 +59,8 @@ class FastAnalytic:
         placement = placement_for(scenario)
         shapes = tuple(placement.shape(k) for k in PLAN_GROUPS)
         spec = c.optimizer.model_copy(update={"hide_param_gather": False})
-        return (scenario.model, scenario.system, c.gpus, c.placement, p.tp, p.pp, p.vpp, p.ep, p.expert_tp,
-                scenario.dp * p.cp, scenario.expert_dp, p.pipeline_split, spec, shapes)
+        return (scenario.model, scenario.system, c.gpus, c.precision, c.placement, p.tp, p.pp, p.vpp, p.ep, p.expert_tp,
+                scenario.dp * p.cp, scenario.expert_dp, p.stage_split, spec, shapes)
 
     def plan(self, scenario: Scenario) -> OptimizerPlan:
         """The optimizer plan of ``scenario`` (shared with every candidate of the same key)."""

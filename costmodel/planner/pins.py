@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from topologies.inputs import UserInputError
-from workloads.scenario import LayerWiseLayout, LoadBalance, OptimizerKind, Recompute, TpMode
+from workloads.scenario import (
+    LayerWiseLayout,
+    LoadBalance,
+    OptimizerKind,
+    Recompute,
+    TpMode,
+    hypothetical_reason,
+)
 
 # searched numeric settings (scenario keys) and the CLI flag that names them
 NUMERIC_KEYS: dict[str, str] = {
@@ -45,6 +52,7 @@ class Pins:
     values: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     min: Mapping[str, int] = field(default_factory=dict)
     max: Mapping[str, int] = field(default_factory=dict)
+    allow_hypothetical: bool = False  # also search layout / load-balance pairs Megatron-Core does not have
 
     def allows(self, key: str, value: Any) -> bool:
         """Whether ``value`` of searched key ``key`` is inside the pins and bounds."""
@@ -59,6 +67,8 @@ class Pins:
         parts = [f"{_flag(k)}={','.join(_show(v) for v in vals)}" for k, vals in self.values.items()]
         parts += [f"min-{_flag(k)}={v}" for k, v in self.min.items()]
         parts += [f"max-{_flag(k)}={v}" for k, v in self.max.items()]
+        if self.allow_hypothetical:
+            parts.append("allow-hypothetical")
         return " ".join(parts) or "none"
 
 
@@ -103,10 +113,13 @@ def parse_value(key: str, text: str) -> Any:
     return text
 
 
-def parse_pins(raw: Mapping[str, Any], bounds: Mapping[str, int | None] | None = None) -> Pins:
+def parse_pins(raw: Mapping[str, Any], bounds: Mapping[str, int | None] | None = None,
+               allow_hypothetical: bool = False) -> Pins:
     """Pins from raw flag values (scenario keys -> ``"4,8"`` strings or values) and bounds.
 
     ``bounds`` maps ``min_<flag>`` / ``max_<flag>`` (flag = tp, pp, vpp, cp, ep, etp, mbs) to ints.
+    ``allow_hypothetical``: also search the layer-wise (layout, load balance) pairs Megatron-Core does
+    not have; without it, pins that leave only such pairs are refused with one line.
     """
     values: dict[str, tuple[Any, ...]] = {}
     for key, text in raw.items():
@@ -133,9 +146,16 @@ def parse_pins(raw: Mapping[str, Any], bounds: Mapping[str, int | None] | None =
         if lo[key] > hi[key]:
             flag = NUMERIC_KEYS[key]
             raise UserInputError(f"--min-{flag} {lo[key]} exceeds --max-{flag} {hi[key]}")
-    pins = Pins(values=values, min=lo, max=hi)
+    pins = Pins(values=values, min=lo, max=hi, allow_hypothetical=allow_hypothetical)
     for key, vals in values.items():
         if not any(pins.allows(key, v) for v in vals):
             flag = _flag(key)
             raise UserInputError(f"--{flag} {','.join(map(_show, vals))} lies outside --min-{flag}/--max-{flag}")
+    if not allow_hypothetical and ("layer_wise_layout" in values or "load_balance" in values):
+        pairs = [(lay, lb) for lay in values.get("layer_wise_layout", CATEGORICAL_KEYS["layer_wise_layout"])
+                 for lb in values.get("load_balance", CATEGORICAL_KEYS["load_balance"])]
+        if all(hypothetical_reason("layer_wise", lay, lb) for lay, lb in pairs):
+            shown = ", ".join(f"{lay}/{lb}" for lay, lb in pairs)
+            raise UserInputError(f"--layout/--load-balance leave only pairs Megatron-Core does not have ({shown}; "
+                                 "it has legacy/ping_pong and current/lpt): add --allow-hypothetical to search them")
     return pins

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from costmodel.planner.cluster import open_pool
 from costmodel.planner.evaluate import (
     Evaluation,
     Evaluator,
@@ -37,7 +38,7 @@ from costmodel.planner.evaluate import (
 from costmodel.planner.explain import explain
 from costmodel.planner.memory_bound import weights_and_grads_bytes
 from costmodel.planner.pins import Pins
-from costmodel.planner.pool import TaskPool, default_jobs, evaluator, set_evaluators
+from costmodel.planner.pool import default_jobs, evaluator, set_evaluators
 from costmodel.planner.ranking import pareto_front
 from costmodel.planner.result import PlanResult, PlanRow, ReferenceOut, SpaceStats, plan_row
 from costmodel.planner.screen import Progress, Screen
@@ -50,6 +51,7 @@ from costmodel.planner.space import (
     structure_grid,
 )
 from topologies.inputs import UserInputError
+from workloads.weight_memory import min_weight_bytes_per_element
 
 if TYPE_CHECKING:
     from costmodel.calibrate.profile import CalibrationProfile
@@ -74,6 +76,7 @@ class PlanOptions:
     exhaustive: bool = False
     max_rank_expansions: int = 600  # groups expanded to decide the reference's rank (Kimi K2 on 256 GPUs: 122)
     max_rank_evaluations: int = 2000  # undecided groups evaluated for it (Kimi K2, 256 GPUs: 694; more: a sampled estimate)
+    scheduler: str | None = None  # Dask scheduler address: screen on its workers instead of local processes
 
 
 @dataclass
@@ -129,10 +132,10 @@ def scenario_from_config(config: ScenarioConfig) -> Scenario:
     and is validated on its own.
     """
     from topologies.hardware import load_system
-    from workloads.models import load_model
+    from workloads.models import resolve_model
     from workloads.scenario import Scenario
 
-    model = load_model(config.model)
+    model = resolve_model(config.model)
     if config.mtp_layers is not None and config.mtp_layers != model.mtp_layers:
         model = model.model_copy(update={"mtp_layers": config.mtp_layers})
     return Scenario(config=config, system=load_system(config.system), model=model)
@@ -160,7 +163,8 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     notes: list[str] = []
 
     grid, raw = structure_grid(base, options.pins)
-    lb = weights_and_grads_bytes(base.model, grid, base.optimizer.grad_bytes, base.par.pipeline_split)
+    lb = weights_and_grads_bytes(base.model, grid, base.optimizer.grad_bytes, base.par.pipeline_split,
+                                 min_weight_bytes_per_element(base))
     if base.par.fsdp:  # Megatron-FSDP shards weights and gradients over at most gpus/(tp·pp) ranks
         lb = lb / (base.gpus / (grid[:, 0] * grid[:, 1]))
     grid_ok = grid[lb <= budget]
@@ -177,7 +181,8 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     t_des = t_sens = 0.0
     sensitivity = None
     interrupted = False
-    with TaskPool(jobs) as pool:
+    with open_pool(jobs, options.scheduler) as pool:
+        jobs = pool.jobs
         screen = Screen(groups, pool, keep, progress, options.exhaustive, ref_time, options.max_rank_expansions,
                         options.max_rank_evaluations, options.seed)
         sres = screen.run()
@@ -243,7 +248,9 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
         layouts_screened=sres.layouts, groups=sres.groups, candidates=sres.candidates,
         bounds_computed=sres.bounds_computed, groups_expanded=sres.groups_expanded,
         groups_infeasible=sres.groups_infeasible, candidates_evaluated=sres.candidates_evaluated,
-        candidates_pruned=max(covered - sres.candidates_evaluated, 0), bound_violations=sres.bound_violations,
+        candidates_pruned=(sres.candidates_proven_slower if sres.interrupted  # only what the search examined
+                           else max(covered - sres.candidates_evaluated, 0)),
+        candidates_unexamined=sres.candidates_unexamined if sres.interrupted else 0, bound_violations=sres.bound_violations,
         threshold_s=sres.threshold_s if math.isfinite(sres.threshold_s) else None, jobs=jobs,
         screening_wall_s=sres.wall_s,
         engine_calls_per_s=(sres.bounds_computed + sres.candidates_evaluated) / max(sres.wall_s, 1e-9),
@@ -251,7 +258,7 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
         des_wall_s=t_des, sensitivity_wall_s=t_sens, total_wall_s=total,
     )
     if interrupted:
-        notes.append("interrupted: the ranking holds what was found before Ctrl-C")
+        notes.append("interrupted: the ranking holds what was found before the interruption")
     result = PlanResult(
         scenario=base.config.model_dump(mode="json"), calibration=calibration_label, pins=options.pins.describe(),
         memory_headroom=options.headroom, memory_budget_bytes=budget, ranking=rows, reference=reference,

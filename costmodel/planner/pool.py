@@ -3,7 +3,10 @@
 The evaluators (with their engines, caches and base scenario) are module globals set *before*
 the pool forks, so children inherit them without pickling; only candidates and compact
 :class:`~costmodel.planner.evaluate.Evaluation` results cross process boundaries. Children
-ignore SIGINT: Ctrl-C reaches the parent only, which terminates the pool and keeps what it has.
+ignore SIGINT: Ctrl-C (and SIGTERM, which ``muonsim plan`` turns into the same interruption) reaches
+the parent only, which terminates the pool and keeps what it has; workers die with their parent.
+:func:`costmodel.planner.cluster.open_pool` gives this pool, or the same interface on a Dask
+cluster (``--scheduler``), which ships the installed evaluators to its workers.
 """
 
 from __future__ import annotations
@@ -18,9 +21,16 @@ _EVALUATORS: dict[str, Any] = {}
 
 
 def set_evaluators(**evaluators: Any) -> None:
-    """Install the evaluators tasks use (call before :class:`TaskPool` forks)."""
-    _EVALUATORS.clear()
+    """Install (add or replace, by name) the evaluators tasks use (call before the pool opens).
+
+    Names not given stay installed: a sweep's context survives the plans its tasks run in-process.
+    """
     _EVALUATORS.update(evaluators)
+
+
+def installed_evaluators() -> dict[str, Any]:
+    """A copy of the installed evaluators (what a Dask pool ships to its workers)."""
+    return dict(_EVALUATORS)
 
 
 def evaluator(name: str) -> Any:
@@ -36,8 +46,20 @@ def default_jobs() -> int:
         return max(os.cpu_count() or 1, 1)
 
 
-def _ignore_sigint() -> None:
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _worker_init() -> None:
+    """A worker ignores Ctrl-C (the parent handles it), dies quietly on SIGTERM, and dies with the
+    parent (Linux parent-death signal) instead of writing results into a closed pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler raises KeyboardInterrupt
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
 
 
 class TaskPool:
@@ -47,7 +69,7 @@ class TaskPool:
         self.jobs = max(int(jobs), 1)
         self._pool = None
         if self.jobs > 1:
-            self._pool = mp.get_context("fork").Pool(self.jobs, initializer=_ignore_sigint)
+            self._pool = mp.get_context("fork").Pool(self.jobs, initializer=_worker_init)
 
     def map(self, func: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
         """Yield ``func(task)`` for every task, as they complete."""

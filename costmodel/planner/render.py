@@ -113,11 +113,14 @@ def sensitivity_text(result: PlanResult) -> str:
 def stats_text(result: PlanResult) -> str:
     st = result.stats
     rate = f"{st.candidates_per_s:,.0f} candidates/s, " if st.candidates_per_s else ""
-    return (f"searched {st.candidates:,} candidates ({st.groups:,} groups over {st.layouts_screened:,} layouts × recompute; "
+    verb = "searched" if not st.candidates_unexamined else "interrupted while searching"
+    unexamined = f"{st.candidates_unexamined:,} never examined, " if st.candidates_unexamined else ""
+    return (f"{verb} {st.candidates:,} candidates ({st.groups:,} groups over {st.layouts_screened:,} layouts × recompute; "
             f"{st.valid_layouts:,} valid layouts of {st.raw_combinations:,} combinations, "
             f"{st.layouts_over_memory_by_weights:,} dropped: weights alone exceed memory): "
             f"{st.bounds_computed:,} pipeline bounds, {st.candidates_evaluated:,} full analytic evaluations, "
-            f"{st.candidates_pruned:,} pruned as provably slower, {st.groups_infeasible:,} groups out of memory or invalid, "
+            f"{st.candidates_pruned:,} pruned as provably slower, {unexamined}"
+            f"{st.groups_infeasible:,} groups out of memory or invalid, "
             f"{st.bound_violations} bound violations. Screening {st.screening_wall_s:.1f} s on {st.jobs} processes "
             f"({rate}{st.engine_calls_per_s:,.0f} engine calls/s), DES {st.des_wall_s:.1f} s, "
             f"sensitivity {st.sensitivity_wall_s:.1f} s, total {st.total_wall_s:.1f} s.")
@@ -135,8 +138,10 @@ def render(result: PlanResult, best_report: StepReport | None = None) -> Any:
                 f"pins: {result.pins}; memory budget {_gb(result.memory_budget_bytes)} GB per GPU "
                 f"({result.memory_headroom:.0%} headroom); calibration: {result.calibration}", style="bold")
     parts: list[Any] = [head]
+    if result.scenario_source:
+        parts.append(Text(f"base scenario {result.scenario_source}", style="dim"))
     if result.interrupted:
-        parts.append(Text("interrupted (Ctrl-C): partial results below", style="bold yellow"))
+        parts.append(Text("interrupted (Ctrl-C or SIGTERM): partial results below", style="bold yellow"))
     if result.ranking:
         parts.append(ranking_table(result))
     else:

@@ -30,6 +30,7 @@ class PlanRow(_Out):
     breakdown_s: dict[str, float]
     reference: bool = False
     pareto: bool = False
+    hypothetical: bool = Field(False, description="a layout / load-balance pair Megatron-Core does not have")
 
     @property
     def best_time_s(self) -> float:
@@ -59,6 +60,7 @@ class SpaceStats(_Out):
     groups_infeasible: int
     candidates_evaluated: int = Field(description="full analytic evaluations (memory + step time)")
     candidates_pruned: int = Field(description="never evaluated: provably slower than the listed plans")
+    candidates_unexamined: int = Field(0, description="neither evaluated nor pruned: the search was interrupted first")
     bound_violations: int = Field(description="times a real step time fell below its bound (should be 0)")
     threshold_s: float | None = None
     jobs: int
@@ -72,6 +74,7 @@ class SpaceStats(_Out):
 
 class PlanResult(_Out):
     scenario: dict[str, Any]
+    scenario_source: str = Field("", description="where the base scenario's layout came from (one line)")
     calibration: str
     pins: str
     memory_headroom: float
@@ -96,5 +99,5 @@ def plan_row(e: Evaluation, rank: int | None = None, des_step_time_s: float | No
         settings={k: v for k, v in e.candidate.settings().items() if v is not None},
         step_time_s=e.step_time_s, des_step_time_s=des_step_time_s, tokens_per_s_per_gpu=e.tokens_per_s_per_gpu,
         memory_per_gpu_bytes=e.memory_bytes, memory_fraction_of_budget=e.memory_fraction, limiter=e.limiter(),
-        breakdown_s=dict(e.terms_s), reference=reference, pareto=pareto,
+        breakdown_s=dict(e.terms_s), reference=reference, pareto=pareto, hypothetical=e.candidate.hypothetical,
     )

@@ -74,6 +74,8 @@ class ScreenResult:
     reference_rank_estimate: int | None = None  # from a random sample when the range is wide
     interrupted: bool = False
     wall_s: float = 0.0
+    candidates_proven_slower: int = 0  # members of groups never expanded whose bound is at least the threshold
+    candidates_unexamined: int = 0  # members of groups neither expanded, infeasible nor proven slower
 
 
 # ----------------------------------------------------------------------------- worker tasks
@@ -256,6 +258,10 @@ class Screen:
         res = self.result
         res.threshold_s = self.threshold_s()
         res.groups_infeasible = sum(1 for s in self.states if s.infeasible)
+        undecided = [s for s in self.states if not s.expanded and s.failure is None]
+        proven = [s for s in undecided if math.isfinite(s.bound_s) and s.bound_s >= res.threshold_s]
+        res.candidates_proven_slower = sum(len(s.group.choices) for s in proven)
+        res.candidates_unexamined = sum(len(s.group.choices) for s in undecided) - res.candidates_proven_slower
         res.candidates_evaluated = len(res.evaluations)
         res.wall_s = time.perf_counter() - start
         return res

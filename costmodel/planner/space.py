@@ -11,8 +11,10 @@ domain), cp <= 8, vpp <= 8, micro-batch sizes 1, 2, 4, 8; pp divides the GPUs, p
 pp*vpp <= layers (+2 unless the split is 'even'); ep divides the experts.
 
 Optimizer choices: AdamW on the element-wise distributed optimizer (hiding on/off) and Muon on the
-layer-wise one (legacy/current layout x load balance none / ping_pong / lpt x hiding on/off x the
-TP Newton-Schulz mode, which only varies when tp or etp > 1).
+layer-wise one (legacy/current layout x load balance x hiding on/off x the TP Newton-Schulz mode,
+which only varies when tp or etp > 1). Only the (layout, load balance) pairs Megatron-Core has are
+searched (legacy/ping_pong, current/lpt) unless the pins allow hypothetical ones (``--allow-hypothetical``:
+also none, and the other balance of each layout; their labels say "hypothetical").
 Settings that cannot matter for a candidate are normalised to ``None`` so that no two candidates
 describe the same run.
 """
@@ -33,6 +35,7 @@ from workloads.scenario import (
     Scenario,
     ScenarioConfig,
     TpMode,
+    hypothetical_reason,
 )
 
 DEFAULT_MAX = {"tp": 8, "etp": 8, "cp": 8, "vpp": 8, "micro_batch_size": 8}
@@ -57,6 +60,11 @@ class Candidate:
     tp_mode: str | None = None
     load_balance: str | None = None
     hide: bool | None = None
+
+    @property
+    def hypothetical(self) -> bool:
+        """A layer-wise (layout, load balance) pair Megatron-Core does not have (a what-if)."""
+        return hypothetical_reason(self.distribution, self.layout, self.load_balance) is not None
 
     @property
     def structure(self) -> tuple[Any, ...]:
@@ -86,6 +94,8 @@ class Candidate:
             opt += " " + "/".join(details)
         if self.hide is not None:
             opt += " hide" if self.hide else " no-hide"
+        if self.hypothetical:
+            opt += " (hypothetical)"
         return f"{par} | {opt}"
 
     def matches(self, wanted: dict[str, Any]) -> bool:
@@ -249,6 +259,8 @@ def optimizer_variants(pins: Pins, tp: int, etp: int) -> dict[tuple[str, str], t
                 allowed("hide_param_gather", (True, False)), allowed("layer_wise_layout", _reversed(LayerWiseLayout)),
                 allowed("load_balance", _reversed(LoadBalance)), allowed("tp_mode", get_args(TpMode)))
             for hide, layout, lb, mode in choices:
+                if not pins.allow_hypothetical and hypothetical_reason(dist, layout, lb):
+                    continue
                 c = normalised(tp, 1, 1, 1, 1, etp, 1, "none", kind, dist, layout, mode, lb, hide)
                 out.setdefault((kind, dist), {})[(c.layout, c.tp_mode, c.load_balance, c.hide)] = None
     return {k: tuple(v) for k, v in out.items() if v}

@@ -1,0 +1,223 @@
+"""One layer's collectives for one micro-batch on one rank, and what of them is exposed.
+
+:func:`layer_comm` builds the TP / CP / EP collectives of the forward and backward pass as
+:class:`~costmodel.layer_costs.CommBlock` s; how much of each kind is exposed is decided by
+:mod:`costmodel.comm_exposure` (EP, CP) and :mod:`costmodel.tp_overlap` (TP with
+``tp_comm_overlap``) from the layer's parts (:func:`costmodel.layer_costs.layer_parts`).
+:func:`layer_kind_costs` is the one entry point for a layer kind's compute and collectives (the step
+structure and the planner's bound both use it). Times in seconds, sizes in bytes.
+
+The EP dispatch follows the recipe's dispatcher (:mod:`costmodel.moe_dispatch`): ``flex``
+(DeepEP / HybridEP, de-duplicated per NVLink domain), ``alltoall`` (NCCL all-to-all) or
+``allgather``. HybridEP treats ``NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN`` ranks as one NVLink
+domain when the variable is set: the group's domains are then those of at most that many ranks.
+
+Layer kinds may carry ``:norc`` (``dense:norc``, ``moe:norc``): a layer that full recompute with
+``recompute_method block`` leaves out, and ``:bf16`` (``dense:bf16``, ``dense:bf16:norc``): a layer
+``first_last_layers_bf16`` keeps in BF16, whose GEMMs run in BF16 without quantization casts
+(:func:`costmodel.step_structure._chunk_items`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from costmodel.comm_exposure import (
+    EpOverlap,
+    cp_exposed_fraction,
+    dispatch_sm_share,
+    ep_exposed_fraction,
+    ep_paired_share,
+)
+from costmodel.cuda_graphs import GraphCapture
+from costmodel.layer_costs import (
+    COMM_KINDS,
+    CommAcc,
+    CommBlock,
+    LayerParts,
+    bf16_shape,
+    collective_s,
+    hide_under_host,
+    host_slack_s,
+    layer_ops,
+    layer_parts,
+    ops_time,
+)
+from costmodel.moe_dispatch import allgather_dispatch_calls, dispatch_cost
+from costmodel.tp_overlap import tp_pass_exposed_s
+from topologies.groups import GroupShape
+from workloads.operations import ACT_BYTES, RankShape
+
+if TYPE_CHECKING:
+    from workloads.scenario import Scenario
+
+LayerCost = tuple[float, float, tuple[CommBlock, ...], tuple[CommBlock, ...]]
+
+
+def base_kind(kind: str) -> str:
+    """The layer kind without its recompute marker ('moe:norc' -> 'moe')."""
+    return kind.partition(":")[0]
+
+
+def hybrid_ep_shape(shape: GroupShape, ranks_per_domain: int | None) -> GroupShape:
+    """The EP group as HybridEP sees it: domains of at most ``ranks_per_domain`` ranks when the
+    environment sets ``NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN`` (else the fabric's domains)."""
+    if ranks_per_domain is None or ranks_per_domain >= shape.ranks_per_domain:
+        return shape
+    g = max(1, ranks_per_domain)
+    return GroupShape(shape.size, g, math.ceil(shape.size / g), shape.tiers, shape.uniform)
+
+
+def layer_kind_costs(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str, GroupShape],
+                     overlap: bool) -> LayerCost:
+    """(forward s, backward s, forward blocks, backward blocks) of one layer of ``kind``, one micro-batch."""
+    p = scenario.par
+    base = base_kind(kind)
+    shape = bf16_shape(kind, shape)
+    recompute = "none" if kind.endswith(":norc") else p.recompute
+    ops = layer_ops(scenario.model, shape, base, recompute, tuple(p.recompute_modules))
+    capture = GraphCapture.of(scenario.runtime)
+    f, b, fa, ba = ops_time(ops, scenario.system, capture, base)
+    parts = layer_parts(ops, scenario.system)
+    cf, cb = layer_comm(scenario, shape, base, shapes, (fa, ba), overlap, (f, b), parts, recompute)
+    if overlap:  # a launch-bound pass's collectives run while the GPU waits for the host
+        slack_f, slack_b = host_slack_s(ops, scenario.system, capture, base)
+        cf, cb = hide_under_host(cf, slack_f), hide_under_host(cb, slack_b)
+    return f, b, cf, cb
+
+
+def _tp_pairs(scenario: Scenario, kind: str) -> tuple[str, ...]:
+    model = scenario.model
+    shared = bool(model.moe and model.moe.shared_expert_ffn_hidden_size)
+    out = ["attention"]
+    if kind in ("dense", "mtp"):
+        out.append("mlp")
+    elif shared:
+        out.append("shared_experts")
+    return tuple(out)
+
+
+def layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str, GroupShape],
+               attn_s: tuple[float, float], overlap: bool, compute_s: tuple[float, float] = (0.0, 0.0),
+               parts: LayerParts | None = None, recompute: str | None = None
+               ) -> tuple[tuple[CommBlock, ...], tuple[CommBlock, ...]]:
+    """Forward and backward collective blocks of one layer (kind: dense, moe, embedding, output, mtp).
+
+    ``attn_s``: (forward, backward) attention-core seconds of one micro-batch (CP overlap);
+    ``compute_s``: the whole layer's (kept for callers; the overlaps use ``parts``); ``parts``: the
+    layer's GEMM, expert and MoE-side seconds (TP and EP overlap);
+    ``recompute``: the layer's recompute (default: the scenario's).
+    """
+    system, model, p, rt = scenario.system, scenario.model, scenario.par, scenario.runtime
+    parts = parts or LayerParts({})
+    recompute = p.recompute if recompute is None else recompute
+    h = model.hidden_size
+    fwd = {k: CommAcc() for k in COMM_KINDS}
+    bwd = {k: CommAcc() for k in COMM_KINDS}
+    full_recompute = recompute == "full"
+    moe_recompute = recompute == "selective" and "moe" in p.recompute_modules
+    attn_recompute = recompute == "selective" and "core_attn" in p.recompute_modules
+    act = shape.tokens * h * ACT_BYTES
+    tps = shapes["tp"]
+    tp_exposed: tuple[float, float] | None = None
+    if tps.size > 1:
+        sp = shape.sequence_parallel
+        ag, rs = collective_s("all_gather", act, tps, system), collective_s("reduce_scatter", act, tps, system)
+        ar = collective_s("all_reduce", act, tps, system)
+        if kind == "embedding":  # vocab-parallel lookup: RS (SP) or AR forward; AG of dy backward (SP)
+            fwd["tp"].add(rs if sp else ar, 1, act)
+            if sp:
+                bwd["tp"].add(ag, 1, act)
+        elif kind == "output":  # column-parallel logits: AG of x forward (SP); RS dx + AG x (SP) or AR dx
+            if sp:
+                fwd["tp"].add(ag, 1, act)
+                bwd["tp"].add(rs, 1, act)
+                bwd["tp"].add(ag, 1, act)
+            else:
+                bwd["tp"].add(ar, 1, act)
+        else:  # column/row pairs: attention, dense MLP or shared experts (routed experts need none)
+            pairs = _tp_pairs(scenario, kind)
+            if sp:  # fwd AG x + RS y; bwd AG dy + AG x (wgrad) + RS dx
+                fwd["tp"].add(ag, len(pairs), act)
+                fwd["tp"].add(rs, len(pairs), act)
+                bwd["tp"].add(ag, 2 * len(pairs), act)
+                bwd["tp"].add(rs, len(pairs), act)
+                if p.tp_comm_overlap and overlap:
+                    tp_exposed = tp_pass_exposed_s(rt, pairs, parts.gemm_s, ag[0], rs[0], tps.size, system.gpu.sm_count)
+            else:  # fwd AR after the row-parallel GEMM; bwd AR after the column-parallel dgrad
+                fwd["tp"].add(ar, len(pairs), act)
+                bwd["tp"].add(ar, len(pairs), act)
+    cps = shapes["cp"]
+    if cps.size > 1 and kind in ("dense", "moe", "mtp"):
+        att = model.attention
+        if att.kind == "gqa":
+            width = 2 * att.num_kv_heads // shape.tp * att.head_dim
+        else:
+            width = att.num_heads // shape.tp * (att.qk_head_dim + att.qk_pos_emb_head_dim + att.v_head_dim)
+        kv_bytes = cps.size * shape.tokens * width * ACT_BYTES
+        kv = collective_s("all_gather", kv_bytes, cps, system)
+        fwd["cp"].add(kv, 1, kv_bytes)
+        bwd["cp"].add(kv, 2.0, kv_bytes)
+    eps = shapes["ep"]
+    is_moe = kind == "moe" or (kind == "mtp" and model.is_moe_layer(model.num_layers - 1))
+    if is_moe and model.moe is not None and shape.moe_dispatcher == "allgather":
+        group = shapes["etp_ep"]
+        calls = allgather_dispatch_calls(shape.sp_tokens, h, model.moe.num_experts, group.size)
+        for acc, pass_calls in zip((fwd["ep"], bwd["ep"]), calls, strict=True):
+            for c in pass_calls:
+                acc.add(collective_s(c.op, c.bytes, group, system), 1, c.bytes)
+    elif is_moe and model.moe is not None:
+        send = shape.sp_tokens * model.moe.topk * h * ACT_BYTES
+        if eps.size > 1:
+            dispatcher = "alltoall" if shape.moe_dispatcher == "alltoall" else "flex"
+            ep_shape = eps
+            if dispatcher == "flex" and rt.moe_flex_dispatcher_backend == "hybridep":
+                ep_shape = hybrid_ep_shape(eps, rt.num_of_hybrid_ep_ranks_per_nvlink_domain)
+            a2a = dispatch_cost(shape.sp_tokens, h, model.moe.num_experts, model.moe.topk, ep_shape, system, dispatcher)
+            fwd["ep"].add(a2a, 2, send)
+            bwd["ep"].add(a2a, 2, send)
+        etps = shapes["etp"]
+        if etps.size > 1:
+            gathered = send * etps.size
+            for acc in (fwd["ep"], bwd["ep"]):
+                acc.add(collective_s("all_gather", gathered, etps, system), 1, gathered)
+                acc.add(collective_s("reduce_scatter", gathered, etps, system), 1, gathered)
+    # recomputed modules repeat their forward collectives in backward (CP's ring runs inside core_attn)
+    redo = COMM_KINDS if full_recompute else (("ep",) if moe_recompute else ()) + (("cp",) if attn_recompute else ())
+    for k in redo:
+        bwd[k].add((fwd[k].time_s, fwd[k].latency_s, fwd[k].link), 1, fwd[k].bytes)
+    if tp_exposed is not None and full_recompute:
+        tp_exposed = (tp_exposed[0], tp_exposed[1] + tp_exposed[0])
+    paired_share = ep_paired_share(scenario)
+    sm_share = dispatch_sm_share(rt, system.gpu.sm_count)
+
+    delayed = parts.expert_wgrad_s if rt.delay_wgrad_compute else 0.0
+    shared = parts.shared_expert_s if rt.moe_shared_expert_overlap else (0.0, 0.0)
+    attn_f, attn_b = parts.attn_side_s
+    mlp_f, mlp_b = parts.mlp_side_s[0], parts.mlp_side_s[1] - delayed
+
+    def ep_overlap(pass_index: int) -> EpOverlap:
+        if pass_index == 0:  # forward: dispatch beside the other's backward MLP, combine beside its attention
+            paired, own = (mlp_b, attn_b), (shared[0], 0.0)
+        else:  # backward: combine beside the other's forward attention, dispatch beside its forward MLP
+            paired, own = (attn_f, mlp_f), (shared[1], delayed)
+        return EpOverlap(paired_s=paired, own_s=own, paired_share=paired_share, sm_share=sm_share,
+                         ep_overlap=p.ep_comm_overlap)
+
+    def fraction(k: str, a: CommAcc, pass_index: int) -> float:
+        if not overlap or a.time_s <= 0:
+            return 1.0
+        if k == "tp" and tp_exposed is not None:
+            return min(1.0, tp_exposed[pass_index] / a.time_s)
+        if k == "cp":
+            return cp_exposed_fraction(a.time_s, attn_s[pass_index])
+        if k == "ep":
+            return ep_exposed_fraction(a.time_s, ep_overlap(pass_index))
+        return 1.0
+
+    def blocks(acc: dict[str, CommAcc], pass_index: int) -> tuple[CommBlock, ...]:
+        return tuple(CommBlock(k, a.time_s, a.latency_s, a.link, fraction(k, a, pass_index), a.bytes)
+                     for k, a in ((k, acc[k]) for k in COMM_KINDS) if a.time_s > 0)
+
+    return blocks(fwd, 0), blocks(bwd, 1)

@@ -1,0 +1,66 @@
+"""Both engines give the same exposed time the same name, and absurd results are flagged.
+
+At 100,352 GPUs the hidden parameter all-gather of Kimi K2 (``hide_param_gather`` on) outlasts the first forward passes: the
+analytic engine books the delay as ``dp_param``; the DES booked it as "pipeline bubble" on every
+stage downstream of the one that waited (its activations came late). The DES now passes the
+sender's parameter-gather delay along with its activations, so both call it ``dp_param``.
+
+The fixture sets ``average_in_collective``: without it every gradient bucket is scaled by 1/dp on
+the compute stream before its reduction, which at this scale (layer-wise buckets padded to
+d × the largest parameter) takes ~14 s on stage 0 and ~7 s on the others; the DES lets those kernels
+delay each stage's last backward along the pipeline (waits booked as bubble) while the analytic
+engine adds the largest stage's scaling to the pipeline, a different mechanism from the one under
+test here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodel.engine import predict
+from costmodel.report import Breakdown, OptimizerReport, Stats, StepReport
+from costmodel.report_builder import sanity_warnings
+
+
+@pytest.fixture(scope="module")
+def huge(default_scenario):
+    sc = default_scenario.with_updates(gpus=100_352, global_batch_size=1_605_632, hide_param_gather=True,
+                                       average_in_collective=True)
+    return predict(sc, "analytic"), predict(sc, "des")
+
+
+def _large_parts(b: Breakdown, step_s: float) -> set[str]:
+    parts = {"compute": b.compute, "pipeline bubble": b.pipeline_bubble, "optimizer": b.optimizer,
+             **{f"exposed {k}": v for k, v in b.exposed_comm.items()}}
+    return {k for k, v in parts.items() if v > 0.02 * step_s}
+
+
+def test_parameter_gather_delay_has_one_name_in_both_engines(huge) -> None:
+    ana, des = huge
+    a, d = ana.breakdown_s, des.breakdown_s
+    assert a.exposed_comm["dp_param"] > 10 * a.pipeline_bubble
+    assert d.exposed_comm["dp_param"] > 10 * d.pipeline_bubble, d
+    assert d.exposed_comm["dp_param"] == pytest.approx(a.exposed_comm["dp_param"], rel=0.05)
+    assert _large_parts(a, ana.step_time_s) == _large_parts(d, des.step_time_s)
+
+
+def test_absurd_mfu_is_flagged_by_both_engines(huge) -> None:
+    for report in huge:
+        assert report.mfu < 0.05
+        assert any(w.startswith("MFU ") and "under 5 %" in w for w in report.warnings), report.warnings
+
+
+def _report(mfu: float, padding_pct: float | None) -> StepReport:
+    opt = OptimizerReport(kind="muon", distribution="layer_wise", per_rank_compute_s=Stats(min=0, mean=0, max=0),
+                          imbalance=1.0, exposed_s=0.0, hidden_s=0.0, padding_overhead_pct=padding_pct)
+    return StepReport(engine="analytic", scenario={}, step_time_s=10.0, tokens_per_s_per_gpu=1.0,
+                      model_tflops_per_gpu=1.0, mfu=mfu, memory_per_gpu_bytes=0.0, optimizer=opt,
+                      breakdown_s=Breakdown(compute=0.3, exposed_comm={"dp_grad": 9.5}, other=0.2))
+
+
+def test_sanity_warnings_name_the_cause() -> None:
+    assert sanity_warnings(_report(0.3, 20.0)) == []
+    low = sanity_warnings(_report(0.03, None))
+    assert len(low) == 1 and "MFU 3.0 %" in low[0] and "exposed dp_grad" in low[0]
+    padded = sanity_warnings(_report(0.3, 232.0))
+    assert len(padded) == 1 and "padding 232 %" in padded[0]

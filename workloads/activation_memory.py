@@ -1,0 +1,178 @@
+"""Activation memory of a pipeline stage at its peak: recompute, offloading, BF16 layers, the loss.
+
+Per layer and micro-batch the saved tensors come from :mod:`workloads.activations`; this module
+decides which of them stay on the GPU and for how many micro-batches:
+
+- **Micro-batches in flight**: :func:`workloads.activations.inflight_chunk_microbatches` (1F1B and
+  Megatron's interleaved schedule).
+- **Recompute** (Megatron-Core ``TransformerBlock._checkpointed_forward``): ``selective`` drops the
+  tensors of ``recompute_modules`` (per module, see :mod:`workloads.activations`); ``full`` keeps
+  only checkpoint inputs (the layer input, ``2·s·b·h/t`` with sequence parallelism):
+  ``recompute_method`` ``uniform`` checkpoints groups of ``recompute_num_layers`` consecutive layers
+  of each virtual stage (one input per group; recomputing a group in backward materialises all its
+  layers' activations at once), ``block`` checkpoints the first ``recompute_num_layers`` layers of
+  each virtual stage and stores the rest in full (recomputing one layer at a time); no method is
+  read as ``uniform`` with one layer per group.
+- **Activation CPU offloading** (``cpu_offloading``, Transformer Engine's
+  ``get_cpu_offload_context``): the first ``cpu_offloading_num_layers`` layers of the rank (forward
+  order) copy their saved tensors to host memory during the next layer's forward and read them
+  back one layer ahead in backward, so at the peak (the end of a micro-batch's forward) only the
+  other layers' activations are on the GPU. Megatron allows it only without pipeline parallelism
+  and without recompute.
+- **Fine-grained activation offloading** (``fine_grained_activation_offloading`` with
+  ``offload_modules``): the tensors those modules save (see ``ActivationTerm.offload_module``) leave
+  the GPU for every layer; one layer's worth stays as the copy in transit (an assumption: the
+  double buffer of the offload stream).
+- **BF16 layers** (``first_last_layers_bf16``): those layers save their GEMM inputs in bf16.
+- **Loss** (last stage): the final norm and output-layer inputs, and the cross entropy's saved
+  logits: Transformer Engine's fused cross entropy (``cross_entropy_loss_fusion`` with
+  ``cross_entropy_fusion_impl te``) writes the gradient into the bf16 logits in the forward pass
+  and keeps only them (2 B per vocabulary entry and token); Megatron's own (fused or not) keeps the
+  fp32 softmax (4 B).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from topologies.hardware import Precision
+from workloads.activations import (
+    LayerShape,
+    inflight_chunk_microbatches,
+    layer_activation_terms,
+    output_activation_bytes,
+)
+from workloads.models import ModelSpec
+from workloads.pipeline_layout import layer_placement
+from workloads.weight_memory import layer_in_bf16
+
+if TYPE_CHECKING:
+    from workloads.scenario import Scenario
+
+
+def activation_layer_shape(scenario: Scenario, bf16: bool = False) -> LayerShape:
+    """The per-rank shape of one layer's activations (``bf16``: a layer kept in BF16)."""
+    p = scenario.par
+    precision = Precision.BF16 if bf16 and scenario.precision.tensor_core_class != "bf16" else scenario.precision
+    return LayerShape(tokens=p.micro_batch_size * p.seq_length // p.cp, tp=p.tp,
+                      sequence_parallel=p.uses_sequence_parallel, etp=p.expert_tp, precision=precision)
+
+
+def _offloaded_modules(scenario: Scenario) -> frozenset[str]:
+    rt = scenario.runtime
+    return frozenset(rt.offload_modules) if rt.fine_grained_activation_offloading else frozenset()
+
+
+@lru_cache(maxsize=4096)
+def _layer_bytes(model: ModelSpec, moe: bool, shape: LayerShape, selective: frozenset[str],
+                 offloaded: frozenset[str]) -> tuple[float, float, float, float]:
+    """(kept bytes without offloaded ones, layer input bytes, fine-grained offloaded bytes, every
+    saved tensor's bytes) of one layer and micro-batch (memoised: the planner asks for many layouts)."""
+    terms = layer_activation_terms(model, moe, shape)
+    kept = [x for x in terms if x.kept(selective)]
+    off = sum(x.size_bytes for x in kept if x.offload_module in offloaded)
+    return sum(x.size_bytes for x in kept) - off, terms[0].size_bytes, off, sum(x.size_bytes for x in terms)
+
+
+def _bytes_of(scenario: Scenario, layer: int, moe: bool) -> tuple[float, float, float, float]:
+    p = scenario.par
+    selective = frozenset(p.recompute_modules) if p.recompute == "selective" else frozenset()
+    shape = activation_layer_shape(scenario, layer_in_bf16(scenario, layer))
+    return _layer_bytes(scenario.model, moe, shape, selective, _offloaded_modules(scenario))
+
+
+def layer_resident_bytes(scenario: Scenario, layer: int, moe: bool) -> tuple[float, float, float]:
+    """(resident bytes without full recompute, layer input bytes, fine-grained offloaded bytes) of one
+    layer for one micro-batch on one rank (selective recompute applied; offloaded bytes excluded)."""
+    return _bytes_of(scenario, layer, moe)[:3]
+
+
+def full_layer_bytes(scenario: Scenario, layer: int, moe: bool) -> float:
+    """Every tensor one layer saves for one micro-batch (no recompute, no offloading), in bytes."""
+    return _bytes_of(scenario, layer, moe)[3]
+
+
+def loss_activation_bytes(scenario: Scenario) -> float:
+    """Last-stage extras per micro-batch (final norm, output-layer inputs, cross-entropy logits), bytes."""
+    rt = scenario.runtime
+    te_fused = rt.cross_entropy_loss_fusion and rt.cross_entropy_fusion_impl == "te"
+    return output_activation_bytes(scenario.model, activation_layer_shape(scenario), logits_bytes=2 if te_fused else 4)
+
+
+def _chunk_layers(scenario: Scenario, stage: int) -> list[list[int]]:
+    """Layer indices of each virtual chunk of ``stage``, forward order (MTP layers on the last chunk)."""
+    p, model = scenario.par, scenario.model
+    chunks: list[list[int]] = [[] for _ in range(p.vpp)]
+    for i, (s, chunk) in enumerate(layer_placement(model.num_layers, p.pp, p.vpp, p.stage_split, model.mtp_layers)):
+        if s == stage:
+            chunks[chunk].append(i)
+    if stage == p.pp - 1:
+        chunks[p.vpp - 1].extend(model.num_layers + j for j in range(model.mtp_layers))
+    return chunks
+
+
+def _is_moe(scenario: Scenario, layer: int) -> bool:
+    model = scenario.model
+    return model.is_moe_layer(min(layer, model.num_layers - 1))
+
+
+def _chunk_bytes(scenario: Scenario, layers: list[int], offload_first: int) -> tuple[float, float, float]:
+    """(resident bytes per micro-batch, extra bytes while recomputing, offloaded bytes per micro-batch)
+    of one virtual chunk's layers; the first ``offload_first`` layers are CPU-offloaded."""
+    p = scenario.par
+    per_layer, transit = [], 0.0
+    for k, i in enumerate(layers):
+        kept, inp, off, full = _bytes_of(scenario, i, _is_moe(scenario, i))
+        per_layer.append((kept, inp, full))
+        if k >= offload_first:  # the first layers' saved tensors are in host memory at the peak
+            transit = max(transit, off)  # fine-grained offloading: one layer's copy in transit
+    if p.recompute != "full":
+        resident = sum(kept for kept, _, _ in per_layer[offload_first:])
+        return resident + transit, 0.0, sum(kept for kept, _, _ in per_layer[:offload_first])
+    n, group = len(per_layer), p.recompute_num_layers or 1
+    largest = max((full for _, _, full in per_layer), default=0.0)
+    if p.recompute_method == "block":
+        checkpointed = min(group, n)
+        resident = sum(inp for _, inp, _ in per_layer[:checkpointed]) + sum(full for _, _, full in per_layer[checkpointed:])
+        return resident, (largest if checkpointed else 0.0), 0.0
+    resident = sum(per_layer[k][1] for k in range(0, n, group))  # uniform: one input per group
+    return resident, min(group, n) * largest, 0.0
+
+
+def stage_activation_bytes(scenario: Scenario, stage: int) -> float:
+    """Peak activation bytes per GPU on pipeline stage ``stage`` (micro-batches in flight included)."""
+    p, rt = scenario.par, scenario.runtime
+    chunks = _chunk_layers(scenario, stage)
+    offload = rt.cpu_offloading_num_layers if rt.cpu_offloading else 0
+    per_chunk, extra = [], 0.0
+    for c, layers in enumerate(chunks):
+        first = min(offload, len(layers)) if c == 0 else 0
+        resident, recompute_peak, _ = _chunk_bytes(scenario, layers, first)
+        per_chunk.append(resident)
+        extra = max(extra, recompute_peak)
+    if stage == p.pp - 1:
+        per_chunk[-1] += loss_activation_bytes(scenario)
+    counts = inflight_chunk_microbatches(p.pp, p.vpp, stage, scenario.num_microbatches)
+    return sum(c * b for c, b in zip(counts, per_chunk, strict=True)) + extra
+
+
+def offloaded_layer_fraction(scenario: Scenario) -> float:
+    """Share of a stage's transformer layers whose activations CPU offloading moves (0 without it)."""
+    rt = scenario.runtime
+    if not rt.cpu_offloading or rt.cpu_offloading_num_layers <= 0:
+        return 0.0
+    layers = sum(len(c) for c in _chunk_layers(scenario, 0))
+    return min(rt.cpu_offloading_num_layers, layers) / layers if layers else 0.0
+
+
+def fine_grained_offload_bytes(scenario: Scenario, layer: int, moe: bool) -> float:
+    """Bytes fine-grained offloading moves to the host per layer and micro-batch (0 when off)."""
+    return layer_resident_bytes(scenario, layer, moe)[2]
+
+
+def cpu_offload_bytes(scenario: Scenario, layer: int, moe: bool) -> float:
+    """Bytes layer CPU offloading moves to the host per offloaded layer and micro-batch."""
+    kept, _, fine = layer_resident_bytes(scenario, layer, moe)
+    return kept + fine
+

@@ -1,0 +1,90 @@
+"""FP8 parameters and the FP8 parameter all-gather (Megatron DDP ``fp8_param_gather``): the one rule.
+
+Megatron-Core 0.16.1 (``distributed/distributed_data_parallel.py``, ``param_and_grad_buffer.py``,
+``optimizer/distrib_optimizer.py``) with ``fp8_param_gather`` keeps the compute weights of the
+Transformer Engine linear layers as quantized tensors instead of BF16:
+
+- **Which parameters** (:func:`is_fp8_param`): the weights of TE linear modules built under
+  ``fp8_model_init`` (QKV and attention projections, MLA up/down projections, MLP and expert
+  fc1/fc2, the MTP ``eh_proj``: :data:`TE_GEMM_ROLES`). Not the word embedding (and its MTP copy),
+  a learned position embedding, the output layer (``tensor_parallel.ColumnParallelLinear``), the
+  MoE router (a plain parameter) or any 1-D norm weight, nor the GEMM weights of layers
+  ``first_last_layers_bf16`` keeps in BF16 (built outside ``fp8_model_init``): they stay BF16.
+- **Buffers**: a quantized parameter's DDP buffer has ``param_dtype = uint8``, so FP8 parameters sit
+  in their own buffers (buffers are keyed by (param dtype, grad dtype)) and their own buckets.
+- **fp8-cs** (tensorwise / current scaling): the buffer holds the FP8 bytes: the distributed
+  optimizer quantizes its shard (``quantize_param_shard``) and the all-gather moves **1 byte** per
+  element.
+- **mxfp8**: with the distributed optimizer and MXFP8 parameters the parameter buffer is a BF16 view
+  of the gradient buffer (``shared_buffer``); the optimizer copies its fp32 shard there
+  (``_copy_main_params_to_param_buffer``) and the all-gather moves **2 bytes** (BF16) per element;
+  each weight is then quantized into MXFP8 row-wise and column-wise data.
+- **Where it applies** (:func:`fp8_gather_active`): AdamW on the element-wise distributed optimizer
+  or on Megatron-FSDP, with an FP8 recipe (fp8-cs, mxfp8). Muon's layer-wise optimizer gathers BF16
+  parameters; BF16 and NVFP4 recipes have no FP8 parameters (Megatron has no FP4 primary weights); a
+  replicated optimizer gathers nothing. In those cases the setting has no effect (a plan note).
+
+What a GPU holds for these weights (the FP8 copy, TE's quantized weight cache when they stay BF16,
+the Hopper transpose, MXFP8's BF16 gather buffer) is :mod:`workloads.weight_memory`'s; Megatron-FSDP's
+per-layer gathers of them are :mod:`costmodel.fsdp`'s.
+"""
+
+from __future__ import annotations
+
+from workloads.inventory import TensorSpec
+
+BF16_BYTES = 2
+FP8_RECIPES = ("fp8-cs", "mxfp8")
+# Transformer Engine GEMM weights of a transformer (or MTP) layer (inventory roles)
+TE_GEMM_ROLES = frozenset({"qkv", "attn_out", "q_down", "q_up", "q_proj", "kv_down", "kv_up", "fc1", "fc2",
+                           "expert_fc1", "expert_fc2", "shared_fc1", "shared_fc2", "mtp_proj"})
+
+
+def is_te_gemm_weight(t: TensorSpec) -> bool:
+    """Whether ``t`` is a Transformer Engine GEMM weight (quantized in FP8/FP4 runs)."""
+    return t.role in TE_GEMM_ROLES and len(t.global_shape) == 2
+
+
+def layer_kept_bf16(layer: int | None, num_layers: int, bf16_layers: tuple[int, int]) -> bool:
+    """Whether transformer layer ``layer`` of ``num_layers`` runs its GEMMs in BF16 when the first and
+    last ``bf16_layers`` layers are kept in BF16 (``first_last_layers_bf16``); MTP layers
+    (``layer >= num_layers``) follow the last layer; ``None`` (outside the layers) is never a
+    low-precision GEMM."""
+    if layer is None:
+        return True
+    first, last = bf16_layers
+    if layer >= num_layers:
+        return last > 0
+    return layer < first or layer >= num_layers - last
+
+
+def is_fp8_param(t: TensorSpec, num_layers: int = 0, bf16_layers: tuple[int, int] = (0, 0)) -> bool:
+    """Whether ``t`` is an FP8 parameter under ``fp8_param_gather``: a trained TE linear weight of a
+    layer not kept in BF16 (``bf16_layers`` of ``num_layers``, see :func:`layer_kept_bf16`)."""
+    return (is_te_gemm_weight(t) and t.optimizer != "none"
+            and (bf16_layers == (0, 0) or not layer_kept_bf16(t.layer, num_layers, bf16_layers)))
+
+
+def fp8_gather_note(kind: str, distribution: str, precision: str, fp8_param_gather: bool,
+                    fsdp: bool = False) -> str | None:
+    """Why ``fp8_param_gather`` has no effect here (one line), or None when it applies or is off."""
+    if not fp8_param_gather:
+        return None
+    if kind != "adamw" or (distribution != "element_wise" and not fsdp):
+        return ("fp8_param_gather has no effect: it is the element-wise distributed optimizer's (AdamW) path; "
+                "Muon's layer-wise and the replicated optimizer gather BF16 parameters or none")
+    if precision not in FP8_RECIPES:
+        return f"fp8_param_gather has no effect with precision {precision}: only fp8-cs and mxfp8 keep FP8 parameters"
+    return None
+
+
+def fp8_gather_active(kind: str, distribution: str, precision: str, fp8_param_gather: bool,
+                      fsdp: bool = False) -> bool:
+    """Whether FP8 parameters (and their gather) apply: AdamW on the element-wise distributed
+    optimizer or on Megatron-FSDP (``fsdp``), with an FP8 recipe (fp8-cs, mxfp8)."""
+    return fp8_param_gather and fp8_gather_note(kind, distribution, precision, fp8_param_gather, fsdp) is None
+
+
+def param_gather_bytes_per_element(precision: str, fp8: bool) -> int:
+    """Bytes per element the parameter all-gather moves for a buffer (1 for fp8-cs FP8 parameters)."""
+    return 1 if fp8 and precision == "fp8-cs" else BF16_BYTES

@@ -1,0 +1,168 @@
+"""Optimizer memory per GPU: persistent state, and the transient buffers of the optimizer step.
+
+Bytes per parameter (``muon-and-distributed-optimizers.md`` §3 "Memory", §4.4), divided by ``d``,
+the ranks the state is sharded over (:func:`state_shards`):
+
+- **AdamW** (Megatron's distributed optimizer): fp32 ``m`` and ``v`` (8 B) and an fp32 master copy
+  when the parameters are not fp32 (4 B) are persistent. With gradients not in fp32, the step copies
+  each rank's gradient shard into fp32 (``DistributedOptimizer._copy_model_grads_to_main_grads``,
+  4 B) and frees it after the step: a **transient** of the step, not coexisting with activations.
+  Together: Megatron's table ``6 + 12/d`` (bf16 params, fp32 grads), ``4 + 16/d`` (bf16 grads),
+  ``8 + 8/d`` (fp32) (:func:`distributed_optimizer_bytes_per_param`).
+- **Precision-aware optimizer** (``use_precision_aware_optimizer``, TE ``FusedAdam`` with master
+  weights): the master copy in ``main_params_dtype``, ``m`` in ``exp_avg_dtype``, ``v`` in
+  ``exp_avg_sq_dtype`` (fp32 4 B, bf16/fp16 2 B, fp8 1 B); the step reads the gradient buffer
+  directly when ``main_grads_dtype`` is its dtype, else it copies the shard into ``main_grads_dtype``
+  (transient). Our reading of Megatron-Core's ``use_precision_aware_optimizer`` path (an assumption:
+  the code is not on this machine).
+- **Muon** (layer-wise): fp32 momentum + fp32 master for owned matrices, the fp32 gradient copy
+  (transient) when gradients are not fp32; every rank gets the average share (the optimizer plan
+  has the exact ownership). Non-Muon parameters use AdamW as above.
+- **Optimizer CPU offload** (``optimizer_cpu_offload``): the state and the step live in host memory
+  (Megatron's hybrid device optimizer with the whole state offloaded): no optimizer memory on the GPU.
+
+Sharding ``d``: the dense dp·cp group or the expert-data-parallel group; with
+``num_distributed_optimizer_instances`` ``k`` the group is split into ``k`` instances and each shards
+the state over ``d/k`` ranks (the instances all-reduce the reduced shards); ``replicated``: 1; the
+legacy layer-wise layout at dp·cp = 1: 1 for experts too (Megatron's ``shard_params`` returns
+early); Megatron-FSDP: the FSDP group unless ``data_parallel_sharding_strategy`` is ``no_shard``.
+
+**Step workspace** (transient, Muon only): the Newton–Schulz buffers of the largest matrix on the
+stage: fp32 Nesterov copy ``U``, ``X`` in the matmul precision, ``A`` and ``B`` (``m×m``) in the
+matmul precision, the fp32 output and its scaled copy; in ``duplicated`` TP mode the fp32 gathered
+full matrix and NS on it; in ``distributed`` mode the Gram over the non-sharded dimension; in
+``blockwise`` mode the local shard only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from workloads.comm import DTYPE_BYTES
+from workloads.weight_memory import fsdp_group_size
+
+if TYPE_CHECKING:
+    from workloads.inventory import TensorSpec
+    from workloads.scenario import OptimizerSpec, Scenario
+
+PARAM_BYTES = 2  # bf16 model parameters
+FP32_BYTES = 4
+
+
+def distributed_optimizer_bytes_per_param(param_bytes: int, grad_bytes: int, dp: int) -> float:
+    """Megatron's element-wise distributed-optimizer (Adam) bytes per parameter, in bytes.
+
+    ``param_bytes + grad_bytes + (8 + master + grad_copy)/dp`` with an fp32 master when params are
+    not fp32 and an fp32 gradient copy when gradients are not fp32: (2, 4) -> 6 + 12/dp,
+    (2, 2) -> 4 + 16/dp, (4, 4) -> 8 + 8/dp.
+    """
+    return param_bytes + grad_bytes + adam_state_bytes_per_param(param_bytes, grad_bytes) / dp
+
+
+def adam_state_bytes_per_param(param_bytes: int = PARAM_BYTES, grad_bytes: int = FP32_BYTES) -> int:
+    """Unsharded Adam state per parameter in bytes: fp32 m, v, master (if needed), grad copy (if needed)."""
+    return 8 + _fp32_copies(param_bytes, grad_bytes)
+
+
+def muon_state_bytes_per_param(param_bytes: int = PARAM_BYTES, grad_bytes: int = FP32_BYTES) -> int:
+    """Unsharded Muon state per parameter in bytes: fp32 momentum, master (if needed), grad copy (if needed)."""
+    return 4 + _fp32_copies(param_bytes, grad_bytes)
+
+
+def _fp32_copies(param_bytes: int, grad_bytes: int) -> int:
+    return (FP32_BYTES if param_bytes < FP32_BYTES else 0) + (FP32_BYTES if grad_bytes < FP32_BYTES else 0)
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Optimizer bytes per (unsharded) parameter: persistent state and the step's transient copy."""
+
+    persistent: float
+    transient: float
+
+
+def adam_bytes(opt: OptimizerSpec) -> StateBytes:
+    """AdamW bytes per parameter under ``opt`` (precision-aware dtypes or Megatron's fp32 state)."""
+    g = opt.grad_bytes
+    if opt.use_precision_aware_optimizer:
+        state = DTYPE_BYTES[opt.main_params_dtype] + DTYPE_BYTES[opt.exp_avg_dtype] + DTYPE_BYTES[opt.exp_avg_sq_dtype]
+        main_grad = DTYPE_BYTES[opt.main_grads_dtype]
+        return StateBytes(float(state), 0.0 if main_grad == g else float(main_grad))
+    return StateBytes(float(8 + FP32_BYTES), float(FP32_BYTES if g < FP32_BYTES else 0))
+
+
+def muon_bytes(opt: OptimizerSpec) -> StateBytes:
+    """Muon bytes per owned parameter: fp32 momentum + master; the fp32 gradient copy (transient)."""
+    return StateBytes(float(4 + FP32_BYTES), float(FP32_BYTES if opt.grad_bytes < FP32_BYTES else 0))
+
+
+def state_shards(scenario: Scenario, dp_group: str) -> int:
+    """Ranks the optimizer state of ``dp_group``'s parameters is sharded over (see the module docstring)."""
+    opt, p = scenario.optimizer, scenario.par
+    if p.fsdp > 0:
+        return 1 if opt.data_parallel_sharding_strategy == "no_shard" else fsdp_group_size(scenario, dp_group)
+    dist = opt.resolved_distribution
+    if dist == "replicated":
+        return 1
+    dense = scenario.dp * p.cp
+    if dp_group == "dp":
+        d = dense
+    elif dist == "layer_wise" and opt.layer_wise_layout == "legacy" and dense == 1:
+        return 1  # Megatron's legacy shard_params returns early at dp·cp = 1: experts are not sharded either
+    else:
+        d = scenario.expert_dp
+    return max(1, d // opt.num_distributed_optimizer_instances)
+
+
+def optimizer_bytes(scenario: Scenario, tensors: list[TensorSpec]) -> StateBytes:
+    """Persistent optimizer state and the step's transient copies per GPU for ``tensors`` (one stage),
+    in bytes (average share)."""
+    opt = scenario.optimizer
+    if opt.optimizer_cpu_offload:
+        return StateBytes(0.0, 0.0)
+    adam, muon = adam_bytes(opt), muon_bytes(opt)
+    shards = {g: state_shards(scenario, g) for g in ("dp", "expert_dp")}
+    persistent = transient = 0.0
+    for t in tensors:
+        if t.optimizer == "none":
+            continue
+        per = muon if opt.kind == "muon" and t.optimizer == "muon" else adam
+        share = t.rank_numel / shards[t.dp_group]
+        persistent += per.persistent * share
+        transient += per.transient * share
+    return StateBytes(persistent, transient)
+
+
+def newton_schulz_workspace_bytes(tensor: TensorSpec, tp_mode: str, matmul_bytes: int) -> float:
+    """Peak transient bytes of orthogonalising one copy of ``tensor`` (largest component), in bytes.
+
+    Buffers: fp32 ``U`` (local shard), ``X`` and ``A``, ``B`` (``m×m``) in ``matmul_bytes``, fp32
+    output and scaled copy; ``duplicated`` adds the fp32 gathered full matrix and runs on it.
+    """
+    best = 0.0
+    sharded = tensor.shards > 1 and tp_mode != "blockwise"
+    for (rows, cols), (lr, lc) in zip(tensor.muon_components, tensor.local_muon_components, strict=True):
+        local = lr * lc
+        if sharded and tp_mode == "duplicated":
+            full = rows * cols
+            m = min(rows, cols)
+            ws = FP32_BYTES * local + FP32_BYTES * full + matmul_bytes * full + 2 * matmul_bytes * m * m + 2 * FP32_BYTES * full
+        elif sharded:  # distributed: Gram over the non-sharded dimension
+            r = cols if tensor.shard_dim == 0 else rows
+            ws = FP32_BYTES * local + matmul_bytes * local + 2 * matmul_bytes * r * r + 2 * FP32_BYTES * local
+        else:
+            m = min(lr, lc)
+            ws = FP32_BYTES * local + matmul_bytes * local + 2 * matmul_bytes * m * m + 2 * FP32_BYTES * local
+        best = max(best, float(ws))
+    return best
+
+
+def optimizer_workspace_bytes(scenario: Scenario, tensors: list[TensorSpec]) -> float:
+    """Newton–Schulz workspace of the largest Muon matrix among ``tensors``, in bytes (0 for AdamW)."""
+    opt = scenario.optimizer
+    if opt.kind != "muon":
+        return 0.0
+    matmul_bytes = 2 if opt.matmul_precision == "bf16" else FP32_BYTES
+    return max((newton_schulz_workspace_bytes(t, opt.tp_mode, matmul_bytes)
+                for t in tensors if t.optimizer == "muon"), default=0.0)
