@@ -16,9 +16,10 @@ from collections.abc import Callable
 import numpy as np
 
 from costmodel.optimizer import layouts as lay
+from costmodel.optimizer.buffers import chunk_buffers
 from costmodel.optimizer.newton_schulz import NsSettings
 from costmodel.optimizer.plan_types import OptimizerPlan, StageOptimizerPlan
-from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer, chunk_buffers, rank_work
+from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer, rank_work
 from costmodel.optimizer.summary import optimizer_report
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
@@ -36,36 +37,22 @@ __all__ = ["Grid", "build_optimizer_plan", "cached_inventory", "clear_caches", "
 
 _CACHE: OrderedDict[tuple, OptimizerPlan] = OrderedDict()
 _CACHE_SIZE = 256
-_INVENTORIES: OrderedDict[tuple, Inventory] = OrderedDict()
-_INVENTORY_CACHE_SIZE = 64
-
-
 def cached_inventory(scenario) -> Inventory:  # noqa: ANN001 - workloads.scenario.Scenario
-    """``workloads.inventory.inventory_for(scenario)``, memoised on what the inventory depends on
-    (model, tp, pp, vpp, ep, etp, QKV split, pipeline split): shared by every plan and memory
-    estimate of the same sizes."""
+    """``workloads.inventory.inventory_for(scenario)`` (memoised there on what the inventory depends
+    on: shared by every plan and memory estimate of the same sizes)."""
     from workloads.inventory import inventory_for
 
-    p = scenario.par
-    key = (scenario.model, p.tp, p.pp, p.vpp, p.ep, p.expert_tp, scenario.optimizer.split_qkv, p.stage_split)
-    inv = _INVENTORIES.get(key)
-    if inv is None:
-        inv = inventory_for(scenario)
-        _INVENTORIES[key] = inv
-        if len(_INVENTORIES) > _INVENTORY_CACHE_SIZE:
-            _INVENTORIES.popitem(last=False)
-    else:
-        _INVENTORIES.move_to_end(key)
-    return inv
+    return inventory_for(scenario)
 
 
 def clear_caches() -> None:
     """Forget every memoised plan, inventory, layer-wise layout and Newton–Schulz work (cold timings)."""
     from costmodel.optimizer import newton_schulz, stage_builder
+    from workloads.inventory import clear_inventory_cache
 
     _CACHE.clear()
     stage_builder._MUON_KERNELS.clear()
-    _INVENTORIES.clear()
+    clear_inventory_cache()
     lay.clear_memo()
     newton_schulz._tensor_work.cache_clear()
 
@@ -184,11 +171,9 @@ def _fsdp_stage(b: StageBuilder, buffers: list, strategy: str) -> None:
 def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings,  # noqa: ANN001
            fsdp: bool = False, fp8: bool = False, precision: str = "bf16",
            bf16_layers: tuple[int, int] = (0, 0)) -> StageOptimizerPlan:
-    tensors = inv.stage_tensors(s)
     b = StageBuilder(s, grid, spec, timer, st, param_gather_bytes_per_element(precision, True))
-    fp8_of = (lambda t: is_fp8_param(t, inv.model.num_layers, bf16_layers)) if fp8 else None
-    buffers = [buf for c in range(inv.vpp)
-               for buf in chunk_buffers([t for t in tensors if t.chunk == c], c, spec.kind, fp8_of)]
+    fp8_of = (lambda t, layer: is_fp8_param(t, inv.model.num_layers, bf16_layers, layer)) if fp8 else None
+    buffers = [buf for c in range(inv.vpp) for buf in chunk_buffers(inv.chunk_runs(s, c), c, spec.kind, fp8_of)]
     dist = spec.resolved_distribution
     if fsdp:
         _fsdp_stage(b, buffers, spec.data_parallel_sharding_strategy)
@@ -226,9 +211,11 @@ def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSetting
                 b.step_whole(buf, np.arange(n), owner[at:at + n], gathered_by_copies=True)
                 at += n
     if inv.pp > 1:
-        for t in tensors:
-            if t.shared_embedding:
-                b.embedding_grad(t, grid.dp if fsdp else 0)
+        for run in inv.stage_runs(s):
+            for t in run.templates:
+                if t.shared_embedding:
+                    for _ in range(run.count):
+                        b.embedding_grad(t, grid.dp if fsdp else 0)
     return b.finish(rank_work)
 
 
@@ -278,7 +265,7 @@ def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings, precisio
                          f"by one rank ({spec.resolved_load_balance}), updated parameters gathered with a "
                          "variable-size all_gather_v per bucket")
         if dist == "layer_wise" and spec.layer_wise_layout == "current" and any(
-                t.dp_group == "expert_dp" and t.optimizer == "adamw" for t in inv.tensors):
+                t.dp_group == "expert_dp" and t.optimizer == "adamw" for t in inv.distinct_tensors):
             notes.append("expert-parallel non-Muon parameters modelled on element-wise buckets over expert_dp "
                          "(Megatron asserts on them in the current layout; use the legacy layout)")
     if dist == "replicated":
