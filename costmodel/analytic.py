@@ -8,7 +8,15 @@ Step = parameter-gather head + forward/backward phase (:func:`costmodel.pipeline
 - Drain: stage ``s`` finishes its last backward ``Σ_{j<s}`` (chunk backward + one transfer) before
   stage 0. Gradient buckets become ready during each chunk's last backward (at their position in
   backprop order) and are reduced one after another on the DP stream; what runs past the end of the
-  stage's backward is exposed. A shared embedding's all-reduce between the first and the last stage
+  stage's backward is exposed.
+- Gradient pre-scaling (``grad_data *= 1/dp``, unless ``average_in_collective``): Megatron-Core's
+  ``start_grad_sync`` runs it on the compute stream right before each bucket's reduction. With
+  ``overlap_grad_reduce`` that is inside the chunk's last backward (the backward hook
+  ``register_grad_ready``), so it delays the rest of that backward and the input gradient sent to
+  the previous virtual stage: along the drain (the last micro-batch's backward through the virtual
+  stages nv−1 … 0) every virtual stage's scaling delays all those after it (:func:`_prescale_delays_s`).
+  Without it, ``finish_grad_sync`` scales then reduces bucket after bucket once the backward is done.
+  Either way the time is booked as ``dp_grad`` (gradient synchronisation; the DES does the same). A shared embedding's all-reduce between the first and the last stage
   (MTP with pp > 1) follows both stages' reductions. All stages meet at the gradient-norm
   synchronisation, then run the optimizer step (the plan's critical GPU: Newton-Schulz + element-wise + its TP collectives).
 - Parameter gather: synchronous after the optimizer step, or (``hide_param_gather``) queued per
@@ -48,19 +56,60 @@ class AnalyticTiming:
     pipeline_s: float
 
 
-def _grad_done_s(stage: StageCost, end_s: float, overlap: bool) -> float:
-    """When the last gradient bucket of ``stage`` is reduced, its backward ending at ``end_s``."""
-    chunk_end = {}
+def _chunk_prescale_s(stage: StageCost) -> dict[int, float]:
+    """Seconds of 1/dp gradient pre-scaling per chunk of ``stage`` (in its last backward)."""
+    out: dict[int, float] = {}
+    for b in stage.buckets:
+        out[b.chunk] = out.get(b.chunk, 0.0) + b.prescale_s
+    return out
+
+
+def _prescale_delays_s(st: StepStructure) -> list[list[float]]:
+    """[stage][chunk]: how much later that chunk's last backward ends because of the overlapped 1/dp
+    pre-scaling (Megatron's ``register_grad_ready`` → ``start_grad_sync`` on the compute stream).
+
+    The last micro-batch's backward runs through the virtual stages ``v = chunk·pp + stage`` from
+    nv−1 down to 0, each waiting for the previous one's input gradient; a virtual stage's scaling
+    kernels run inside that backward, before the gradient is sent on. So virtual stage ``v`` ends
+    later by the scaling of every virtual stage ``≥ v`` (zeros without ``overlap_grad_reduce``:
+    the scaling then follows the backward, :func:`_grad_done_s`).
+    """
+    pp, vpp = st.pp, st.vpp
+    if not st.overlap_grad_reduce:
+        return [[0.0] * vpp for _ in range(pp)]
+    per_virtual = [0.0] * (pp * vpp)
+    for s, stage in enumerate(st.stages):
+        for chunk, seconds in _chunk_prescale_s(stage).items():
+            per_virtual[chunk * pp + s] += seconds
+    after = [sum(per_virtual[v:]) for v in range(pp * vpp)]
+    return [[after[c * pp + s] for c in range(vpp)] for s in range(pp)]
+
+
+def _grad_done_s(stage: StageCost, end_s: float, overlap: bool, delays_s: list[float]) -> float:
+    """When the last gradient bucket of ``stage`` is reduced; ``end_s``: when its last backward
+    would end without gradient pre-scaling, ``delays_s[chunk]``: how much later each chunk's last
+    backward ends with it (:func:`_prescale_delays_s`).
+
+    Overlapped: a bucket is scaled (``prescale_s``, compute stream) when its gradients are complete
+    in its chunk's last backward, then reduced on the DP stream after the buckets before it. Not
+    overlapped (``finish_grad_sync`` after the backward): every bucket is scaled, then reduced
+    synchronously, one after another.
+    """
+    if not overlap:
+        return end_s + sum(b.prescale_s + b.reduce_s for b in stage.buckets)
+    scaling = _chunk_prescale_s(stage)
+    chunk_start = {}
     t = end_s
     for ch in stage.chunks:  # chunk 0's last backward runs last
-        chunk_end[ch.chunk] = t
+        chunk_start[ch.chunk] = t + delays_s[ch.chunk] - ch.bwd.time_s - scaling.get(ch.chunk, 0.0)
         t -= ch.bwd.time_s
     busy = 0.0
+    scaled: dict[int, float] = {}
     for b in stage.backward_buckets:
-        bwd = stage.chunks[b.chunk].bwd.time_s
-        ready = chunk_end[b.chunk] - (1.0 - b.bwd_ready_fraction) * bwd if overlap else end_s
+        scaled[b.chunk] = scaled.get(b.chunk, 0.0) + b.prescale_s  # its own and the earlier buckets' scaling
+        ready = chunk_start[b.chunk] + b.bwd_ready_fraction * stage.chunks[b.chunk].bwd.time_s + scaled[b.chunk]
         busy = max(busy, ready) + b.reduce_s
-    return max(end_s, busy)
+    return max(end_s + delays_s[0], busy)
 
 
 def _gather_head_s(stage: StageCost, fill_s: float, pp: int, aligned: bool = True) -> float:
@@ -94,28 +143,31 @@ def analytic_timing(st: StepStructure) -> AnalyticTiming:
     work = [s.work_s for s in st.stages]
     cf = [sum(c.fwd.time_s for c in s.chunks) / vpp for s in st.stages]
     cb = [sum(c.bwd.time_s for c in s.chunks) / vpp for s in st.stages]
-    # the gradient buckets' 1/dp pre-scaling runs on the compute stream at the end of the last backward
-    t_pipe = pipeline_time_s(work, cf, cb, m, vpp, st.p2p_s) + max(s.grad_prescale_s for s in st.stages)
+    t_base = pipeline_time_s(work, cf, cb, m, vpp, st.p2p_s)
+    # overlapped 1/dp pre-scaling delays the drain (booked as dp_grad below, not compute or bubble)
+    delays = _prescale_delays_s(st)
+    t_pipe = t_base + delays[0][0]
     crit = st.stages[max(range(pp), key=lambda s: work[s])]
-    compute = m * sum(c.fwd.compute_s + c.bwd.compute_s for c in crit.chunks) + crit.grad_prescale_s
+    compute = m * sum(c.fwd.compute_s + c.bwd.compute_s for c in crit.chunks)
     exposed: dict[str, float] = {}
     for c in crit.chunks:
         for part in (c.fwd, c.bwd):
             for k, v in part.exposed_by_kind().items():
                 exposed[k] = exposed.get(k, 0.0) + m * v
     exposed["pp"] = p2p_exposed_s(pp, vpp, m, st.p2p_s)
-    bubble = max(0.0, t_pipe - compute - sum(exposed.values()))
+    bubble = max(0.0, t_base - compute - sum(exposed.values()))
     # drain: stage s ends its last backward before stage 0 by the chunk backwards and transfers between
     ends, slack = [], 0.0
     for s in range(pp):
-        ends.append(t_pipe - slack)
+        ends.append(t_base - slack)
         slack += st.stages[s].chunks[0].bwd.time_s + st.p2p_s
-    done = [_grad_done_s(stage, ends[s], st.overlap_grad_reduce) for s, stage in enumerate(st.stages)]
+    done = [_grad_done_s(stage, ends[s], st.overlap_grad_reduce, delays[s]) for s, stage in enumerate(st.stages)]
+    ends = [end + delays[s][0] for s, end in enumerate(ends)]
     barrier = max(done)
     embd = [s for s, stage in enumerate(st.stages) if stage.embedding_grad_s > 0]
     if embd:  # the shared embedding's all-reduce starts when both of its stages have reduced their grads
         barrier = max(barrier, max(done[s] for s in embd) + max(st.stages[s].embedding_grad_s for s in embd))
-    dp_grad = barrier - t_pipe
+    dp_grad = barrier - t_base  # the exposed reductions and every pre-scaling on the critical path
     reduce_total = [sum(b.reduce_s for b in s.buckets) for s in st.stages]
     gather_total = [sum(b.gather_s for b in s.buckets) for s in st.stages]
     sync_gather = [0.0 if st.hide_param_gather else g for g in gather_total]
@@ -129,7 +181,8 @@ def analytic_timing(st: StepStructure) -> AnalyticTiming:
             fill += stage.chunks[0].fwd.time_s + st.p2p_s
     elif st.hide_param_gather:  # each stage gathers when its first forward arrives: the delays add up the fill
         head = sum(_gather_head_s(stage, 0.0, pp, aligned=False) for stage in st.stages)
-    hidden_grad = max(0.0, reduce_total[crit.stage] - max(0.0, done[crit.stage] - ends[crit.stage]))
+    tail_scaling = 0.0 if st.overlap_grad_reduce else crit.grad_prescale_s  # synchronous: after the backward
+    hidden_grad = max(0.0, reduce_total[crit.stage] - max(0.0, done[crit.stage] - ends[crit.stage] - tail_scaling))
     hidden_gather = max(0.0, gather_total[crit.stage] - head) if st.hide_param_gather else 0.0
     other = st.compute_slowdown * (hidden_grad + hidden_gather)
     exposed["dp_grad"] = dp_grad

@@ -24,8 +24,10 @@ strategy             sharded                        collectives (this module / t
 The per-step bucket collectives of ``no_shard``, ``optim`` and ``optim_grads`` are the optimizer
 plan's (:func:`costmodel.optimizer.plan.plan_from_inventory`) and overlap like the distributed
 optimizer's (``overlap_grad_reduce``, ``overlap_param_gather``); the per-layer ones are here.
-The parameter all-gathers move the parameters as stored (:func:`workloads.weight_memory.weight_storage`:
-bf16, or 1 B per element of an FP8 primary weight with ``fp8_param_gather``). ``fsdp_double_buffer``
+The parameter all-gathers move each parameter group's buffer: BF16 parameters 2 B per element, FP8
+parameters (``fp8_param_gather``) 1 B, their rowwise data (or, in the backward, MXFP8's columnwise
+data; scales and Hopper's transposes are made on every rank, not gathered: :mod:`workloads.fp8_params`).
+``fsdp_double_buffer``
 (persistent gather buffers), ``nccl_ub`` (NCCL user-buffer registration: zero-copy collectives with
 fewer SMs; this model has no SM term for FSDP traffic) and ``suggested_communication_unit_size``
 (larger units: the same bytes in fewer collectives, their latency aside) change no time here.
@@ -41,11 +43,14 @@ Assumptions of this model (stated, not fitted; from Megatron-Core's behaviour as
   unit's parameters are its tensors of :mod:`workloads.inventory` on one tp/ep rank (the tp/etp
   shard, all local experts); buffers without gradient (the router's expert bias) are not gathered.
 - **Per micro-batch, per unit** (full sharding). Forward: an all-gather of the unit's parameters
-  (as stored). Backward: the all-gather again (the unsharded copy is freed after forward) and a
-  reduce-scatter of its gradients in ``optimizer.grad_reduce_dtype`` (4 B fp32 or 2 B bf16, as the
-  distributed optimizer's buckets). Gradients are reduce-scattered every micro-batch (ZeRO-2/3
-  keep no unsharded gradient buffer to accumulate into) and accumulated into the local shard. With
-  full recompute the backward's gather serves the recomputed forward too (no third gather).
+  per parameter group (BF16, FP8). Backward: the all-gathers again (the unsharded copy is freed after
+  forward) and a reduce-scatter of its gradients in ``optimizer.grad_reduce_dtype`` (4 B fp32 or 2 B
+  bf16, as the distributed optimizer's buckets). Gradients are reduce-scattered every micro-batch
+  (ZeRO-2/3 keep no unsharded gradient buffer to accumulate into) and accumulated into the local
+  shard. With full recompute the backward's gather serves the recomputed forward too (no third
+  gather), except for MXFP8 parameters, whose backward gathers the columnwise data: the recomputed
+  forward gathers their rowwise data once more. (Selective recompute of modules holding GEMM
+  weights would do the same; not modelled.)
 - **Overlap.** Megatron-FSDP prefetches the next unit's all-gather while the current unit computes
   and overlaps a unit's reduce-scatter with the next unit's backward. With units of similar size
   the collectives of a unit are hidden behind one unit's compute: the exposed fraction of a
@@ -62,11 +67,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from costmodel.layer_costs import CommAcc, CommBlock, collective_s
+from costmodel.layer_costs import BF16_SUFFIX, CommAcc, CommBlock, collective_s
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from workloads.comm import CollectiveCall
-from workloads.weight_memory import weight_storage
+from workloads.fp8_params import FP8_BYTES, fsdp_backward_regathers_rowwise, is_fp8_param
+from workloads.weight_memory import fp8_primary_weights
 
 if TYPE_CHECKING:
     from workloads.inventory import Inventory, TensorSpec
@@ -91,35 +97,46 @@ def fsdp_unsupported_reason(scenario: Scenario) -> str | None:
 
 @dataclass(frozen=True)
 class FsdpUnit:
-    """Parameter elements of one FSDP unit on one rank, by sharding group (before sharding), and
-    the bytes its parameters take as stored (bf16: 2 per element)."""
+    """Parameter elements of one FSDP unit on one rank, by sharding group (before sharding), and how
+    many of them are FP8 parameters (``fp8_param_gather``: parameter groups of their own, gathered
+    at 1 B per element, :mod:`workloads.fp8_params`)."""
 
     dense_numel: int  # sharded over the dp (dp·cp) group
     expert_numel: int  # sharded over the expert-dp group
-    dense_param_bytes: int = -1  # -1: bf16 (2 B per element)
-    expert_param_bytes: int = -1
+    dense_fp8_numel: int = 0  # of dense_numel: FP8 parameters
+    expert_fp8_numel: int = 0
+    fp8_regather: bool = False  # MXFP8: a forward recomputed in the backward re-gathers the rowwise data
 
     def calls(self, dense_size: int, expert_size: int, grad_bytes: int, gather: bool = True,
-              reduce: bool = True) -> tuple[tuple[CollectiveCall, ...], tuple[CollectiveCall, ...]]:
+              reduce: bool = True, recomputed: bool = False,
+              fp8: bool = True) -> tuple[tuple[CollectiveCall, ...], tuple[CollectiveCall, ...]]:
         """(forward, backward) collectives of one micro-batch (nccl-tests sizes, bytes).
 
-        ``gather`` (parameters sharded): forward and backward all-gather of the stored parameters
-        (fp8 dtype when they are FP8 primary weights); ``reduce`` (gradients sharded): a backward
-        reduce-scatter of ``grad_bytes·numel`` bytes. Groups of size 1 issue nothing.
+        ``gather`` (parameters sharded): a forward and a backward all-gather per parameter group:
+        the BF16 parameters (2 B per element) and the FP8 parameters (1 B: the rowwise data, in the
+        backward the rowwise again for fp8-cs or the columnwise for MXFP8); with ``recomputed``
+        (the backward recomputes the forward) MXFP8's rowwise data once more. ``fp8`` False: the
+        layer is kept in BF16 (``first_last_layers_bf16``), all its parameters are BF16.
+        ``reduce`` (gradients sharded): a backward reduce-scatter of ``grad_bytes·numel`` bytes.
+        Groups of size 1 issue nothing.
         """
         grad_dtype = "fp32" if grad_bytes == 4 else "bf16"
         fwd: list[CollectiveCall] = []
         bwd: list[CollectiveCall] = []
-        for group, size, numel, stored in (("dp", dense_size, self.dense_numel, self.dense_param_bytes),
-                                           ("expert_dp", expert_size, self.expert_numel, self.expert_param_bytes)):
+        for group, size, numel, fp8_numel in (("dp", dense_size, self.dense_numel, self.dense_fp8_numel),
+                                              ("expert_dp", expert_size, self.expert_numel, self.expert_fp8_numel)):
             if size <= 1 or numel <= 0:
                 continue
             if gather:
-                nbytes = PARAM_BYTES * numel if stored < 0 else stored
-                dtype = "bf16" if nbytes >= PARAM_BYTES * numel else "fp8"
-                call = CollectiveCall("all_gather", group, size, dtype, nbytes, 1, "fsdp_param_gather")  # type: ignore[arg-type]
-                fwd.append(call)
-                bwd.append(call)
+                low = fp8_numel if fp8 else 0
+                for dtype, nbytes in (("bf16", PARAM_BYTES * (numel - low)), ("fp8", FP8_BYTES * low)):
+                    if nbytes > 0:
+                        call = CollectiveCall("all_gather", group, size, dtype, nbytes, 1, "fsdp_param_gather")  # type: ignore[arg-type]
+                        fwd.append(call)
+                        bwd.append(call)
+                if low and recomputed and self.fp8_regather:
+                    bwd.append(CollectiveCall("all_gather", group, size, "fp8", FP8_BYTES * low, 1,  # type: ignore[arg-type]
+                                              "fsdp_param_gather"))
             if reduce:
                 bwd.append(CollectiveCall("reduce_scatter", group, size, grad_dtype, grad_bytes * numel, 1,  # type: ignore[arg-type]
                                           "fsdp_grad_reduce"))
@@ -143,12 +160,15 @@ def _unit_of(t: TensorSpec, model_layers: int, first_moe: int, layer: int | None
 
 def fsdp_units(inventory: Inventory, scenario: Scenario | None = None) -> dict[str, FsdpUnit]:
     """Per unit kind (embedding, dense, moe, mtp, output): the parameter elements of one unit on
-    one rank (every unit of a kind has the same tensors), and with ``scenario`` their stored bytes
-    (:func:`workloads.weight_memory.weight_storage`; without it bf16)."""
+    one rank (every unit of a kind has the same tensors) and, with ``scenario`` and FP8 parameters
+    (:func:`workloads.weight_memory.fp8_primary_weights`), how many of them are FP8 parameters in a
+    layer not kept in BF16 (:func:`workloads.fp8_params.is_fp8_param`; the caller knows which layers
+    are, from the kind's ``:bf16`` marker); without ``scenario`` all BF16."""
     model = inventory.model
     first_moe = model.moe.first_dense_layers if model.moe is not None else model.num_layers
+    fp8 = scenario is not None and fp8_primary_weights(scenario)
     numel: dict[tuple[str, str], int] = {}
-    stored: dict[tuple[str, str], float] = {}
+    low: dict[tuple[str, str], int] = {}
     for run in inventory.runs:  # per layer of each run (its tensors are the run's templates)
         for layer in run.layers:
             for t in run.templates:
@@ -159,15 +179,12 @@ def fsdp_units(inventory: Inventory, scenario: Scenario | None = None) -> dict[s
                     continue
                 key = (kind, t.dp_group)
                 numel[key] = numel.get(key, 0) + t.rank_numel
-                per = weight_storage(scenario, t, layer).gathered_bytes if scenario is not None else PARAM_BYTES
-                stored[key] = stored.get(key, 0.0) + per * t.rank_numel
-    kinds = {k for k, _ in numel}
-
-    def of(kind: str, group: str) -> tuple[int, int]:
-        n = numel.get((kind, group), 0)
-        return n, (round(stored[(kind, group)]) if scenario is not None and n else -1)
-
-    return {k: FsdpUnit(of(k, "dp")[0], of(k, "expert_dp")[0], of(k, "dp")[1], of(k, "expert_dp")[1]) for k in kinds}
+                if fp8 and is_fp8_param(t):
+                    low[key] = low.get(key, 0) + t.rank_numel
+    regather = fp8 and scenario is not None and fsdp_backward_regathers_rowwise(scenario.precision.value, True)
+    return {k: FsdpUnit(numel.get((k, "dp"), 0), numel.get((k, "expert_dp"), 0), low.get((k, "dp"), 0),
+                        low.get((k, "expert_dp"), 0), regather)
+            for k in {k for k, _ in numel}}
 
 
 def fsdp_block(calls: tuple[CollectiveCall, ...], compute_s: float, shapes: dict[str, GroupShape],
@@ -196,8 +213,10 @@ def fsdp_layer_blocks(scenario: Scenario, units: dict[str, FsdpUnit], kind: str,
     if unit is None:
         return (), ()
     strategy = scenario.optimizer.data_parallel_sharding_strategy
+    recomputed = scenario.par.recompute == "full" and kind.partition(":")[0] in LAYER_KINDS and ":norc" not in kind
     fwd, bwd = unit.calls(shapes["dp"].size, shapes["expert_dp"].size, scenario.optimizer.grad_bytes,
-                          gather=strategy == "optim_grads_params", reduce=strategy in ("optim_grads", "optim_grads_params"))
+                          gather=strategy == "optim_grads_params", reduce=strategy in ("optim_grads", "optim_grads_params"),
+                          recomputed=recomputed, fp8=BF16_SUFFIX not in kind)
     f = fsdp_block(fwd, compute_s[0], shapes, scenario.system, overlap)
     b = fsdp_block(bwd, compute_s[1], shapes, scenario.system, overlap)
     return ((f,) if f else ()), ((b,) if b else ())
@@ -212,5 +231,5 @@ def add_fsdp_blocks(scenario: Scenario, placement, per_kind: dict, overlap: bool
     units = fsdp_units(cached_inventory(scenario), scenario)
     shapes = {g: placement.shape(g) for g in ("dp", "expert_dp")}
     for kind, (f, b, cf, cb) in per_kind.items():
-        ff, fb = fsdp_layer_blocks(scenario, units, kind.partition(":")[0], shapes, (f, b), overlap)
+        ff, fb = fsdp_layer_blocks(scenario, units, kind, shapes, (f, b), overlap)
         per_kind[kind] = (f, b, cf + ff, cb + fb)

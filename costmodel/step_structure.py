@@ -149,7 +149,7 @@ class StageCost:
     embedding_grad_s: float = 0.0  # all-reduce of a shared embedding's gradient with the other end of ``embd``
     embedding_grad_latency_s: float = 0.0
     embedding_grad_link: str = "nvlink"
-    grad_prescale_s: float = 0.0  # compute-stream seconds scaling the gradient buckets by 1/dp (end of backward)
+    grad_prescale_s: float = 0.0  # compute-stream seconds scaling the gradient buckets by 1/dp (booked as dp_grad)
 
     @cached_property
     def work_s(self) -> float:
@@ -252,12 +252,14 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
             across = collective_s("all_reduce", b.across_bytes, group_shapes[b.across_group], system)
             red = (red[0] + across[0], red[1] + across[1], red[2] if red[0] >= across[0] else across[2])
         gat = collective_s(b.gather_op, b.param_bytes, shape, system) if b.gather_op else NO_COMM
+        if b.param_gathers > 1:  # MXFP8 on Megatron-FSDP: the rowwise and the columnwise buffer, one after the other
+            gat = (gat[0] * b.param_gathers, gat[1] * b.param_gathers, gat[2])
         key = (b.chunk, b.dp_group)
         seen[key] = seen.get(key, 0) + b.numel
         frac = seen[key] / groups[key] if groups[key] else 1.0
         out.append(BucketCost(b.chunk, b.dp_group, red[0], gat[0], red[2], frac if overlap else 1.0,
                               red[1], gat[1], reduce_bytes=float(b.grad_bytes),
-                              gather_bytes=float(b.param_bytes) if b.gather_op else 0.0,
+                              gather_bytes=float(b.param_bytes * b.param_gathers) if b.gather_op else 0.0,
                               prescale_s=_prescale_s(b, system)))
     return tuple(out)
 
@@ -265,7 +267,10 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
 def _prescale_s(b: Bucket, system: SystemSpec) -> float:
     """GPU seconds of ``grad_data *= 1/dp`` on the compute stream before bucket ``b``'s reduction
     (MCore's ``start_grad_sync``; 0 when its scaling factor is 1: see :attr:`Bucket.prescaled` and
-    :func:`grad_prescale_s`); the reduction starts after it."""
+    :func:`grad_prescale_s`); the reduction starts after it. The whole padded bucket is scaled:
+    ``bucket.grad_data`` is the buffer view ``[start_index, end_index)`` that the reduce-scatter
+    also takes (``_ParamAndGradBuffer._new_bucket``, MCore 0.16.1), padding included, so a heavily
+    padded layer-wise bucket costs its ``numel``, not its ``used_numel``."""
     if not b.prescaled:
         return 0.0
     return sum(k.count * kernel_gpu_s(k, system) for k in grad_prescale_kernels(1, b.numel, b.grad_bytes // b.numel))

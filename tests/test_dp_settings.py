@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from costmodel.analytic import run_analytic
 from costmodel.compute import memory_time_s
+from costmodel.des import run_des
 from costmodel.optimizer import kernel_sequence as ks
 from costmodel.optimizer.plan import build_optimizer_plan
 from topologies.inputs import UserInputError
@@ -140,10 +142,70 @@ def test_fsdp_strategy_collectives(strategy: str) -> None:
     assert owned == (n if strategy == "no_shard" else pytest.approx(n / 8, rel=1e-3))
 
 
-def test_fsdp_gathers_fp8_primary_weights_as_stored() -> None:
-    sc = _fsdp("optim_grads_params", precision="fp8-cs", fp8_param_gather=True)
-    _, (fwd, _), _ = _unit_calls(sc)
-    assert [(c.bytes, c.dtype) for c in fwd] == [(LAYER + 2 * NORMS, "fp8")]  # 1 B per GEMM weight, bf16 norms
+@pytest.mark.parametrize(("precision", "system"), [("fp8-cs", "gb300-nvl72"), ("fp8-cs", "dgx-h100"),
+                                                   ("mxfp8", "gb300-nvl72")])
+def test_fsdp_gathers_fp8_parameters_one_byte_per_element(precision: str, system: str) -> None:
+    """Megatron-FSDP keeps FP8 parameters in parameter groups of their own (``dtype="float8"``) whose
+    buffers are ``uint8``: the rowwise data (``fp8_get_raw_data``), and for MXFP8 also the columnwise
+    data (``transpose_weight_buffer``, gathered in the backward instead). Scales are computed on every
+    rank, Hopper's transpose is made after the gather. So one Llama 3 8B layer gathers its GEMM
+    weights at 1 B per element (not 2 B as stored with Hopper's transpose, nor 2.06 B as MXFP8's
+    rowwise + columnwise + scales) and its two norms at 2 B, as two collectives, in the forward and
+    again in the backward."""
+    sc = _fsdp("optim_grads_params", precision=precision, fp8_param_gather=True, system=system)
+    unit, (fwd, bwd), _ = _unit_calls(sc)
+    gathers = [("bf16", 2 * NORMS), ("fp8", LAYER)]
+    assert [(c.dtype, c.bytes) for c in fwd] == gathers
+    assert [(c.dtype, c.bytes) for c in bwd if c.op == "all_gather"] == gathers
+    # full recompute: the recomputed forward's gather serves the backward, except MXFP8's columnwise one
+    _, again = unit.calls(8, 1, sc.optimizer.grad_bytes, recomputed=True)
+    extra = [("fp8", LAYER)] if precision == "mxfp8" else []
+    assert [(c.dtype, c.bytes) for c in again if c.op == "all_gather"] == gathers + extra
+    # a layer kept in BF16 (first_last_layers_bf16) gathers everything at 2 B
+    _, kept = unit.calls(8, 1, sc.optimizer.grad_bytes, fp8=False)
+    assert [(c.dtype, c.bytes) for c in kept if c.op == "all_gather"] == [("bf16", 2 * (LAYER + NORMS))]
+
+
+def test_fsdp_layer_blocks_know_recompute_and_bf16_layers() -> None:
+    """The step's per-layer blocks: MXFP8 with full recompute gathers the rowwise data once more in
+    the backward of a recomputed layer (not of a ``:norc`` one); a ``:bf16`` layer gathers 2 B."""
+    from costmodel.fsdp import fsdp_layer_blocks, fsdp_units
+    from costmodel.optimizer.plan import cached_inventory
+
+    sc = _fsdp("optim_grads_params", precision="mxfp8", fp8_param_gather=True, recompute="full")
+    units = fsdp_units(cached_inventory(sc), sc)
+    shapes = {g: placement_for(sc).shape(g) for g in ("dp", "expert_dp")}
+    rs = 2 * (LAYER + NORMS)  # bf16 gradient reduce-scatter (grad_reduce_dtype bf16)
+
+    def bwd_bytes(kind: str) -> float:
+        return fsdp_layer_blocks(sc, units, kind, shapes, (1.0, 1.0), True)[1][0].bytes
+
+    assert bwd_bytes("dense") == 2 * NORMS + 2 * LAYER + rs
+    assert bwd_bytes("dense:norc") == 2 * NORMS + LAYER + rs
+    assert bwd_bytes("dense:bf16") == 2 * (LAYER + NORMS) + rs
+
+
+def test_mxfp8_on_megatron_fsdp_gathers_two_uint8_buffers_after_the_step() -> None:
+    """``optim``: the FP8 buckets are gathered after the step as the rowwise and the columnwise
+    ``uint8`` buffers, one after the other (2 × an all-gather of 1 B per element), and Megatron-FSDP
+    holds no BF16 parameter-gather buffer (the distributed optimizer's MXFP8 path does: 2 B)."""
+    from costmodel.layer_costs import collective_s
+    from costmodel.step_structure import build_step_structure
+    from workloads.weight_memory import low_precision_storage
+
+    sc = _fsdp("optim", precision="mxfp8", fp8_param_gather=True)
+    plan = build_optimizer_plan(sc).stages[0]
+    fp8 = [b for b in plan.buckets if b.param_dtype == "fp8"]
+    assert fp8 and all(b.param_gathers == 2 and b.param_bytes == b.numel for b in fp8)
+    costs = build_step_structure(sc).stages[0].buckets  # in the plan's bucket order
+    shape = placement_for(sc).shape("dp")
+    for b, cost in zip(sorted(plan.buckets, key=lambda x: x.order), costs, strict=True):
+        if b.param_dtype == "fp8":
+            assert cost.gather_bytes == 2 * b.numel
+            assert cost.gather_s == pytest.approx(2 * collective_s("all_gather", b.numel, shape, sc.system)[0])
+    assert low_precision_storage(sc).gather_buffer_bytes == 0.0
+    ddp = _llama(8, precision="mxfp8", fp8_param_gather=True)
+    assert low_precision_storage(ddp).gather_buffer_bytes == 2.0
 
 
 # ------------------------------------------------------------------ first/last layers in BF16
@@ -229,7 +291,6 @@ def test_unaligned_parameter_gathers_add_up_along_the_pipeline_fill() -> None:
 
 # ------------------------------------------------------------------ average_in_collective
 def test_gradient_prescaling_unless_averaged_in_the_collective() -> None:
-    from costmodel.analytic import run_analytic
     from costmodel.step_structure import build_step_structure
 
     sc, avg = _llama(8), _llama(8, average_in_collective=True)
@@ -238,4 +299,46 @@ def test_gradient_prescaling_unless_averaged_in_the_collective() -> None:
     expected = sum(memory_time_s(2 * 2 * b.numel, sc.system) for b in plan.buckets)
     assert build_step_structure(sc).stages[0].grad_prescale_s == pytest.approx(expected, rel=1e-9)
     assert build_step_structure(avg).stages[0].grad_prescale_s == 0.0
-    assert run_analytic(sc).step_time_s - run_analytic(avg).step_time_s == pytest.approx(expected, rel=1e-6)
+    # without overlap (MCore finish_grad_sync: scale, then reduce, bucket after bucket) the whole scaling
+    # is on the critical path, booked as gradient synchronisation in both engines
+    ana, ana_avg = run_analytic(sc, overlap=False), run_analytic(avg, overlap=False)
+    des, des_avg = (run_des(x, contention=False, overlap=False, record=False) for x in (sc, avg))
+    for with_scaling, without in ((ana, ana_avg), (des, des_avg)):
+        assert with_scaling.step_time_s - without.step_time_s == pytest.approx(expected, rel=1e-6)
+        a, b = with_scaling.breakdown_s, without.breakdown_s
+        assert a.exposed_comm["dp_grad"] - b.exposed_comm["dp_grad"] == pytest.approx(expected, rel=1e-6)
+        assert (a.compute, a.pipeline_bubble) == pytest.approx((b.compute, b.pipeline_bubble), rel=1e-9, abs=1e-12)
+
+
+def test_overlapped_gradient_prescaling_delays_the_drain_in_both_engines() -> None:
+    """With ``overlap_grad_reduce`` Megatron-Core scales a bucket from the backward hook
+    (``register_grad_ready`` → ``start_grad_sync``: ``grad_data *= 1/dp`` on the compute stream) as
+    soon as its gradients are complete in the last micro-batch, inside that backward and before the
+    input gradient is sent to the previous stage. The last micro-batch's backward runs through the
+    stages pp−1 … 0, so (vpp 1) stage s's last backward ends later by Σ_{j ≥ s} P_j, with P_j the
+    scaling of stage j's buckets (one read + write pass over each bf16 bucket at the HBM rate)."""
+    from costmodel.analytic import analytic_timing
+    from costmodel.des.simulation import StepSimulation
+    from costmodel.step_structure import build_step_structure
+
+    sc, avg = _llama(32, pp=4, global_batch_size=64), _llama(32, pp=4, global_batch_size=64, average_in_collective=True)
+    plan = build_optimizer_plan(sc)
+    scaling = [sum(memory_time_s(2 * 2 * b.numel, sc.system) for b in stage.buckets) for stage in plan.stages]
+    expected = [sum(scaling[s:]) for s in range(4)]
+    ends = []
+    for x in (sc, avg):
+        sim = StepSimulation(build_step_structure(x), steps=1, contention=False, record=False)
+        sim.run()
+        ends.append(sim.bwd_end[0])
+    assert [a - b for a, b in zip(*ends, strict=True)] == pytest.approx(expected, rel=1e-6)
+    ana, ana_avg = (analytic_timing(build_step_structure(x)) for x in (sc, avg))
+    assert ana.pipeline_s - ana_avg.pipeline_s == pytest.approx(expected[0], rel=1e-9)
+    # what it adds to the step is booked as gradient synchronisation (not compute, not bubble) in both
+    # engines (less than Σ P: the reductions of the earlier buckets run meanwhile)
+    for engine in (run_analytic, lambda x: run_des(x, contention=False, record=False)):
+        r, r_avg = engine(sc), engine(avg)
+        a, b = r.breakdown_s, r_avg.breakdown_s
+        added = r.step_time_s - r_avg.step_time_s - (a.other - b.other)  # other: overlap slowdown
+        assert 0 < added <= expected[0]
+        assert a.exposed_comm["dp_grad"] - b.exposed_comm["dp_grad"] == pytest.approx(added, rel=1e-6)
+        assert (a.compute, a.pipeline_bubble) == pytest.approx((b.compute, b.pipeline_bubble), rel=1e-6)

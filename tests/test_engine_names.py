@@ -5,12 +5,12 @@ analytic engine books the delay as ``dp_param``; the DES booked it as "pipeline 
 stage downstream of the one that waited (its activations came late). The DES now passes the
 sender's parameter-gather delay along with its activations, so both call it ``dp_param``.
 
-The fixture sets ``average_in_collective``: without it every gradient bucket is scaled by 1/dp on
-the compute stream before its reduction, which at this scale (layer-wise buckets padded to
-d × the largest parameter) takes ~14 s on stage 0 and ~7 s on the others; the DES lets those kernels
-delay each stage's last backward along the pipeline (waits booked as bubble) while the analytic
-engine adds the largest stage's scaling to the pipeline, a different mechanism from the one under
-test here.
+Without ``average_in_collective`` every gradient bucket is scaled by 1/dp on the compute stream
+before its reduction (MCore ``start_grad_sync``, from the backward hook with ``overlap_grad_reduce``),
+which at this scale (layer-wise buckets padded to d × the largest parameter) takes ~14 s on stage 0
+and ~7 s on the others. Those kernels run inside each chunk's last backward and so delay the drain
+along the pipeline: both engines model that chain and book it as ``dp_grad`` (the DES used to book
+the downstream waits as bubble, the analytic engine added only the largest stage's scaling).
 """
 
 from __future__ import annotations
@@ -29,6 +29,13 @@ def huge(default_scenario):
     return predict(sc, "analytic"), predict(sc, "des")
 
 
+@pytest.fixture(scope="module")
+def huge_prescaled(default_scenario):
+    sc = default_scenario.with_updates(gpus=100_352, global_batch_size=1_605_632, hide_param_gather=True,
+                                       average_in_collective=False)
+    return sc, predict(sc, "analytic"), predict(sc, "des")
+
+
 def _large_parts(b: Breakdown, step_s: float) -> set[str]:
     parts = {"compute": b.compute, "pipeline bubble": b.pipeline_bubble, "optimizer": b.optimizer,
              **{f"exposed {k}": v for k, v in b.exposed_comm.items()}}
@@ -41,6 +48,24 @@ def test_parameter_gather_delay_has_one_name_in_both_engines(huge) -> None:
     assert a.exposed_comm["dp_param"] > 10 * a.pipeline_bubble
     assert d.exposed_comm["dp_param"] > 10 * d.pipeline_bubble, d
     assert d.exposed_comm["dp_param"] == pytest.approx(a.exposed_comm["dp_param"], rel=0.05)
+    assert _large_parts(a, ana.step_time_s) == _large_parts(d, des.step_time_s)
+
+
+def test_gradient_prescaling_has_one_name_in_both_engines(huge_prescaled) -> None:
+    """The scaling of the 1/dp pre-scaled buckets of all virtual stages lies on the drain (the last
+    micro-batch's backward through them all): at least Σ over the stages of their scaling is exposed
+    gradient synchronisation in both engines, not compute and not pipeline bubble."""
+    from costmodel.step_structure import build_step_structure
+
+    sc, ana, des = huge_prescaled
+    scaling_s = sum(s.grad_prescale_s for s in build_step_structure(sc).stages)
+    assert scaling_s > 20.0  # the mechanism matters at this scale
+    a, d = ana.breakdown_s, des.breakdown_s
+    for b in (a, d):
+        assert b.exposed_comm["dp_grad"] > scaling_s
+        assert b.pipeline_bubble < 0.02 * scaling_s and b.compute < 0.5 * scaling_s
+    assert d.exposed_comm["dp_grad"] == pytest.approx(a.exposed_comm["dp_grad"], rel=0.05)
+    assert des.step_time_s == pytest.approx(ana.step_time_s, rel=0.05)
     assert _large_parts(a, ana.step_time_s) == _large_parts(d, des.step_time_s)
 
 

@@ -271,6 +271,34 @@ def test_fp8_param_gather_is_bf16_for_muon_and_needs_it_for_reuse() -> None:
         DEFAULT_SCENARIO.resolve().with_updates(reuse_grad_buf_for_mxfp8_param_ag=True)
 
 
+def test_mxfp8_parameter_gathers_on_the_distributed_optimizer_and_on_megatron_fsdp() -> None:
+    """Tiny shapes as in the test below, without BF16 layers: FP8 buffers of the dense TE weights
+    (layer 0: QKV 8192 + proj 4096 + fc1 16384 + fc2 8192, layer 1: QKV + proj 12288 = 49152 elements)
+    and of the experts (24576); the BF16 buffer (33344 -> 33408 elements, 66816 B) is the same in
+    every case.
+
+    - distributed optimizer, MXFP8: the FP8 buffers' parameter data is the BF16 view of the gradient
+      buffer (``_ParamAndGradBuffer``: ``shared_buffer``): one all-gather of 2 B per element;
+    - Megatron-FSDP (``optim``: gathered after the step), MXFP8: the ``uint8`` rowwise and columnwise
+      buffers (``model_weight_buffer``, ``transpose_weight_buffer``): two all-gathers of 1 B per element;
+    - fp8-cs: the ``uint8`` rowwise buffer, one all-gather of 1 B per element, in both."""
+    from costmodel.optimizer.plan import plan_from_inventory as plan_of
+
+    inv = build_inventory(load_shapes("tiny"))
+    grid = Grid(dp=2, expert_dp=2)
+
+    def gathers(precision: str, fsdp: bool) -> list[tuple[str, str, int, int]]:
+        spec = OptimizerSpec(kind="adamw", fp8_param_gather=True, data_parallel_sharding_strategy="optim")
+        calls = plan_of(inv, spec, grid, precision=precision, fsdp=fsdp).stages[0].gpu_collectives(0)
+        return sorted((c.group, c.dtype, c.bytes, c.count) for c in calls if c.phase == "param_gather")
+
+    bf16 = ("dp", "bf16", 66816, 1)
+    assert gathers("mxfp8", fsdp=False) == [bf16, ("dp", "bf16", 2 * 49152, 1), ("expert_dp", "bf16", 2 * 24576, 1)]
+    assert gathers("mxfp8", fsdp=True) == [bf16, ("dp", "fp8", 49152, 2), ("expert_dp", "fp8", 24576, 2)]
+    cs = [bf16, ("dp", "fp8", 49152, 1), ("expert_dp", "fp8", 24576, 1)]
+    assert gathers("fp8-cs", fsdp=False) == gathers("fp8-cs", fsdp=True) == cs
+
+
 def test_fp8_parameters_leave_out_bf16_layers_and_follow_megatron_fsdp() -> None:
     """One FP8-parameter rule for the plan and the memory (``workloads.fp8_params``), tiny shapes as in
     :func:`test_fp8_param_gather_bytes_and_memory` (layer 0 dense, layer 1 MoE).

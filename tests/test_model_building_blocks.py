@@ -13,6 +13,7 @@ from costmodel.analytic import analytic_timing
 from costmodel.layer_costs import collective_s
 from costmodel.optimizer.plan import build_optimizer_plan
 from costmodel.step_structure import build_step_structure
+from topologies.groups import GroupShape
 from topologies.inputs import UserInputError
 from topologies.placement import placement_for
 from workloads.flops import model_flop_terms
@@ -36,11 +37,12 @@ CI_GPT = ModelSpec(
 LAYER = 2 * H + (3 * H * H + 3 * H) + (H * H + H) + 2 * H + (F * H + F) + (H * F + H)
 
 
-def _scenario(model: ModelSpec, **par):
+def _scenario(model: ModelSpec, gpus: int = 8, placement: dict | None = None, **par):
     base = dict(tp=1, pp=1, vpp=1, micro_batch_size=4, global_batch_size=32, seq_length=1024)
     base.update(par)
-    cfg = build_config({"model": model.model_dump(), "system": "dgx-h100", "gpus": 8, "precision": "bf16",
-                        "parallelism": base, "optimizer": {"kind": "adamw", "distribution": "replicated"}}, {})
+    cfg = build_config({"model": model.model_dump(), "system": "dgx-h100", "gpus": gpus, "precision": "bf16",
+                        "parallelism": base, "optimizer": {"kind": "adamw", "distribution": "replicated"},
+                        "placement": placement or {}}, {})
     return cfg.resolve()
 
 
@@ -117,6 +119,21 @@ def test_embedding_gradient_all_reduce_bytes_and_its_time_in_the_step():
     st = build_step_structure(tied, overlap=False)
     assert [s.embedding_grad_s for s in st.stages] == pytest.approx([ar_s, ar_s])
     assert analytic_timing(st).step_time_s > 0
+
+
+def test_embedding_gradient_all_reduce_stays_in_the_node_under_tp_pp_dp():
+    """16 GPUs = two 8-GPU DGX H100 nodes, tp 2, pp 2, dp 4. Default order (pp outermost): the
+    embedding pair of rank b < 8 is {b, b + 8}, one rank in each node. tp-pp-dp order: rank =
+    t + 2·stage + 4·replica, the pair is {t + 4d, t + 4d + 2}, both in one node (NVLink)."""
+    nbytes = V_PAD_TP2 // 2 * H * 4
+    times = {}
+    for mapped in (False, True):
+        sc = _scenario(CI_GPT, gpus=16, placement={"use_tp_pp_dp_mapping": mapped}, tp=2, pp=2)
+        times[mapped] = build_step_structure(sc, overlap=False).stages[0].embedding_grad_s
+        inter = GroupShape(size=2, ranks_per_domain=1, domains=2, tiers=placement_for(sc).layout.tier_for_span(2))
+        shape = GroupShape.single_domain(2) if mapped else inter
+        assert times[mapped] == pytest.approx(collective_s("all_reduce", nbytes, shape, sc.system)[0])
+    assert times[True] < times[False]
 
 
 def test_a_precision_the_gpu_lacks_is_refused_with_one_line():

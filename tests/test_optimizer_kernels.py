@@ -133,6 +133,12 @@ def test_gradient_prescaling_runs_once_per_bucket_before_its_reduction() -> None
     bucket = Bucket(stage=0, chunk=0, dp_group="dp", group_size=8, numel=40_000_000, grad_bytes=160_000_000,
                     param_bytes=80_000_000, reduce_op="reduce_scatter", gather_op="all_gather")
     assert _prescale_s(bucket, system) == pytest.approx(2 * 160e6 / (system.gpu.hbm_bandwidth_Bps * eff.memory_bandwidth))
+    # the padding is scaled too: ``bucket.grad_data`` is the buffer view [start_index, end_index) of
+    # the padded bucket (``_ParamAndGradBuffer._new_bucket``), not the used range
+    padded = Bucket(stage=0, chunk=0, dp_group="dp", group_size=8, numel=40_000_000, grad_bytes=160_000_000,
+                    param_bytes=80_000_000, reduce_op="reduce_scatter", gather_op="all_gather", used_numel=5_000_000,
+                    kind="layer_wise")
+    assert _prescale_s(padded, system) == _prescale_s(bucket, system)
     tiny = Bucket(0, 0, "dp", 8, 64, 256, 128, "reduce_scatter", "all_gather")
     assert _prescale_s(tiny, system) == pytest.approx(eff.kernel_min_s)
     alone = Bucket(0, 0, "dp", 1, 64, 256, 128, "all_reduce", None)

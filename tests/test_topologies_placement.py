@@ -59,6 +59,8 @@ CONFIGS = [
     dict(gpus=1440, tp=16, pp=2, gpus_per_domain=72),
     dict(gpus=100, tp=4, ep=2),
     dict(gpus=512, tp=8, pp=2, gpus_per_domain=32),
+    dict(gpus=144, tp=4, pp=4, gpus_per_domain=72, tp_pp_dp=True),  # a replica's block straddles racks
+    dict(gpus=192, tp=2, pp=3, ep=2, gpus_per_domain=64, tp_pp_dp=True),
 ]
 
 
@@ -133,3 +135,36 @@ def test_huge_job_shapes_without_listing_gpus():
     assert shapes["dp"].size == 100_008 // 24 and shapes["dp"].ranks_per_domain == 9
     members = p.group_gpus("dp", 5)  # one group on request
     assert len(members) == shapes["dp"].size and len({g // 72 for g in members}) == shapes["dp"].domains
+
+
+def test_embedding_group_follows_the_tp_pp_dp_rank_order():
+    """Megatron builds one embedding group per pipeline group, ``[pp_ranks[0], pp_ranks[-1]]``
+    (``parallel_state.default_embedding_ranks``). 64 ranks, tp 2, pp 4, dp 8:
+
+    - default order tp-cp-ep-dp-pp: pp group of rank b < 16 is {b, b+16, b+32, b+48} → embd {b, b+48};
+    - tp-pp-dp order: rank = t + 2·s + 8·d (t < 2, stage s < 4, replica d < 8), pp group
+      {t+8d, t+8d+2, t+8d+4, t+8d+6} → embd {t+8d, t+8d+6}; group 3 (the 4th first-stage rank,
+      t=1, d=1) is {9, 15}."""
+    default = place_job(NVL72, 64, tp=2, pp=4, gpus_per_domain=32)
+    mapped = place_job(NVL72, 64, tp=2, pp=4, gpus_per_domain=32, tp_pp_dp=True)
+    assert default.group_ranks("embd", 3) == [3, 51]
+    assert mapped.group_ranks("embd", 3) == [9, 15]
+    assert [mapped.group_ranks("embd", i) for i in range(mapped.group_count("embd"))] == [
+        [t + 8 * d, t + 8 * d + 6] for d in range(8) for t in range(2)]
+    for p in (default, mapped):  # each is [first, last] of a pipeline group
+        pp_groups = [p.group_ranks("pp", i) for i in range(p.group_count("pp"))]
+        assert sorted(p.group_ranks("embd", i) for i in range(16)) == sorted([g[0], g[-1]] for g in pp_groups)
+    # 32 ranks per rack: the default pairs {b, b+48} (b < 16) always cross racks, tp-pp-dp pairs never do
+    assert default.shape("embd").domains == 2
+    assert mapped.shape("embd").intra_domain and mapped.shape("embd").size == 2
+
+
+def test_embedding_group_of_a_replica_that_straddles_a_rack_under_tp_pp_dp():
+    """144 ranks on 72-GPU racks, tp 4, pp 4 (tp-pp-dp): replica blocks of 16 ranks; the replica
+    d = 4 holds ranks 64..79 across the rack boundary at 72, so its pair {64, 64 + 3·4 = 76} spans
+    racks 0 and 1 (the worst group decides the shape); with pp 2 (stride 4, blocks of 8 aligned
+    to 72) no pair crosses."""
+    p = place_job(NVL72, 144, tp=4, pp=4, gpus_per_domain=72, tp_pp_dp=True)
+    assert p.group_ranks("embd", 16) == [64, 76]
+    assert p.shape("embd").domains == 2
+    assert place_job(NVL72, 144, tp=4, pp=2, gpus_per_domain=72, tp_pp_dp=True).shape("embd").intra_domain

@@ -18,13 +18,19 @@ expert_dp   gpus / (etp · ep · pp)       etp · ep
 dp_instance dp × cp / k                  tp
 dp_across   k                            tp · dp × cp / k
 pp          pp                           gpus / pp
-embd        2 (1 when pp = 1)            (pp − 1) · gpus / pp
+embd        2 (1 when pp = 1)            (pp − 1) · gpus / pp   (tp-pp-dp: (pp − 1) · tp·cp)
 world       gpus                         1
 =========== ============================ =========================
 
-``embd`` is Megatron's embedding group (``default_embedding_ranks``): the first and the last pipeline
-stage's rank at the same position, over which a word embedding duplicated on the last stage (tied
-output layer, or the MTP layers' copy) has its gradient all-reduced. There are gpus / pp such groups.
+``embd`` is Megatron's embedding group (``default_embedding_ranks(pp_ranks)`` = ``[pp_ranks[0],
+pp_ranks[-1]]``, one per pipeline group): the first and the last pipeline stage's rank at the same
+position, over which a word embedding duplicated on the last stage (tied output layer, or the MTP
+layers' copy) has its gradient all-reduced. There are gpus / pp such groups and, for pp > 2, they do
+not tile the ranks (middle stages are in none), so they are described by their first members
+instead: ``b = j · period + t`` (t < width, j < gpus / (pp · width)) paired with ``b + stride``.
+Default order: width gpus / pp (the whole first stage, one block). tp-pp-dp order: width tp·cp (a
+dp replica's first stage), period tp·cp·pp (one dp replica), stride (pp − 1) · tp·cp — both ends in
+the same replica's block of adjacent ranks (:meth:`JobPlacement.embd_pattern`).
 
 With ``k = instances`` distributed-optimizer instances (Megatron ``--num-distributed-optimizer-instances``)
 the data-parallel group splits into ``k`` instance groups of consecutive dp ranks (``dp_instance``,
@@ -126,7 +132,7 @@ class JobPlacement:
             "etp_ep": (self.etp * self.ep, 1),  # the allgather MoE dispatcher's group (Megatron tp_ep)
             "expert_dp": (self.expert_dp, self.etp * self.ep),
             "pp": (self.pp, self.gpus // self.pp),
-            "embd": (2 if self.pp > 1 else 1, (self.pp - 1) * (self.gpus // self.pp) if self.pp > 1 else 1),
+            "embd": (2, self.embd_pattern()[2]) if self.pp > 1 else (1, 1),  # first and last stage
             "world": (self.gpus, 1),
         }
         if self.tp_pp_dp:  # pipeline stages adjacent (stride tp·cp), data-parallel replicas outermost
@@ -139,6 +145,19 @@ class JobPlacement:
         if kind not in table:
             raise UserInputError(f"unknown group '{kind}'; valid: {', '.join(table)}")
         return table[kind]
+
+    def embd_pattern(self) -> tuple[int, int, int]:
+        """(width, period, stride) in ranks of the embedding groups {b, b + stride}: their first
+        members are ``b = j * period + t`` (t < width), one per rank of the first pipeline stage.
+
+        The first stage's ranks are the pipeline groups' first members: ranks [0, gpus/pp) in the
+        default order (pp outermost), and the first tp·cp ranks of every dp replica's block of
+        tp·cp·pp in the tp-pp-dp order; the last stage is pp − 1 pipeline strides further."""
+        if self.tp_pp_dp:
+            stage_stride = self.tp * self.cp
+            return stage_stride, stage_stride * self.pp, (self.pp - 1) * stage_stride
+        stage_stride = self.gpus // self.pp
+        return stage_stride, self.gpus, (self.pp - 1) * stage_stride
 
     def group_count(self, kind: str) -> int:
         """How many disjoint groups of this kind the job has."""
@@ -153,6 +172,10 @@ class JobPlacement:
         count = self.group_count(kind)
         if not 0 <= index < count:
             raise UserInputError(f"group index {index} out of range: {count} '{kind}' groups")
+        if kind == "embd":  # not a tiling for pp > 2: index the first stage's ranks
+            width, period, _ = self.embd_pattern()
+            base = (index // width) * period + index % width
+            return [base + k * stride for k in range(size)]
         block = size * stride  # ranks covered by one tile of groups
         base = (index // stride) * block + index % stride
         return [base + k * stride for k in range(size)]
@@ -174,7 +197,8 @@ class JobPlacement:
         """How group ``kind`` spans NVLink domains and fabric tiers (cheap, cached)."""
         size, stride = self.size_and_stride(kind)
         if kind == "embd" and size > 1:
-            return _embd_shape(stride, self.gpus // self.pp, self.gpus_per_domain, self.layout)
+            width, period, _ = self.embd_pattern()
+            return _embd_shape(stride, width, period, self.gpus // self.pp // width, self.gpus_per_domain, self.layout)
         return _shape(size, stride, self.gpus_per_domain, self.layout)
 
     @cached_property
@@ -213,11 +237,15 @@ def _shape(size: int, stride: int, g: int, layout: FabricLayout | None) -> Group
 
 
 @lru_cache(maxsize=1024)
-def _embd_shape(stride: int, stage_gpus: int, g: int, layout: FabricLayout | None) -> GroupShape:
-    """Shape of the embedding groups {b, b + stride} (b < stage_gpus) on domains of ``g`` ranks: the
-    worst group (whether the pair straddles domains depends only on b mod g)."""
-    extents = [(b + stride) // g - b // g + 1 for b in range(min(stage_gpus, g))]
-    extent = max(extents)
+def _embd_shape(stride: int, width: int, period: int, blocks: int, g: int, layout: FabricLayout | None) -> GroupShape:
+    """Shape of the embedding groups {b, b + stride}, b = j*period + t (t < width, j < blocks), on
+    domains of ``g`` ranks: the worst group. Whether a pair straddles domains, and how far, depends
+    only on b mod g, so t < g and j < g (j*period mod g repeats with a period dividing g) suffice."""
+    import numpy as np
+
+    firsts = (np.arange(min(blocks, g), dtype=np.int64)[:, None] * period
+              + np.arange(min(width, g), dtype=np.int64)[None, :]) % g  # residues of the first members
+    extent = int(((firsts + stride) // g).max()) + 1  # domains from a first member's (0) to its partner's
     if extent == 1:
         return GroupShape.single_domain(2)
     return GroupShape(size=2, ranks_per_domain=1, domains=2, tiers=layout.tier_for_span(extent) if layout else None)

@@ -19,6 +19,20 @@ Transformer Engine linear layers as quantized tensors instead of BF16:
   of the gradient buffer (``shared_buffer``); the optimizer copies its fp32 shard there
   (``_copy_main_params_to_param_buffer``) and the all-gather moves **2 bytes** (BF16) per element;
   each weight is then quantized into MXFP8 row-wise and column-wise data.
+- **Megatron-FSDP** (``distributed/fsdp/src/megatron_fsdp``): FP8 parameters form parameter groups
+  of their own (``dtype="float8"``) whose model-weight buffer is ``uint8`` and holds the FP8 **rowwise
+  data only** (``fp8_get_raw_data``: ``_rowwise_data`` / ``_data``); MXFP8 groups get a second ``uint8``
+  buffer for the **columnwise data** (``transpose_weight_buffer``, ``fp8_need_transpose_data``). Every
+  all-gather moves **1 byte** per element, for both recipes: the forward gathers the rowwise buffer;
+  the backward gathers the columnwise buffer (MXFP8) or the rowwise buffer again (fp8-cs; Hopper then
+  makes the transpose locally, ``fp8_create_transpose_cache`` after the gather); a forward recomputed
+  in the backward needs the rowwise data again, which for MXFP8 is a gather of its own (the rowwise
+  and columnwise copies have different bucket keys, ``get_bucket_key``). After the optimizer step the
+  parameter sync gathers both buffers (:func:`param_gathers_per_sync`).
+- **Scales are never gathered**: TE's ``cast_master_weights_to_fp8`` all-reduces the amaxes of every
+  rank's shard (MAX) and every rank computes the scales itself (fp8-cs one per tensor, MXFP8 one E8M0
+  per 32 elements and direction); nor are Hopper's transposes (made locally after the gather). (The
+  amax all-reduce itself is not modelled.)
 - **Where it applies** (:func:`fp8_gather_active`): AdamW on the element-wise distributed optimizer
   or on Megatron-FSDP, with an FP8 recipe (fp8-cs, mxfp8). Muon's layer-wise optimizer gathers BF16
   parameters; BF16 and NVFP4 recipes have no FP8 parameters (Megatron has no FP4 primary weights); a
@@ -88,6 +102,28 @@ def fp8_gather_active(kind: str, distribution: str, precision: str, fp8_param_ga
     return fp8_param_gather and fp8_gather_note(kind, distribution, precision, fp8_param_gather, fsdp) is None
 
 
-def param_gather_bytes_per_element(precision: str, fp8: bool) -> int:
-    """Bytes per element the parameter all-gather moves for a buffer (1 for fp8-cs FP8 parameters)."""
-    return 1 if fp8 and precision == "fp8-cs" else BF16_BYTES
+FP8_BYTES = 1
+
+
+def param_gather_bytes_per_element(precision: str, fp8: bool, fsdp: bool = False) -> int:
+    """Bytes per element one parameter all-gather moves for a buffer (see the module docstring).
+
+    BF16 parameters: 2. FP8 parameters on the distributed optimizer: 1 for fp8-cs (the ``uint8``
+    buffer), 2 for MXFP8 (the BF16 view of the gradient buffer). FP8 parameters on Megatron-FSDP: 1
+    (a ``uint8`` rowwise or columnwise buffer) for both recipes."""
+    if not fp8:
+        return BF16_BYTES
+    return FP8_BYTES if fsdp or precision == "fp8-cs" else BF16_BYTES
+
+
+def param_gathers_per_sync(precision: str, fp8: bool, fsdp: bool = False) -> int:
+    """All-gathers that bring one buffer's parameters up to date after the optimizer step: 2 for MXFP8
+    FP8 parameters on Megatron-FSDP (the rowwise and the columnwise buffer), else 1."""
+    return 2 if fp8 and fsdp and precision == "mxfp8" else 1
+
+
+def fsdp_backward_regathers_rowwise(precision: str, fp8: bool) -> bool:
+    """Whether a forward recomputed in the backward re-gathers a Megatron-FSDP unit's FP8 parameters
+    (their rowwise buffer): MXFP8 only, whose backward otherwise gathers the columnwise buffer; an
+    fp8-cs or BF16 unit's recompute gather serves its backward too."""
+    return fp8 and precision == "mxfp8"

@@ -21,7 +21,8 @@ experts, MLA projections, MTP's ``eh_proj``) in an FP8/FP4 run:
   columnwise data, and the optimizer all-gathers the updated parameters in bf16 into a **bf16
   parameter-gather buffer** (2 B per element) before re-quantizing them, unless
   ``reuse_grad_buf_for_mxfp8_param_ag`` lets that gather land in the gradient buffer (free after the
-  optimizer step). Megatron has no FP4 primary weights: NVFP4 runs keep bf16 weights and the cache.
+  optimizer step); Megatron-FSDP has no such buffer (it gathers the uint8 rowwise and columnwise
+  data, :mod:`workloads.fp8_params`). Megatron has no FP4 primary weights: NVFP4 runs keep bf16 weights and the cache.
 - Layers kept in BF16 (``first_last_layers_bf16``) have bf16 GEMM weights and no cache.
 
 **Gradients.** Megatron-Core DDP keeps one gradient buffer over every trained parameter in
@@ -140,7 +141,8 @@ def low_precision_storage(scenario: Scenario) -> WeightStorage:
     q = quantized_weight_bytes_per_element(scenario.precision, scenario.system.gpu.fp8_gemm_any_layout)
     if fp8_primary_weights(scenario):
         mxfp8 = scenario.precision.value == "mxfp8"
-        gather = float(BF16_BYTES) if mxfp8 and not opt.reuse_grad_buf_for_mxfp8_param_ag else 0.0
+        # the distributed optimizer's BF16 gather buffer; Megatron-FSDP gathers uint8 data (workloads.fp8_params)
+        gather = float(BF16_BYTES) if mxfp8 and not opt.reuse_grad_buf_for_mxfp8_param_ag and scenario.par.fsdp <= 0 else 0.0
         return WeightStorage(q, 0.0, gather)
     return WeightStorage(float(BF16_BYTES), q)
 

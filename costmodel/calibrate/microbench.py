@@ -73,8 +73,9 @@ def fit_linear_time(sizes: Sequence[float], times_s: Sequence[float]) -> tuple[f
     return intercept, max(slope, 1e-30)
 
 
-def _time_call(fn: Callable[[], object], min_time_s: float, min_reps: int = 3) -> float:
-    """Median seconds per call over at least ``min_reps`` calls and ``min_time_s`` seconds."""
+def _timing_samples(fn: Callable[[], object], min_time_s: float, min_reps: int, max_reps: int) -> list[float]:
+    """Seconds per call of ``fn`` after one warm-up: at least ``min_reps`` calls and ``min_time_s``
+    seconds, at most ``max_reps`` calls."""
     fn()  # warm-up
     samples: list[float] = []
     start = time.perf_counter()
@@ -82,9 +83,14 @@ def _time_call(fn: Callable[[], object], min_time_s: float, min_reps: int = 3) -
         t0 = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t0)
-        if len(samples) >= 200:
+        if len(samples) >= max_reps:
             break
-    return statistics.median(samples)
+    return samples
+
+
+def _time_call(fn: Callable[[], object], min_time_s: float, min_reps: int = 3) -> float:
+    """Median seconds per call over at least ``min_reps`` calls and ``min_time_s`` seconds."""
+    return statistics.median(_timing_samples(fn, min_time_s, min_reps, max_reps=200))
 
 
 def measure_gemm(dtype: str = "bf16", sizes: Sequence[int] = GEMM_SIZES, threads: int = 1,
@@ -183,16 +189,7 @@ def _elementwise_call(name: str, x: Any, y: Any) -> Callable[[], object]:
 
 def _time_low(fn: Callable[[], object], min_time_s: float, min_reps: int = 20) -> float:
     """20th-percentile seconds per call: the undisturbed time of a short call on a shared machine."""
-    fn()
-    samples: list[float] = []
-    start = time.perf_counter()
-    while len(samples) < min_reps or time.perf_counter() - start < min_time_s:
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-        if len(samples) >= 5000:
-            break
-    return _low_quantile(samples)
+    return _low_quantile(_timing_samples(fn, min_time_s, min_reps, max_reps=5000))
 
 
 def fit_newton_schulz(points: Sequence[tuple[tuple[int, int], float]], local: LocalMeasurements,

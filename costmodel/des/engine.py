@@ -6,8 +6,9 @@ behind the next forward) is real. The breakdown is measured on the busiest stage
 GPU: its compute, the exposed collective time on its compute stream, and its waits, attributed to
 what it waited for (activations in flight: pp; activations not yet produced: pipeline bubble,
 unless their sender was itself held up by its parameter gather, which is then booked as dp_param
-on every rank it delays, as in the analytic engine; gradient reduction and the global gradient
-sync: dp_grad; parameter gather: dp_param).
+on every rank it delays, as in the analytic engine, or by its gradients' 1/dp pre-scaling, booked
+as dp_grad; gradient pre-scaling, reduction and the global gradient sync: dp_grad; parameter
+gather: dp_param).
 Without a timeline (``record=False``) long schedules are simulated short and extrapolated over
 the periodic 1F1B steady state (:func:`simulate`; within 0.3 % of the full simulation on the
 45 distinct published configurations, 5x faster).

@@ -55,6 +55,8 @@ class RawEvent:
 # Waits that delay a rank's messages and so reach the ranks downstream of it: an activation that is
 # late because its sender waited for these is booked under the same kind, not as a pipeline bubble
 # (the analytic engine books the parameter gather's delay of the first forwards as dp_param too).
+# The 1/dp gradient pre-scaling in the last backwards is carried the same way, as dp_grad
+# (:meth:`StepSimulation._releaser`).
 PROPAGATED_KINDS = ("dp_param",)
 
 
@@ -91,7 +93,8 @@ class StepSimulation:
         self.rank_end = [[0.0] * st.pp for _ in range(steps)]
         self.bwd_end = [[0.0] * st.pp for _ in range(steps)]
         self.acc: list[list[dict[str, float]]] = [[defaultdict(float) for _ in range(st.pp)] for _ in range(steps)]
-        # [step][rank] seconds of PROPAGATED_KINDS waits on the rank's path so far (own or inherited)
+        # [step][rank] seconds of PROPAGATED_KINDS waits (and dp_grad pre-scaling) on the rank's path so far
+        # (own or inherited)
         self.delay: list[list[dict[str, float]]] = [[defaultdict(float) for _ in range(st.pp)] for _ in range(steps)]
         self.carried: dict[tuple, dict[str, float]] = {}  # message key -> its sender's delays when sent
         self.events: list[RawEvent] = []
@@ -290,10 +293,10 @@ class StepSimulation:
                     if v > 0:
                         self._send(s, (v - 1) % pp, ("B", step, p.microbatch, v - 1), step)
             if stage.grad_prescale_s > 0 and not st.overlap_grad_reduce:  # every bucket's 1/dp scaling, now
-                t0 = env.now
+                t0 = env.now  # (finish_grad_sync: gradient synchronisation after the backward, booked dp_grad)
                 yield env.timeout(stage.grad_prescale_s)
-                self.acc[step][s]["compute"] += env.now - t0
-                self.bwd_end[step][s] = env.now
+                self.acc[step][s]["dp_grad"] += env.now - t0
+                self._log(s, "compute", "scale grads 1/dp", t0, "dp", step)
             if not st.overlap_grad_reduce:
                 for b in stage.backward_buckets:
                     self._reduce(s, step, b)
@@ -310,8 +313,10 @@ class StepSimulation:
             t0 = env.now
             yield env.all_of(self.grad_done[step] + ([self.embd_done[step]] if self.embd_stages else []))
             drain = min(max(max(self.bwd_end[step]) - t0, 0.0), env.now - t0)  # others still in backward
-            self.acc[step][s]["pipeline_bubble"] += drain
-            self.acc[step][s]["dp_grad"] += env.now - t0 - drain
+            last = max(range(pp), key=lambda j: self.bwd_end[step][j])  # their lateness from 1/dp scaling: dp_grad
+            scaling = min(drain, max(self.delay[step][last]["dp_grad"] - self.delay[step][s]["dp_grad"], 0.0))
+            self.acc[step][s]["pipeline_bubble"] += drain - scaling
+            self.acc[step][s]["dp_grad"] += env.now - t0 - drain + scaling
             t0 = env.now
             yield env.timeout(stage.optimizer_compute_s)
             self.acc[step][s]["optimizer"] += env.now - t0
@@ -336,14 +341,20 @@ class StepSimulation:
 
     def _releaser(self, s: int, step: int, bucket: BucketCost):  # noqa: ANN202
         """Release ``bucket``'s reduction; with a 1/dp pre-scaling (``prescale_s``) a generator that
-        first runs it on the compute stream."""
+        first runs it on the compute stream (MCore ``start_grad_sync`` from the backward hook).
+
+        The scaling is gradient synchronisation: booked as ``dp_grad`` here, and carried with this
+        rank's later messages (``delay``) so that the ranks it holds up book their waits as
+        ``dp_grad`` too, not as pipeline bubble (as the analytic engine does)."""
         if bucket.prescale_s <= 0:
             return lambda: self._reduce(s, step, bucket)
 
         def scale_then_reduce() -> Ev:
             t0 = self.env.now
             yield self.env.timeout(bucket.prescale_s)
-            self.acc[step][s]["compute"] += self.env.now - t0
+            self.acc[step][s]["dp_grad"] += self.env.now - t0
+            self.delay[step][s]["dp_grad"] += self.env.now - t0
+            self._log(s, "compute", f"scale grads 1/dp c{bucket.chunk}", t0, "dp", step)
             self._reduce(s, step, bucket)
         return scale_then_reduce
 

@@ -150,6 +150,14 @@ def orthogonalize_kernels(kernels: tuple[KernelSpec, ...]) -> tuple[KernelSpec, 
     return tuple(k for k in kernels if k.name not in OUTSIDE_ORTHOGONALIZE)
 
 
+def _ns_casts(prefix: str, numel: int, st: NsSettings) -> list[KernelSpec]:
+    """The casts of a ``numel``-element fp32 matrix to the bf16 work dtype and back (none in fp32)."""
+    if st.precision != "bf16":
+        return []
+    return [KernelSpec(f"{prefix}ns_cast_bf16", "memory", 1, bytes=6.0 * numel),
+            KernelSpec(f"{prefix}ns_cast_fp32", "memory", 1, bytes=6.0 * numel)]
+
+
 def _local_ns(prefix: str, rows: int, cols: int, st: NsSettings) -> list[KernelSpec]:
     """``newton_schulz`` on a whole rows×cols fp32 matrix, without its GEMMs: normalise (norm,
     clamp_min, divide) and the casts to and from the bf16 work dtype."""
@@ -157,10 +165,7 @@ def _local_ns(prefix: str, rows: int, cols: int, st: NsSettings) -> list[KernelS
     out = [KernelSpec(f"{prefix}ns_norm", "memory", 1, bytes=4.0 * m),
            KernelSpec(f"{prefix}ns_clamp_min", "memory", 1, bytes=SCALAR_BYTES),
            KernelSpec(f"{prefix}ns_normalize", "memory", 1, bytes=8.0 * m)]
-    if st.precision == "bf16":
-        out += [KernelSpec(f"{prefix}ns_cast_bf16", "memory", 1, bytes=6.0 * m),
-                KernelSpec(f"{prefix}ns_cast_fp32", "memory", 1, bytes=6.0 * m)]
-    return out
+    return out + _ns_casts(prefix, m, st)
 
 
 def _distributed_ns(prefix: str, local_numel: int, st: NsSettings) -> list[KernelSpec]:
@@ -171,10 +176,7 @@ def _distributed_ns(prefix: str, local_numel: int, st: NsSettings) -> list[Kerne
            KernelSpec(f"{prefix}ns_sqrt", "memory", 1, bytes=SCALAR_BYTES),
            KernelSpec(f"{prefix}ns_clamp_min", "memory", 1, bytes=SCALAR_BYTES),
            KernelSpec(f"{prefix}ns_normalize", "memory", 1, bytes=8.0 * m)]
-    if st.precision == "bf16":
-        out += [KernelSpec(f"{prefix}ns_cast_bf16", "memory", 1, bytes=6.0 * m),
-                KernelSpec(f"{prefix}ns_cast_fp32", "memory", 1, bytes=6.0 * m)]
-    return out
+    return out + _ns_casts(prefix, m, st)
 
 
 def muon_tensor_kernels(tensor: TensorSpec, work: NsWork, st: NsSettings, grad_bytes: int = 4,

@@ -29,6 +29,7 @@ from workloads.fp8_params import (
     fp8_gather_note,
     is_fp8_param,
     param_gather_bytes_per_element,
+    param_gathers_per_sync,
 )
 from workloads.inventory import Inventory
 
@@ -171,7 +172,8 @@ def _fsdp_stage(b: StageBuilder, buffers: list, strategy: str) -> None:
 def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings,  # noqa: ANN001
            fsdp: bool = False, fp8: bool = False, precision: str = "bf16",
            bf16_layers: tuple[int, int] = (0, 0)) -> StageOptimizerPlan:
-    b = StageBuilder(s, grid, spec, timer, st, param_gather_bytes_per_element(precision, True))
+    b = StageBuilder(s, grid, spec, timer, st, param_gather_bytes_per_element(precision, True, fsdp),
+                     param_gathers_per_sync(precision, True, fsdp))
     fp8_of = (lambda t, layer: is_fp8_param(t, inv.model.num_layers, bf16_layers, layer)) if fp8 else None
     buffers = [buf for c in range(inv.vpp) for buf in chunk_buffers(inv.chunk_runs(s, c), c, spec.kind, fp8_of)]
     dist = spec.resolved_distribution

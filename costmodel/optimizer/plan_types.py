@@ -41,7 +41,8 @@ class Bucket:
     order: int = 0  # position in backprop order within the stage (0 = reduced first)
     used_numel: int = 0  # parameter elements (numel minus padding)
     kind: Literal["element_wise", "layer_wise", "ddp"] = "element_wise"
-    param_dtype: Literal["bf16", "fp8"] = "bf16"  # what the parameter gather moves (fp8: fp8_param_gather, fp8-cs)
+    param_dtype: Literal["bf16", "fp8"] = "bf16"  # what the parameter gather moves (fp8: FP8 parameters' uint8 data)
+    param_gathers: int = 1  # all-gathers of param_bytes each (2: MXFP8 rowwise + columnwise on Megatron-FSDP)
     instances: int = 1  # distributed-optimizer instances: reduce and gather within one, all-reduce across
     averaged: bool = False  # average_in_collective with a scaling factor of 1: the reduction averages, no pre-scaling
 

@@ -190,9 +190,10 @@ class StageBuilder:
     """Accumulates buckets and per-rank work of one stage."""
 
     def __init__(self, stage: int, grid: Grid, spec, timer: Timer, st: NsSettings,  # noqa: ANN001
-                 fp8_gather_bytes: int = PARAM_BYTES) -> None:
+                 fp8_gather_bytes: int = PARAM_BYTES, fp8_gathers: int = 1) -> None:
         self.stage, self.grid, self.spec, self.timer, self.st = stage, grid, spec, timer, st
         self.fp8_gather_bytes = fp8_gather_bytes  # bytes per element gathered for FP8-parameter buffers
+        self.fp8_gathers = fp8_gathers  # all-gathers per FP8-parameter bucket (workloads.fp8_params)
         self.roles = {g: _Role(g, grid.size(g)) for g in GROUPS}
         self.buckets: list[tuple[tuple[int, int], dict]] = []  # (sort key, Bucket kwargs)
         self.gb = spec.grad_bytes
@@ -217,7 +218,8 @@ class StageBuilder:
             stage=self.stage, chunk=buf.chunk, dp_group=buf.group, group_size=gs, numel=numel,
             grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * per,
             reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind,
-            param_dtype="fp8" if per == 1 else "bf16", instances=self.grid.instances,
+            param_dtype="fp8" if per == 1 else "bf16", param_gathers=self.fp8_gathers if buf.fp8 else 1,
+            instances=self.grid.instances,
             averaged=self.spec.average_in_collective and (buf.group == "dp" or gs * self.grid.instances == self.grid.dp))))
 
     def muon_item(self, t: TensorSpec) -> tuple[np.ndarray, tuple[CollectiveCall, ...]]:
@@ -359,7 +361,7 @@ class StageBuilder:
                                                    b.across_bytes, 1, "grad_reduce_across"))
             if b.gather_op:
                 bucket_calls.append(CollectiveCall(b.gather_op, b.reduce_group, b.group_size, b.param_dtype,  # type: ignore[arg-type]
-                                                   b.param_bytes, 1, "param_gather"))
+                                                   b.param_bytes, b.param_gathers, "param_gather"))
         bucket_calls += self.extra_calls
         used = sum(b.used_numel for b in buckets)
         padding = sum(b.numel for b in buckets) / used - 1 if used else 0.0
