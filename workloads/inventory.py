@@ -78,7 +78,7 @@ class TensorSpec:
         """True for expert tensors: several copies per layer (routed experts) or an ``expert_*`` role."""
         return self.num_experts > 1 or self.role.startswith("expert_")
 
-    @property
+    @cached_property
     def local_shape(self) -> tuple[int, ...]:
         """Shape of one copy on one rank (the tp/etp shard)."""
         if self.shard_dim is None:
@@ -87,7 +87,7 @@ class TensorSpec:
         shape[self.shard_dim] //= self.shards
         return tuple(shape)
 
-    @property
+    @cached_property
     def global_numel(self) -> int:
         """Elements of one copy, unsharded."""
         n = 1
@@ -95,22 +95,22 @@ class TensorSpec:
             n *= d
         return n
 
-    @property
+    @cached_property
     def local_numel(self) -> int:
         """Elements of one copy on one rank."""
         return self.global_numel // self.shards
 
-    @property
+    @cached_property
     def rank_numel(self) -> int:
         """Elements this tensor entry places on one rank of its stage (all local expert copies)."""
         return self.local_numel * self.experts_per_rank
 
-    @property
+    @cached_property
     def total_numel(self) -> int:
         """Elements of all copies in the whole model."""
         return self.global_numel * self.num_experts
 
-    @property
+    @cached_property
     def local_muon_components(self) -> tuple[tuple[int, int], ...]:
         """The Newton-Schulz matrices of one local shard (QKV split applied to the local shard)."""
         if self.shard_dim is None:
@@ -222,7 +222,12 @@ class Inventory:
 
     def rank_numel(self, stage: int) -> int:
         """Parameters held by one rank of ``stage`` (equal for every tp and ep rank)."""
-        return sum(t.rank_numel * r.count for r in self.stage_runs(stage) for t in r.templates)
+        return self._stage_rank_numel.get(stage, 0)
+
+    @cached_property
+    def _stage_rank_numel(self) -> dict[int, int]:
+        return {s: sum(t.rank_numel * r.count for r in runs for t in r.templates)
+                for s, runs in self._stage_runs.items()}
 
     def unique_shard_numel_sum(self) -> int:
         """Sum over every model-parallel rank of the parameters it holds, counting each replicated

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
 from costmodel.optimizer import layouts as lay
-from costmodel.optimizer.buffers import chunk_buffers
+from costmodel.optimizer.buffers import _Buffer, chunk_buffers
 from costmodel.optimizer.newton_schulz import NsSettings
 from costmodel.optimizer.plan_types import OptimizerPlan, StageOptimizerPlan
 from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer, rank_work
@@ -31,7 +32,7 @@ from workloads.fp8_params import (
     param_gather_bytes_per_element,
     param_gathers_per_sync,
 )
-from workloads.inventory import Inventory
+from workloads.inventory import Inventory, TensorSpec
 
 __all__ = ["Grid", "build_optimizer_plan", "cached_inventory", "clear_caches", "expected_rank_collectives",
            "optimizer_report", "plan_from_inventory", "plan_key"]
@@ -113,7 +114,8 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
     st = NsSettings.from_spec(spec)
     timer = Timer(system, spec.matmul_precision, shape_of)
     fp8 = fp8_gather_active(kind, dist, precision, spec.fp8_param_gather, fsdp)
-    stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp, fp8, precision, bf16_layers)
+    seen: dict[tuple, tuple[StageOptimizerPlan, list[_Buffer]]] = {}
+    stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp, fp8, precision, bf16_layers, seen)
                    for s in range(inventory.pp))
     layer_wise = dist == "layer_wise"
     gathers = any(b.gather_op for s in stages for b in s.buckets)
@@ -171,11 +173,17 @@ def _fsdp_stage(b: StageBuilder, buffers: list, strategy: str) -> None:
 
 def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings,  # noqa: ANN001
            fsdp: bool = False, fp8: bool = False, precision: str = "bf16",
-           bf16_layers: tuple[int, int] = (0, 0)) -> StageOptimizerPlan:
-    b = StageBuilder(s, grid, spec, timer, st, param_gather_bytes_per_element(precision, True, fsdp),
-                     param_gathers_per_sync(precision, True, fsdp))
+           bf16_layers: tuple[int, int] = (0, 0),
+           seen: dict[tuple, tuple[StageOptimizerPlan, list[_Buffer]]] | None = None) -> StageOptimizerPlan:
+    """The optimizer plan of stage ``s``; ``seen``: the stages of this plan built so far, by
+    :func:`_stage_signature` (a stage holding the same tensors as one of them reuses its plan)."""
     fp8_of = (lambda t, layer: is_fp8_param(t, inv.model.num_layers, bf16_layers, layer)) if fp8 else None
     buffers = [buf for c in range(inv.vpp) for buf in chunk_buffers(inv.chunk_runs(s, c), c, spec.kind, fp8_of)]
+    key = _stage_signature(inv, s, fp8_of)
+    if seen is not None and key in seen:
+        return _restaged(*seen[key], s, buffers)
+    b = StageBuilder(s, grid, spec, timer, st, param_gather_bytes_per_element(precision, True, fsdp),
+                     param_gathers_per_sync(precision, True, fsdp))
     dist = spec.resolved_distribution
     if fsdp:
         _fsdp_stage(b, buffers, spec.data_parallel_sharding_strategy)
@@ -218,7 +226,28 @@ def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSetting
                 if t.shared_embedding:
                     for _ in range(run.count):
                         b.embedding_grad(t, grid.dp if fsdp else 0)
-    return b.finish(rank_work)
+    plan = b.finish(rank_work)
+    if seen is not None:
+        seen[key] = (plan, buffers)
+    return plan
+
+
+def _stage_signature(inv: Inventory, s: int, fp8_of: Callable[[TensorSpec, int | None], bool] | None) -> tuple:
+    """What a stage's optimizer plan depends on: per run of the stage (chunk, kind, layers, the
+    distinct tensors, with FP8 parameters which of them are per layer). Layer numbers only name the
+    parameters; runs of a kind share their template tensors, so equal signatures mean equal work."""
+    return tuple((r.chunk, r.kind, r.count, tuple(id(t) for t in r.templates),
+                  None if fp8_of is None else tuple(fp8_of(t, layer) for layer in r.layers for t in r.templates))
+                 for r in inv.stage_runs(s))
+
+
+def _restaged(plan: StageOptimizerPlan, twin: list[_Buffer], s: int, buffers: list[_Buffer]) -> StageOptimizerPlan:
+    """``plan`` (built for a stage with the same signature, whose buffers were ``twin``) for stage
+    ``s`` with buffers ``buffers``: the same buckets, ranks and collectives, this stage's names."""
+    index = {id(buf): i for i, buf in enumerate(twin)}
+    roles = tuple(replace(r, name_parts=tuple((buffers[index[id(buf)]], idx) for buf, idx in r.name_parts))
+                  for r in plan.roles)
+    return replace(plan, stage=s, buckets=tuple(replace(bk, stage=s) for bk in plan.buckets), roles=roles)
 
 
 def _sub_optimizer_order(bufs: list) -> np.ndarray:
