@@ -108,7 +108,7 @@ def stage_memory(scenario: Scenario, stage: int, inventory: Inventory | None = N
         weight_buffers_bytes=weights.buffers_bytes,
         gradients_bytes=weights.gradients_bytes,
         optimizer_state_bytes=opt.persistent,
-        optimizer_workspace_bytes=opt.transient + optimizer_workspace_bytes(scenario, (t for r in runs for t in r.templates)),
+        optimizer_workspace_bytes=opt.transient + optimizer_workspace_bytes(scenario, {id(t): t for r in runs for t in r.templates}.values()),
         activations_bytes=stage_activation_bytes(scenario, stage),
         capacity_bytes=scenario.system.gpu.hbm_bytes,
     )

@@ -231,9 +231,11 @@ def stage_weights(scenario: Scenario, inventory: Inventory, stage: int) -> Stage
         for layer, count in _layer_classes(scenario, run):
             gather = grad_units = 0.0
             numel_units = 0
+            # low_precision_gemm per template: the precision and the layer's BF16 status, decided once per class
+            low_layer = lowp is not BF16_STORAGE and not layer_in_bf16(scenario, layer)
             for t in run.templates:
                 n = float(t.rank_numel)
-                w = lowp if lowp is not BF16_STORAGE and low_precision_gemm(scenario, t, layer) else BF16_STORAGE
+                w = lowp if low_layer and is_te_gemm_weight(t) else BF16_STORAGE
                 sh = shards[t.dp_group]
                 params += w.param_bytes * n / sh.params * count
                 buffers += ((w.cache_bytes if sh.params == 1 else 0.0) * n + w.gather_buffer_bytes * n / sh.params) * count
