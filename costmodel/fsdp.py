@@ -143,17 +143,17 @@ class FsdpUnit:
         return tuple(fwd), tuple(bwd)
 
 
-def _unit_of(t: TensorSpec, model_layers: int, first_moe: int) -> str | None:
-    """The unit kind a tensor belongs to (of the first unit of that kind), None for other units."""
-    if t.layer is None:
+def _unit_of(t: TensorSpec, model_layers: int, first_moe: int, layer: int | None) -> str | None:
+    """The unit kind a tensor in ``layer`` belongs to (of the first unit of that kind), None for other units."""
+    if layer is None:
         if t.duplicate_of is not None:  # the last stage's embedding copy: not a unit of the first stage's kinds
             return None
         return "embedding" if t.role in ("embedding", "position_embedding") else "output"
-    if t.layer >= model_layers:
-        return "mtp" if t.layer == model_layers else None
-    if t.layer == 0 and first_moe > 0:
+    if layer >= model_layers:
+        return "mtp" if layer == model_layers else None
+    if layer == 0 and first_moe > 0:
         return "dense"
-    if t.layer == first_moe:
+    if layer == first_moe:
         return "moe"
     return None
 
@@ -169,16 +169,18 @@ def fsdp_units(inventory: Inventory, scenario: Scenario | None = None) -> dict[s
     fp8 = scenario is not None and fp8_primary_weights(scenario)
     numel: dict[tuple[str, str], int] = {}
     low: dict[tuple[str, str], int] = {}
-    for t in inventory.tensors:
-        if t.optimizer == "none":
-            continue
-        kind = _unit_of(t, model.num_layers, first_moe)
-        if kind is None:
-            continue
-        key = (kind, t.dp_group)
-        numel[key] = numel.get(key, 0) + t.rank_numel
-        if fp8 and is_fp8_param(t):
-            low[key] = low.get(key, 0) + t.rank_numel
+    for run in inventory.runs:  # per layer of each run (its tensors are the run's templates)
+        for layer in run.layers:
+            for t in run.templates:
+                if t.optimizer == "none":
+                    continue
+                kind = _unit_of(t, model.num_layers, first_moe, layer)
+                if kind is None:
+                    continue
+                key = (kind, t.dp_group)
+                numel[key] = numel.get(key, 0) + t.rank_numel
+                if fp8 and is_fp8_param(t):
+                    low[key] = low.get(key, 0) + t.rank_numel
     regather = fp8 and scenario is not None and fsdp_backward_regathers_rowwise(scenario.precision.value, True)
     return {k: FsdpUnit(numel.get((k, "dp"), 0), numel.get((k, "expert_dp"), 0), low.get((k, "dp"), 0),
                         low.get((k, "expert_dp"), 0), regather)

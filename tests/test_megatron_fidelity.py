@@ -167,7 +167,7 @@ def test_mtp_embedding_copy_memory_and_muon_routing() -> None:
     copy = inv.embedding_copy
     assert copy is not None and copy.optimizer == "muon" and copy.rank_numel == 926_679_040
     without = type(inv)(model=inv.model, tp=1, pp=8, vpp=1, ep=32, etp=1, split_qkv=True,
-                        tensors=tuple(t for t in inv.tensors if t is not copy))
+                        runs=tuple(r for r in inv.runs if copy not in r.templates))
     a, b = stage_memory(sc, 7, inv), stage_memory(sc, 7, without)
     assert a.weights_bytes - b.weights_bytes == 1_853_358_080
     assert a.gradients_bytes - b.gradients_bytes == 3_706_716_160

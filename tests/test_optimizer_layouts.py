@@ -162,3 +162,52 @@ def test_closure_absorbs_by_element_count_estimate_not_replay() -> None:
     assert spans[0].owner.tolist() == [0, 1, 1] and spans[0].starts.tolist() == [0, 704, 1216]
     assert spans[1].owner.tolist() == [0]
     assert lay.chunk_bounds(numel.tolist(), 2, 1000) == [0, 3, 4]
+
+
+def _scan_assign(numel, cost, d, loads, strategy):  # noqa: ANN001, ANN202 - reference: one item at a time
+    sizes, costs, load = numel.tolist(), cost.tolist(), loads.tolist()
+    cap = lay.LPT_CAP * float(numel.sum()) / d
+    owner, start, cursors, padded = [0] * len(sizes), [0] * len(sizes), [0] * d, [0] * d
+    if strategy == "lpt":
+        order = np.argsort(-cost, kind="stable").tolist()
+    elif strategy == "ping_pong":
+        order = np.argsort(numel, kind="stable").tolist()
+        dealt = lay.ping_pong_owner(len(sizes), d).tolist()
+    else:
+        order = list(range(len(sizes)))
+    for k, i in enumerate(order):
+        if strategy == "lpt":
+            r, best = -1, float("inf")
+            for q in range(d):
+                if padded[q] + sizes[i] <= cap and load[q] < best:
+                    r, best = q, load[q]
+            if r < 0:
+                r = min(range(d), key=cursors.__getitem__)
+        else:
+            r = dealt[k] if strategy == "ping_pong" else i % d
+        owner[i], start[i] = r, padded[r]
+        cursors[r] = padded[r] + sizes[i]
+        padded[r] = -(-cursors[r] // 64) * 64
+        load[r] += costs[i]
+    return owner, start, cursors, load
+
+
+@pytest.mark.parametrize("strategy", lay.STRATEGIES)
+def test_chunk_assignment_equals_placing_one_item_at_a_time(strategy: str) -> None:
+    """The vectorised assignment (LPT on a heap with runs of identical items placed in one step,
+    dealt strategies by array) equals the item-by-item walk, loads included, bit for bit."""
+    rng = np.random.default_rng(11)
+    for trial in range(120):
+        d = int(rng.choice([2, 3, 8, 32, 64]))
+        kinds = int(rng.integers(1, 5))
+        shapes = rng.integers(1, 3000, size=kinds) * 64 + rng.integers(0, 64, size=kinds) * (trial % 2)
+        numel = np.concatenate([np.full(int(rng.choice([1, 3, 40, 200])), s) for s in shapes])
+        cost = numel.astype(np.float64) ** (1.5 if trial % 3 else 1.0)
+        if trial % 3 == 0:
+            cost = np.floor(cost)
+        loads = rng.integers(0, 3, size=d).astype(np.float64) * float(cost.max()) * (trial % 4 == 0)
+        expected = _scan_assign(numel, cost, d, loads.copy(), strategy)
+        got_loads = loads.copy()
+        owner, start, cursors = lay._assign_chunk(numel, cost, d, got_loads, strategy)
+        assert owner.tolist() == expected[0] and start.tolist() == expected[1]
+        assert cursors.tolist() == expected[2] and got_loads.tolist() == expected[3]

@@ -123,6 +123,14 @@ class JobPlacement:
 
     def size_and_stride(self, kind: str) -> tuple[int, int]:
         """(size, stride in rank order) of a group kind."""
+        table = self._group_table
+        if kind not in table:
+            raise UserInputError(f"unknown group '{kind}'; valid: {', '.join(table)}")
+        return table[kind]
+
+    @cached_property
+    def _group_table(self) -> dict[str, tuple[int, int]]:
+        """(size, stride) of every group kind (built once per placement)."""
         table = {
             "tp": (self.tp, 1),
             "cp": (self.cp, self.tp),
@@ -142,9 +150,7 @@ class JobPlacement:
             size, stride = table[group]
             table[f"{group}_instance"] = (size // self.instances, stride)
             table[f"{group}_across"] = (self.instances, stride * (size // self.instances))
-        if kind not in table:
-            raise UserInputError(f"unknown group '{kind}'; valid: {', '.join(table)}")
-        return table[kind]
+        return table
 
     def embd_pattern(self) -> tuple[int, int, int]:
         """(width, period, stride) in ranks of the embedding groups {b, b + stride}: their first
@@ -195,6 +201,8 @@ class JobPlacement:
 
     def shape(self, kind: str) -> GroupShape:
         """How group ``kind`` spans NVLink domains and fabric tiers (cheap, cached)."""
+        if "shapes" in self.__dict__ and kind in self.shapes:
+            return self.shapes[kind]
         size, stride = self.size_and_stride(kind)
         if kind == "embd" and size > 1:
             width, period, _ = self.embd_pattern()

@@ -72,11 +72,14 @@ def layer_kept_bf16(layer: int | None, num_layers: int, bf16_layers: tuple[int, 
     return layer < first or layer >= num_layers - last
 
 
-def is_fp8_param(t: TensorSpec, num_layers: int = 0, bf16_layers: tuple[int, int] = (0, 0)) -> bool:
+def is_fp8_param(t: TensorSpec, num_layers: int = 0, bf16_layers: tuple[int, int] = (0, 0),
+                 layer: int | None = -1) -> bool:
     """Whether ``t`` is an FP8 parameter under ``fp8_param_gather``: a trained TE linear weight of a
-    layer not kept in BF16 (``bf16_layers`` of ``num_layers``, see :func:`layer_kept_bf16`)."""
+    layer not kept in BF16 (``bf16_layers`` of ``num_layers``, see :func:`layer_kept_bf16`);
+    ``layer``: the layer the tensor sits in when ``t`` stands for it (default ``t.layer``)."""
     return (is_te_gemm_weight(t) and t.optimizer != "none"
-            and (bf16_layers == (0, 0) or not layer_kept_bf16(t.layer, num_layers, bf16_layers)))
+            and (bf16_layers == (0, 0) or not layer_kept_bf16(t.layer if layer == -1 else layer, num_layers,
+                                                             bf16_layers)))
 
 
 def fp8_gather_note(kind: str, distribution: str, precision: str, fp8_param_gather: bool,

@@ -33,8 +33,10 @@ no separate output layer): the same ``shared_embedding`` machinery keeps the two
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Literal
 
 from workloads.models import GqaAttention, MlaAttention, ModelSpec
@@ -76,7 +78,7 @@ class TensorSpec:
         """True for expert tensors: several copies per layer (routed experts) or an ``expert_*`` role."""
         return self.num_experts > 1 or self.role.startswith("expert_")
 
-    @property
+    @cached_property
     def local_shape(self) -> tuple[int, ...]:
         """Shape of one copy on one rank (the tp/etp shard)."""
         if self.shard_dim is None:
@@ -85,7 +87,7 @@ class TensorSpec:
         shape[self.shard_dim] //= self.shards
         return tuple(shape)
 
-    @property
+    @cached_property
     def global_numel(self) -> int:
         """Elements of one copy, unsharded."""
         n = 1
@@ -93,22 +95,22 @@ class TensorSpec:
             n *= d
         return n
 
-    @property
+    @cached_property
     def local_numel(self) -> int:
         """Elements of one copy on one rank."""
         return self.global_numel // self.shards
 
-    @property
+    @cached_property
     def rank_numel(self) -> int:
         """Elements this tensor entry places on one rank of its stage (all local expert copies)."""
         return self.local_numel * self.experts_per_rank
 
-    @property
+    @cached_property
     def total_numel(self) -> int:
         """Elements of all copies in the whole model."""
         return self.global_numel * self.num_experts
 
-    @property
+    @cached_property
     def local_muon_components(self) -> tuple[tuple[int, int], ...]:
         """The Newton-Schulz matrices of one local shard (QKV split applied to the local shard)."""
         if self.shard_dim is None:
@@ -119,9 +121,49 @@ class TensorSpec:
         return tuple(out)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
+class TensorRun:
+    """Consecutive tensors of one model chunk: the tensors of ``len(layers)`` consecutive layers of
+    one kind (every layer of a kind holds the same tensors up to name and layer index), or one
+    tensor outside the layers (``layers`` = its ``layer``, ``prefixes`` = ``("",)``).
+
+    ``templates`` are the tensors of the kind's first layer in the model (their ``name``, ``layer``,
+    ``stage`` and ``chunk`` are that layer's); layer ``k`` of the run holds, for each template, a
+    tensor named ``prefixes[k] + suffixes[j]`` with ``layer = layers[k]`` on this run's stage and
+    chunk (:meth:`tensors`). Cost models work per template with the run's counts: per distinct
+    tensor, not per tensor.
+    """
+
+    stage: int
+    chunk: int
+    kind: str  # "dense", "moe", "mtp" (a layer kind) or the role of a single tensor
+    layers: tuple[int | None, ...]
+    prefixes: tuple[str, ...]
+    templates: tuple[TensorSpec, ...]
+    suffixes: tuple[str, ...]
+
+    @property
+    def count(self) -> int:
+        """Layers in the run (1 for a single tensor)."""
+        return len(self.layers)
+
+    def tensors(self) -> tuple[TensorSpec, ...]:
+        """Every tensor of the run, in definition order."""
+        out = []
+        for layer, prefix in zip(self.layers, self.prefixes, strict=True):
+            for t, suffix in zip(self.templates, self.suffixes, strict=True):
+                name = prefix + suffix
+                if (t.name, t.layer, t.stage, t.chunk) == (name, layer, self.stage, self.chunk):
+                    out.append(t)
+                else:
+                    out.append(replace(t, name=name, layer=layer, stage=self.stage, chunk=self.chunk))
+        return tuple(out)
+
+
+@dataclass(frozen=True, eq=False)
 class Inventory:
-    """All tensors of a model under one parallel layout."""
+    """All tensors of a model under one parallel layout, held as :class:`TensorRun` s in
+    definition order (virtual stages in order: chunk-major); :attr:`tensors` lists them one by one."""
 
     model: ModelSpec
     tp: int
@@ -130,27 +172,62 @@ class Inventory:
     ep: int
     etp: int
     split_qkv: bool
-    tensors: tuple[TensorSpec, ...] = field(repr=False)
+    runs: tuple[TensorRun, ...] = field(repr=False)
+
+    @cached_property
+    def tensors(self) -> tuple[TensorSpec, ...]:
+        """Every tensor in definition order (built on first use)."""
+        return tuple(t for r in self.runs for t in r.tensors())
+
+    @cached_property
+    def _stage_runs(self) -> dict[int, tuple[TensorRun, ...]]:
+        out: dict[int, list[TensorRun]] = {s: [] for s in range(self.pp)}
+        for r in self.runs:
+            out[r.stage].append(r)
+        return {s: tuple(rs) for s, rs in out.items()}
+
+    def stage_runs(self, stage: int) -> tuple[TensorRun, ...]:
+        """The runs of pipeline stage ``stage`` (all chunks, definition order)."""
+        return self._stage_runs.get(stage, ())
+
+    def chunk_runs(self, stage: int, chunk: int) -> tuple[TensorRun, ...]:
+        """The runs of model chunk ``chunk`` of pipeline stage ``stage`` (definition order)."""
+        return tuple(r for r in self.stage_runs(stage) if r.chunk == chunk)
+
+    @cached_property
+    def distinct_tensors(self) -> tuple[TensorSpec, ...]:
+        """One tensor per template (every distinct tensor up to name and place)."""
+        seen: dict[int, TensorSpec] = {}
+        for r in self.runs:
+            for t in r.templates:
+                seen.setdefault(id(t), t)
+        return tuple(seen.values())
 
     @cached_property
     def params_total(self) -> int:
         """Parameters of the model as laid out (embedding/output use the tp-padded vocabulary); a
         stage's copy of another tensor (the MTP stage's word embedding, a tied output layer's replica)
         is not a distinct parameter."""
-        return sum(t.total_numel for t in self.tensors if t.duplicate_of is None)
+        return sum(t.total_numel * r.count for r in self.runs for t in r.templates if t.duplicate_of is None)
 
     @property
     def embedding_copy(self) -> TensorSpec | None:
         """The last stage's own copy of the word embedding (MTP with pp > 1), or None."""
-        return next((t for t in self.tensors if t.duplicate_of is not None and t.role == "embedding_copy"), None)
+        return next((t for r in self.runs for t in r.templates
+                     if t.duplicate_of is not None and t.role == "embedding_copy"), None)
 
     def stage_tensors(self, stage: int) -> list[TensorSpec]:
         """Tensors held by pipeline stage ``stage`` (all chunks)."""
-        return [t for t in self.tensors if t.stage == stage]
+        return [t for r in self.stage_runs(stage) for t in r.tensors()]
 
     def rank_numel(self, stage: int) -> int:
         """Parameters held by one rank of ``stage`` (equal for every tp and ep rank)."""
-        return sum(t.rank_numel for t in self.tensors if t.stage == stage)
+        return self._stage_rank_numel.get(stage, 0)
+
+    @cached_property
+    def _stage_rank_numel(self) -> dict[int, int]:
+        return {s: sum(t.rank_numel * r.count for r in runs for t in r.templates)
+                for s, runs in self._stage_runs.items()}
 
     def unique_shard_numel_sum(self) -> int:
         """Sum over every model-parallel rank of the parameters it holds, counting each replicated
@@ -169,7 +246,11 @@ def build_inventory(
     model: ModelSpec, tp: int = 1, pp: int = 1, vpp: int = 1, ep: int = 1, etp: int = 1,
     split_qkv: bool = True, pipeline_split: str | StageSplit = "auto",
 ) -> Inventory:
-    """Every tensor of ``model`` under the given sizes (assumed valid; see Scenario.validate)."""
+    """Every tensor of ``model`` under the given sizes (assumed valid; see Scenario.validate).
+
+    The tensors of a layer kind (dense, MoE, MTP) are built once, for its first layer; the other
+    layers of the kind are runs of copies (:class:`TensorRun`).
+    """
     counts = virtual_stage_layer_counts(model.num_layers, pp, vpp, pipeline_split, model.mtp_layers)  # type: ignore[arg-type]
     where: list[tuple[int, int]] = []
     for v, n in enumerate(counts):
@@ -178,7 +259,9 @@ def build_inventory(
     last = (pp - 1, vpp - 1)
     h = model.hidden_size
     vpad = model.padded_vocab_size(tp)
-    out: list[TensorSpec] = []
+    out: list[TensorSpec] = []  # single tensors not yet in ``runs``
+    runs: list[list] = []  # [stage, chunk, kind, layers, prefixes, templates, suffixes]
+    kinds: dict[str, tuple[tuple[TensorSpec, ...], tuple[str, ...]]] = {}  # layer kind -> templates, suffixes
 
     def add(name: str, role: str, layer: int | None, loc: tuple[int, int], shape: tuple[int, ...],
             shard_dim: int | None, group: ShardGroup | None, optimizer: OptimizerOwner | None = None,
@@ -285,22 +368,52 @@ def build_inventory(
             add(f"{sh}.linear_fc2.weight", "shared_fc2", i, loc, (h, fs), 1, "tp")
             add_bias(f"{sh}.linear_fc2.weight", "shared_fc2_bias", i, loc, h, False)
 
+    def flush() -> None:
+        """Move the single tensors added so far into runs of their own."""
+        runs.extend([t.stage, t.chunk, t.role, [t.layer], [""], (t,), (t.name,)] for t in out)
+        out.clear()
+
+    def add_layer_of(kind: str, i: int, loc: tuple[int, int], prefix: str, build: Callable[[], None]) -> None:
+        """Layer ``i`` of ``kind`` (tensors from ``build``, called for the kind's first layer only)."""
+        flush()
+        hit = kinds.get(kind)
+        if hit is None:
+            build()
+            assert all(t.name.startswith(prefix) for t in out)
+            hit = kinds[kind] = (tuple(out), tuple(t.name[len(prefix):] for t in out))
+            out.clear()
+        prev = runs[-1] if runs else None
+        if prev is not None and prev[2] == kind and (prev[0], prev[1]) == loc:
+            prev[3].append(i)
+            prev[4].append(prefix)
+        else:
+            runs.append([loc[0], loc[1], kind, [i], [prefix], *hit])
+
     for i in range(model.num_layers):
-        add_layer(i, where[i], f"decoder.layers.{i}", model.is_moe_layer(i))
-    for j in range(model.mtp_layers):
+        moe = model.is_moe_layer(i)
+        prefix = f"decoder.layers.{i}"
+        add_layer_of("moe" if moe else "dense", i, where[i], prefix,
+                     partial(add_layer, i, where[i], prefix, moe))
+    mtp_moe = model.is_moe_layer(model.num_layers - 1)
+
+    def add_mtp(j: int) -> None:
         prefix = f"mtp.layers.{j}"
         layer = model.num_layers + j
         add_norm(f"{prefix}.enorm", layer, last, h)
         add_norm(f"{prefix}.hnorm", layer, last, h)
         add(f"{prefix}.eh_proj.weight", "mtp_proj", layer, last, (h, 2 * h), 0, "tp")
-        add_layer(layer, last, f"{prefix}.transformer_layer", model.is_moe_layer(model.num_layers - 1))
+        add_layer(layer, last, f"{prefix}.transformer_layer", mtp_moe)
         add_norm(f"{prefix}.final_layernorm", layer, last, h)
+
+    for j in range(model.mtp_layers):
+        add_layer_of("mtp", model.num_layers + j, last, f"mtp.layers.{j}", partial(add_mtp, j))
     add_norm("decoder.final_layernorm", None, last, h)
     if not model.tie_embeddings:
         add("output_layer.weight", "output", None, last, (vpad, h), 0, "tp", "adamw")
     elif tied_replica:  # the last stage's replica of the tied word embedding
         add("output_layer.weight", "output", None, last, (vpad, h), 0, "tp", "adamw")
         out[-1] = replace(out[-1], shared_embedding=True, duplicate_of=word)
+    flush()
     if copy_embedding:
         # The MTP layers' own word embedding on the last stage (GPTModel builds ``embedding`` where
         # mtp_process), defined first in its model chunk (so reduced last in backprop). Megatron-Core
@@ -310,17 +423,39 @@ def build_inventory(
         # embeddings it also serves as the output layer's weight.
         add(EMBEDDING_COPY, "embedding_copy", None, last, (vpad, h), 0, "tp")
         copy = replace(out.pop(), shared_embedding=True, duplicate_of=word)
-        out.insert(next(i for i, t in enumerate(out) if (t.stage, t.chunk) == last), copy)
-    return Inventory(model=model, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp, split_qkv=split_qkv, tensors=tuple(out))
+        at = next(k for k, r in enumerate(runs) if (r[0], r[1]) == last)
+        runs.insert(at, [copy.stage, copy.chunk, copy.role, [None], [""], (copy,), (copy.name,)])
+    return Inventory(model=model, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp, split_qkv=split_qkv,
+                     runs=tuple(TensorRun(st, ch, kind, tuple(layers), tuple(prefixes), templates, suffixes)
+                                for st, ch, kind, layers, prefixes, templates, suffixes in runs))
+
+
+_INVENTORIES: OrderedDict[tuple, Inventory] = OrderedDict()
+_INVENTORY_CACHE_SIZE = 64
 
 
 def inventory_for(scenario) -> Inventory:  # noqa: ANN001 - Scenario import would be circular
-    """The inventory of a resolved :class:`workloads.scenario.Scenario`."""
+    """The inventory of a resolved :class:`workloads.scenario.Scenario`, memoised on what it depends
+    on (model, tp, pp, vpp, ep, etp, QKV split, pipeline split): shared by every optimizer plan and
+    memory estimate of the same sizes (inventories are immutable)."""
     p = scenario.par
-    return build_inventory(
-        scenario.model, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep, etp=p.expert_tp,
-        split_qkv=scenario.optimizer.split_qkv, pipeline_split=p.stage_split,
-    )
+    key = (scenario.model, p.tp, p.pp, p.vpp, p.ep, p.expert_tp, scenario.optimizer.split_qkv, p.stage_split)
+    inv = _INVENTORIES.get(key)
+    if inv is None:
+        inv = _INVENTORIES[key] = build_inventory(
+            scenario.model, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep, etp=p.expert_tp,
+            split_qkv=scenario.optimizer.split_qkv, pipeline_split=p.stage_split,
+        )
+        if len(_INVENTORIES) > _INVENTORY_CACHE_SIZE:
+            _INVENTORIES.popitem(last=False)
+    else:
+        _INVENTORIES.move_to_end(key)
+    return inv
+
+
+def clear_inventory_cache() -> None:
+    """Forget the memoised inventories (cold timings)."""
+    _INVENTORIES.clear()
 
 
 def active_params(model: ModelSpec, include_embeddings: bool = True) -> int:

@@ -36,10 +36,10 @@ from workloads.activation_memory import stage_activation_bytes
 from workloads.inventory import Inventory, inventory_for
 from workloads.optimizer_memory import (
     adam_state_bytes_per_param,
+    counted_optimizer_bytes,
     distributed_optimizer_bytes_per_param,
     muon_state_bytes_per_param,
     newton_schulz_workspace_bytes,
-    optimizer_bytes,
     optimizer_workspace_bytes,
 )
 from workloads.weight_memory import stage_weights
@@ -98,17 +98,17 @@ class MemoryBreakdown:
 def stage_memory(scenario: Scenario, stage: int, inventory: Inventory | None = None) -> MemoryBreakdown:
     """Memory per GPU on pipeline stage ``stage``, by component, in bytes."""
     inv = inventory if inventory is not None else inventory_for(scenario)
-    tensors = inv.stage_tensors(stage)
+    runs = inv.stage_runs(stage)
     weights = stage_weights(scenario, inv, stage)
-    opt = optimizer_bytes(scenario, tensors)
+    opt = counted_optimizer_bytes(scenario, ((t, r.count) for r in runs for t in r.templates))
     return MemoryBreakdown(
         stage=stage,
-        params_per_gpu=sum(t.rank_numel for t in tensors),
+        params_per_gpu=inv.rank_numel(stage),
         weights_bytes=weights.params_bytes,
         weight_buffers_bytes=weights.buffers_bytes,
         gradients_bytes=weights.gradients_bytes,
         optimizer_state_bytes=opt.persistent,
-        optimizer_workspace_bytes=opt.transient + optimizer_workspace_bytes(scenario, tensors),
+        optimizer_workspace_bytes=opt.transient + optimizer_workspace_bytes(scenario, {id(t): t for r in runs for t in r.templates}.values()),
         activations_bytes=stage_activation_bytes(scenario, stage),
         capacity_bytes=scenario.system.gpu.hbm_bytes,
     )

@@ -43,6 +43,8 @@ from workloads.comm import DTYPE_BYTES
 from workloads.weight_memory import fsdp_group_size
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from workloads.inventory import TensorSpec
     from workloads.scenario import OptimizerSpec, Scenario
 
@@ -115,20 +117,25 @@ def state_shards(scenario: Scenario, dp_group: str) -> int:
     return max(1, d // opt.num_distributed_optimizer_instances)
 
 
-def optimizer_bytes(scenario: Scenario, tensors: list[TensorSpec]) -> StateBytes:
+def optimizer_bytes(scenario: Scenario, tensors: Iterable[TensorSpec]) -> StateBytes:
     """Persistent optimizer state and the step's transient copies per GPU for ``tensors`` (one stage),
     in bytes (average share)."""
+    return counted_optimizer_bytes(scenario, ((t, 1) for t in tensors))
+
+
+def counted_optimizer_bytes(scenario: Scenario, counted: Iterable[tuple[TensorSpec, int]]) -> StateBytes:
+    """:func:`optimizer_bytes` of distinct tensors, each standing for ``count`` tensors."""
     opt = scenario.optimizer
     if opt.optimizer_cpu_offload:
         return StateBytes(0.0, 0.0)
     adam, muon = adam_bytes(opt), muon_bytes(opt)
     shards = {g: state_shards(scenario, g) for g in ("dp", "expert_dp")}
     persistent = transient = 0.0
-    for t in tensors:
+    for t, count in counted:
         if t.optimizer == "none":
             continue
         per = muon if opt.kind == "muon" and t.optimizer == "muon" else adam
-        share = t.rank_numel / shards[t.dp_group]
+        share = t.rank_numel / shards[t.dp_group] * count
         persistent += per.persistent * share
         transient += per.transient * share
     return StateBytes(persistent, transient)
@@ -158,7 +165,7 @@ def newton_schulz_workspace_bytes(tensor: TensorSpec, tp_mode: str, matmul_bytes
     return best
 
 
-def optimizer_workspace_bytes(scenario: Scenario, tensors: list[TensorSpec]) -> float:
+def optimizer_workspace_bytes(scenario: Scenario, tensors: Iterable[TensorSpec]) -> float:
     """Newton–Schulz workspace of the largest Muon matrix among ``tensors``, in bytes (0 for AdamW)."""
     opt = scenario.optimizer
     if opt.kind != "muon":

@@ -57,7 +57,7 @@ from workloads.fp8_params import (
 )
 
 if TYPE_CHECKING:
-    from workloads.inventory import Inventory, TensorSpec
+    from workloads.inventory import Inventory, TensorRun, TensorSpec
     from workloads.scenario import Scenario
 
 __all__ = ["TE_GEMM_ROLES", "StageWeights", "WeightStorage", "fp8_primary_weights", "fsdp_shards", "is_te_gemm_weight",
@@ -94,10 +94,11 @@ def layer_in_bf16(scenario: Scenario, layer: int | None) -> bool:
     return layer_kept_bf16(layer, scenario.model.num_layers, scenario.runtime.bf16_layers)
 
 
-def low_precision_gemm(scenario: Scenario, t: TensorSpec) -> bool:
-    """Whether ``t`` is a GEMM weight that runs in the scenario's FP8/FP4 precision."""
+def low_precision_gemm(scenario: Scenario, t: TensorSpec, layer: int | None = -1) -> bool:
+    """Whether ``t`` is a GEMM weight that runs in the scenario's FP8/FP4 precision (``layer``: the
+    layer the tensor sits in when ``t`` is a template standing for it, default ``t.layer``)."""
     return (scenario.precision.tensor_core_class != "bf16" and is_te_gemm_weight(t)
-            and not layer_in_bf16(scenario, t.layer))
+            and not layer_in_bf16(scenario, t.layer if layer == -1 else layer))
 
 
 @dataclass(frozen=True)
@@ -128,9 +129,10 @@ def fp8_primary_weights(scenario: Scenario) -> bool:
 BF16_STORAGE = WeightStorage(float(BF16_BYTES))
 
 
-def weight_storage(scenario: Scenario, t: TensorSpec) -> WeightStorage:
-    """How one element of ``t`` is stored on a GPU (see the module docstring)."""
-    return low_precision_storage(scenario) if low_precision_gemm(scenario, t) else BF16_STORAGE
+def weight_storage(scenario: Scenario, t: TensorSpec, layer: int | None = -1) -> WeightStorage:
+    """How one element of ``t`` is stored on a GPU (see the module docstring; ``layer`` as for
+    :func:`low_precision_gemm`)."""
+    return low_precision_storage(scenario) if low_precision_gemm(scenario, t, layer) else BF16_STORAGE
 
 
 def low_precision_storage(scenario: Scenario) -> WeightStorage:
@@ -198,36 +200,67 @@ def _unit_layers(scenario: Scenario, layer_numel: int) -> int:
     return max(1, math.ceil(size / layer_numel))
 
 
+def _layer_classes(scenario: Scenario, run: TensorRun) -> list[tuple[int | None, int]]:
+    """The run's layers split by whether they are kept in BF16: (a representative layer, how many)."""
+    if run.count == 1 or scenario.runtime.bf16_layers == (0, 0) or scenario.precision.tensor_core_class == "bf16":
+        return [(run.layers[0], run.count)]
+    classes: dict[bool, list[int | None]] = {}
+    for layer in run.layers:
+        classes.setdefault(layer_in_bf16(scenario, layer), []).append(layer)
+    return [(layers[0], len(layers)) for layers in classes.values()]
+
+
 def stage_weights(scenario: Scenario, inventory: Inventory, stage: int) -> StageWeights:
-    """Weights, weight buffers and gradients per GPU on ``stage`` (bytes; see the module docstring)."""
+    """Weights, weight buffers and gradients per GPU on ``stage`` (bytes; see the module docstring).
+
+    Works per distinct tensor: the layers of a run (:class:`workloads.inventory.TensorRun`) hold the
+    same tensors, split only by whether a layer is kept in BF16.
+    """
     g = scenario.optimizer.grad_bytes
     keep_transposes = scenario.optimizer.keep_fp8_transpose_cache and not scenario.system.gpu.fp8_gemm_any_layout
     params = buffers = grads = 0.0
-    unit_gather: dict[int | str, float] = {}  # per unit: unsharded bytes of its sharded parameters
+    # per FSDP unit (a layer, or the embedding / output layer by role): unsharded bytes of its sharded
+    # parameters and gradients, and its parameter elements; every layer of a run class is alike
+    unit_gather: dict[int | str, float] = {}
     unit_grads: dict[int | str, float] = {}
     unit_numel: dict[int | str, int] = {}
     lowp = low_precision_storage(scenario) if scenario.precision.tensor_core_class != "bf16" else BF16_STORAGE
     shards = {g: fsdp_shards(scenario, g) for g in ("dp", "expert_dp")}
-    for t in inventory.stage_tensors(stage):
-        n = float(t.rank_numel)
-        unit = t.layer if t.layer is not None else t.role  # a layer, or the embedding / output layer
-        w = lowp if lowp is not BF16_STORAGE and low_precision_gemm(scenario, t) else BF16_STORAGE
-        sh = shards[t.dp_group]
-        params += w.param_bytes * n / sh.params
-        buffers += (w.cache_bytes if sh.params == 1 else 0.0) * n + w.gather_buffer_bytes * n / sh.params
-        if sh.params > 1 and keep_transposes and w is not BF16_STORAGE:
-            buffers += n  # Megatron-FSDP keep_fp8_transpose_cache: every gathered FP8 weight's transpose stays
-        if sh.params > 1:
-            unit_gather[unit] = unit_gather.get(unit, 0.0) + w.gathered_bytes * n
-            unit_numel[unit] = unit_numel.get(unit, 0) + t.rank_numel
-        if t.optimizer == "none":
-            continue
-        grads += g * n / sh.grads
-        if sh.grads > 1:
-            unit_grads[unit] = unit_grads.get(unit, 0.0) + g * n
-            unit_numel.setdefault(unit, 0)
-            if sh.params == 1:
-                unit_numel[unit] += t.rank_numel
+    fsdp = any(sh.params > 1 or sh.grads > 1 for sh in shards.values())
+    for run in inventory.stage_runs(stage):
+        for layer, count in _layer_classes(scenario, run):
+            gather = grad_units = 0.0
+            numel_units = 0
+            # low_precision_gemm per template: the precision and the layer's BF16 status, decided once per class
+            low_layer = lowp is not BF16_STORAGE and not layer_in_bf16(scenario, layer)
+            for t in run.templates:
+                n = float(t.rank_numel)
+                w = lowp if low_layer and is_te_gemm_weight(t) else BF16_STORAGE
+                sh = shards[t.dp_group]
+                params += w.param_bytes * n / sh.params * count
+                buffers += ((w.cache_bytes if sh.params == 1 else 0.0) * n + w.gather_buffer_bytes * n / sh.params) * count
+                if sh.params > 1 and keep_transposes and w is not BF16_STORAGE:
+                    buffers += n * count  # Megatron-FSDP keep_fp8_transpose_cache: every gathered FP8 weight's transpose stays
+                if sh.params > 1:
+                    gather += w.gathered_bytes * n
+                    numel_units += t.rank_numel
+                if t.optimizer == "none":
+                    continue
+                grads += g * n / sh.grads * count
+                if sh.grads > 1:
+                    grad_units += g * n
+                    if sh.params == 1:
+                        numel_units += t.rank_numel
+            if not fsdp:
+                continue
+            unit: int | str = layer if layer is not None else run.templates[0].role
+            if any(shards[t.dp_group].params > 1 for t in run.templates):
+                unit_gather[unit] = unit_gather.get(unit, 0.0) + gather
+            if any(shards[t.dp_group].params > 1 or (t.optimizer != "none" and shards[t.dp_group].grads > 1)
+                   for t in run.templates):
+                unit_numel[unit] = unit_numel.get(unit, 0) + numel_units
+            if any(t.optimizer != "none" and shards[t.dp_group].grads > 1 for t in run.templates):
+                unit_grads[unit] = unit_grads.get(unit, 0.0) + grad_units
     if unit_gather or unit_grads:
         layer_numel = max((v for k, v in unit_numel.items() if isinstance(k, int)), default=0)
         layers = _unit_layers(scenario, layer_numel)

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PARAM_ALIGN = 64  # elements: parameter starts in distributed-optimizer buffers
+from costmodel.optimizer.lpt import PARAM_ALIGN, lpt_place
+
 LPT_CAP = 1.3  # a shard stops being an LPT candidate beyond 1.3 × the chunk's mean shard size
 STRATEGIES = ("none", "ping_pong", "lpt")
 
@@ -68,28 +69,32 @@ def ddp_buckets(numel: np.ndarray, dp: int, bucket_size: int | None, distributed
     """
     align = PARAM_ALIGN if distributed_optimizer else 1
     end_pad = math.lcm(dp, 128) if distributed_optimizer else 1
-    limit = bucket_size if bucket_size is not None else math.inf
-    alone = isolate.tolist() if isolate is not None and distributed_optimizer else [False] * len(numel)
+    sizes = np.asarray(numel, dtype=np.int64)
+    n = len(sizes)
+    alone = (np.asarray(isolate, dtype=bool) if isolate is not None and distributed_optimizer
+             else np.zeros(n, dtype=bool))
+    lone = np.flatnonzero(alone).tolist()
     out: list[BucketSpan] = []
-    first, cursor = 0, 0
-    starts: list[int] = []
-    sizes = numel.tolist()
-
-    def close(stop: int) -> None:
-        nonlocal first, cursor, starts
-        out.append(BucketSpan(first, stop, round_up(cursor, end_pad), sum(sizes[first:stop]), np.array(starts)))
-        first, cursor, starts = stop, 0, []
-
-    for i, n in enumerate(sizes):
-        if alone[i] and starts:
-            close(i)
-        start = round_up(cursor, align)
-        starts.append(start)
-        cursor = start + n
-        if cursor >= limit or alone[i]:
-            close(i + 1)
-    if starts:
-        close(len(sizes))
+    first = 0
+    while first < n:
+        if alone[first]:  # a shared embedding: a bucket of its own
+            stop = first + 1
+        else:  # up to the next shared embedding, closed once the cursor reaches the bucket size
+            end = next((i for i in lone if i > first), n)
+            step = -(-sizes[first:end] // align) * align
+            starts = np.cumsum(step) - step
+            cursor = starts + sizes[first:end]
+            full = (np.flatnonzero(cursor >= bucket_size) if bucket_size is not None
+                    else np.zeros(0, dtype=np.int64))
+            stop = first + int(full[0]) + 1 if len(full) else end
+        if stop == first + 1 and alone[first]:
+            starts = np.zeros(1, dtype=np.int64)
+            last = int(sizes[first])
+        else:
+            starts = starts[:stop - first]
+            last = int(starts[-1] + sizes[stop - 1])
+        out.append(BucketSpan(first, stop, round_up(last, end_pad), int(sizes[first:stop].sum()), starts))
+        first = stop
     return out
 
 
@@ -123,11 +128,7 @@ def round_robin_owner(count: int, d: int) -> np.ndarray:
 def lpt_owner(cost: np.ndarray, d: int, loads: np.ndarray | None = None) -> np.ndarray:
     """Greedy LPT: items by descending cost onto the least-loaded rank (ties: lowest rank)."""
     loads = np.zeros(d) if loads is None else loads
-    owner = np.empty(len(cost), dtype=np.int64)
-    for i in np.argsort(-cost, kind="stable"):
-        r = int(np.argmin(loads))
-        owner[i] = r
-        loads[r] += cost[i]
+    owner, _, _ = lpt_place(np.zeros(len(cost), dtype=np.int64), np.asarray(cost, dtype=np.float64), loads, None)
     return owner
 
 
@@ -149,63 +150,72 @@ def shard_pad_multiple(d: int) -> int:
     return math.lcm(PARAM_ALIGN, math.lcm(d, 128) // d)
 
 
+def _dealt_starts(numel: np.ndarray, owner: np.ndarray, order: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start within its shard, shard cursors) of items dealt to ``owner`` and placed in ``order``:
+    each shard stacks its items 64-aligned in that order."""
+    n = len(numel)
+    start = np.zeros(n, dtype=np.int64)
+    cursors = np.zeros(d, dtype=np.int64)
+    if n == 0:
+        return start, cursors
+    sizes = numel.astype(np.int64)
+    seq = order[np.argsort(owner[order], kind="stable")]  # by shard, in placement order within a shard
+    step = -(-sizes[seq] // PARAM_ALIGN) * PARAM_ALIGN
+    shard = owner[seq]
+    first = np.r_[True, shard[1:] != shard[:-1]]
+    total = np.cumsum(step)
+    base = np.maximum.accumulate(np.where(first, total - step, 0))
+    start[seq] = total - step - base
+    last = np.r_[first[1:], True]
+    cursors[shard[last]] = start[seq[last]] + sizes[seq[last]]
+    return start, cursors
+
+
 def _assign_chunk(numel: np.ndarray, cost: np.ndarray, d: int, loads: np.ndarray,
                   strategy: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Place one chunk on d shards; returns (owner, start within shard, shard cursors); ``loads`` updated.
 
-    Scalar walk over Python numbers (the same IEEE additions in the same order as an array walk:
-    loads are accumulated item by item, ties go to the lowest rank).
+    LPT (:func:`costmodel.optimizer.lpt.lpt_place`: least-loaded shard under the 1.3x cap, ties to
+    the lowest shard, identical items in batches), ping-pong by numel or round-robin; every shard
+    stacks its items 64-aligned in placement order. Loads are accumulated in placement order.
     """
     n = len(numel)
-    sizes: list[int] = numel.tolist()
-    costs: list[float] = cost.astype(np.float64).tolist()
-    load: list[float] = loads.astype(np.float64).tolist()
-    owner = [0] * n
-    start = [0] * n
-    cursors = [0] * d
+    costs = cost.astype(np.float64)
     if strategy == "lpt":
-        order: list[int] = np.argsort(-cost, kind="stable").tolist()
-        cap = LPT_CAP * float(numel.sum()) / d
         if d == 1:
-            for i in order:
-                at = -(-cursors[0] // PARAM_ALIGN) * PARAM_ALIGN
-                start[i] = at
-                cursors[0] = at + sizes[i]
-                load[0] += costs[i]
-        else:
-            padded = [0] * d
-            ranks = range(d)
-            for i in order:
-                size = sizes[i]
-                r, best = -1, math.inf
-                for k in ranks:
-                    if padded[k] + size <= cap and load[k] < best:
-                        r, best = k, load[k]
-                if r < 0:  # nothing fits under the cap: the shortest shard
-                    r = min(ranks, key=cursors.__getitem__)
-                at = padded[r]
-                owner[i], start[i] = r, at
-                cursors[r] = at + size
-                padded[r] = -(-cursors[r] // PARAM_ALIGN) * PARAM_ALIGN
-                load[r] += costs[i]
+            order = np.argsort(-costs, kind="stable")
+            owner = np.zeros(n, dtype=np.int64)
+            _add_loads(loads, owner, order, costs)
+            start, cursors = _dealt_starts(numel, owner, order, 1)
+            return owner, start, cursors
+        return lpt_place(numel, costs, loads, LPT_CAP * float(numel.sum()) / d)
+    if strategy == "ping_pong":
+        order = np.argsort(numel, kind="stable")
+        owner = np.empty(n, dtype=np.int64)
+        owner[order] = ping_pong_owner(n, d)
+    elif strategy == "none":
+        order = np.arange(n)
+        owner = round_robin_owner(n, d)
     else:
-        if strategy == "ping_pong":
-            order = np.argsort(numel, kind="stable").tolist()
-            for i, r in zip(order, ping_pong_owner(n, d).tolist(), strict=True):
-                owner[i] = r
-        elif strategy == "none":
-            order = list(range(n))
-            owner = round_robin_owner(n, d).tolist()
-        else:
-            raise ValueError(f"unknown load balance {strategy!r}; valid: {', '.join(STRATEGIES)}")
-        for i in order:
-            r = owner[i]
-            at = -(-cursors[r] // PARAM_ALIGN) * PARAM_ALIGN
-            start[i] = at
-            cursors[r] = at + sizes[i]
-            load[r] += costs[i]
+        raise ValueError(f"unknown load balance {strategy!r}; valid: {', '.join(STRATEGIES)}")
+    _add_loads(loads, owner, order, costs)
+    start, cursors = _dealt_starts(numel, owner, order, d)
+    return owner, start, cursors
+
+
+def _add_loads(loads: np.ndarray, owner: np.ndarray, order: np.ndarray, costs: np.ndarray) -> None:
+    """Add each item's cost to its shard's load, item by item in ``order`` (one sum per shard when
+    every value is an integer below 2⁵³: the float additions are then exact in any order)."""
+    if len(costs) == 0:
+        return
+    if float(loads.max()) + float(costs.sum()) < 2 ** 53 and bool(np.all(costs == np.floor(costs))) \
+            and bool(np.all(loads == np.floor(loads))):
+        loads += np.bincount(owner, weights=costs, minlength=len(loads))
+        return
+    load = loads.tolist()
+    for i in order.tolist():
+        load[owner[i]] += costs[i]
     loads[:] = load
-    return np.array(owner, dtype=np.int64), np.array(start, dtype=np.int64), np.array(cursors, dtype=np.int64)
 
 
 def _padded_shard(cursors: np.ndarray, d: int) -> int:

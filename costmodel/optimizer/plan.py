@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
 from costmodel.optimizer import layouts as lay
+from costmodel.optimizer.buffers import _Buffer, chunk_buffers
 from costmodel.optimizer.newton_schulz import NsSettings
 from costmodel.optimizer.plan_types import OptimizerPlan, StageOptimizerPlan
-from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer, chunk_buffers, rank_work
+from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer, rank_work
 from costmodel.optimizer.summary import optimizer_report
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
@@ -30,43 +32,29 @@ from workloads.fp8_params import (
     param_gather_bytes_per_element,
     param_gathers_per_sync,
 )
-from workloads.inventory import Inventory
+from workloads.inventory import Inventory, TensorSpec
 
 __all__ = ["Grid", "build_optimizer_plan", "cached_inventory", "clear_caches", "expected_rank_collectives",
            "optimizer_report", "plan_from_inventory", "plan_key"]
 
 _CACHE: OrderedDict[tuple, OptimizerPlan] = OrderedDict()
 _CACHE_SIZE = 256
-_INVENTORIES: OrderedDict[tuple, Inventory] = OrderedDict()
-_INVENTORY_CACHE_SIZE = 64
-
-
 def cached_inventory(scenario) -> Inventory:  # noqa: ANN001 - workloads.scenario.Scenario
-    """``workloads.inventory.inventory_for(scenario)``, memoised on what the inventory depends on
-    (model, tp, pp, vpp, ep, etp, QKV split, pipeline split): shared by every plan and memory
-    estimate of the same sizes."""
+    """``workloads.inventory.inventory_for(scenario)`` (memoised there on what the inventory depends
+    on: shared by every plan and memory estimate of the same sizes)."""
     from workloads.inventory import inventory_for
 
-    p = scenario.par
-    key = (scenario.model, p.tp, p.pp, p.vpp, p.ep, p.expert_tp, scenario.optimizer.split_qkv, p.stage_split)
-    inv = _INVENTORIES.get(key)
-    if inv is None:
-        inv = inventory_for(scenario)
-        _INVENTORIES[key] = inv
-        if len(_INVENTORIES) > _INVENTORY_CACHE_SIZE:
-            _INVENTORIES.popitem(last=False)
-    else:
-        _INVENTORIES.move_to_end(key)
-    return inv
+    return inventory_for(scenario)
 
 
 def clear_caches() -> None:
     """Forget every memoised plan, inventory, layer-wise layout and Newton–Schulz work (cold timings)."""
     from costmodel.optimizer import newton_schulz, stage_builder
+    from workloads.inventory import clear_inventory_cache
 
     _CACHE.clear()
     stage_builder._MUON_KERNELS.clear()
-    _INVENTORIES.clear()
+    clear_inventory_cache()
     lay.clear_memo()
     newton_schulz._tensor_work.cache_clear()
 
@@ -126,7 +114,8 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
     st = NsSettings.from_spec(spec)
     timer = Timer(system, spec.matmul_precision, shape_of)
     fp8 = fp8_gather_active(kind, dist, precision, spec.fp8_param_gather, fsdp)
-    stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp, fp8, precision, bf16_layers)
+    seen: dict[tuple, tuple[StageOptimizerPlan, list[_Buffer]]] = {}
+    stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp, fp8, precision, bf16_layers, seen)
                    for s in range(inventory.pp))
     layer_wise = dist == "layer_wise"
     gathers = any(b.gather_op for s in stages for b in s.buckets)
@@ -184,13 +173,17 @@ def _fsdp_stage(b: StageBuilder, buffers: list, strategy: str) -> None:
 
 def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings,  # noqa: ANN001
            fsdp: bool = False, fp8: bool = False, precision: str = "bf16",
-           bf16_layers: tuple[int, int] = (0, 0)) -> StageOptimizerPlan:
-    tensors = inv.stage_tensors(s)
+           bf16_layers: tuple[int, int] = (0, 0),
+           seen: dict[tuple, tuple[StageOptimizerPlan, list[_Buffer]]] | None = None) -> StageOptimizerPlan:
+    """The optimizer plan of stage ``s``; ``seen``: the stages of this plan built so far, by
+    :func:`_stage_signature` (a stage holding the same tensors as one of them reuses its plan)."""
+    fp8_of = (lambda t, layer: is_fp8_param(t, inv.model.num_layers, bf16_layers, layer)) if fp8 else None
+    buffers = [buf for c in range(inv.vpp) for buf in chunk_buffers(inv.chunk_runs(s, c), c, spec.kind, fp8_of)]
+    key = _stage_signature(inv, s, fp8_of)
+    if seen is not None and key in seen:
+        return _restaged(*seen[key], s, buffers)
     b = StageBuilder(s, grid, spec, timer, st, param_gather_bytes_per_element(precision, True, fsdp),
                      param_gathers_per_sync(precision, True, fsdp))
-    fp8_of = (lambda t: is_fp8_param(t, inv.model.num_layers, bf16_layers)) if fp8 else None
-    buffers = [buf for c in range(inv.vpp)
-               for buf in chunk_buffers([t for t in tensors if t.chunk == c], c, spec.kind, fp8_of)]
     dist = spec.resolved_distribution
     if fsdp:
         _fsdp_stage(b, buffers, spec.data_parallel_sharding_strategy)
@@ -228,10 +221,33 @@ def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSetting
                 b.step_whole(buf, np.arange(n), owner[at:at + n], gathered_by_copies=True)
                 at += n
     if inv.pp > 1:
-        for t in tensors:
-            if t.shared_embedding:
-                b.embedding_grad(t, grid.dp if fsdp else 0)
-    return b.finish(rank_work)
+        for run in inv.stage_runs(s):
+            for t in run.templates:
+                if t.shared_embedding:
+                    for _ in range(run.count):
+                        b.embedding_grad(t, grid.dp if fsdp else 0)
+    plan = b.finish(rank_work)
+    if seen is not None:
+        seen[key] = (plan, buffers)
+    return plan
+
+
+def _stage_signature(inv: Inventory, s: int, fp8_of: Callable[[TensorSpec, int | None], bool] | None) -> tuple:
+    """What a stage's optimizer plan depends on: per run of the stage (chunk, kind, layers, the
+    distinct tensors, with FP8 parameters which of them are per layer). Layer numbers only name the
+    parameters; runs of a kind share their template tensors, so equal signatures mean equal work."""
+    return tuple((r.chunk, r.kind, r.count, tuple(id(t) for t in r.templates),
+                  None if fp8_of is None else tuple(fp8_of(t, layer) for layer in r.layers for t in r.templates))
+                 for r in inv.stage_runs(s))
+
+
+def _restaged(plan: StageOptimizerPlan, twin: list[_Buffer], s: int, buffers: list[_Buffer]) -> StageOptimizerPlan:
+    """``plan`` (built for a stage with the same signature, whose buffers were ``twin``) for stage
+    ``s`` with buffers ``buffers``: the same buckets, ranks and collectives, this stage's names."""
+    index = {id(buf): i for i, buf in enumerate(twin)}
+    roles = tuple(replace(r, name_parts=tuple((buffers[index[id(buf)]], idx) for buf, idx in r.name_parts))
+                  for r in plan.roles)
+    return replace(plan, stage=s, buckets=tuple(replace(bk, stage=s) for bk in plan.buckets), roles=roles)
 
 
 def _sub_optimizer_order(bufs: list) -> np.ndarray:
@@ -280,7 +296,7 @@ def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings, precisio
                          f"by one rank ({spec.resolved_load_balance}), updated parameters gathered with a "
                          "variable-size all_gather_v per bucket")
         if dist == "layer_wise" and spec.layer_wise_layout == "current" and any(
-                t.dp_group == "expert_dp" and t.optimizer == "adamw" for t in inv.tensors):
+                t.dp_group == "expert_dp" and t.optimizer == "adamw" for t in inv.distinct_tensors):
             notes.append("expert-parallel non-Muon parameters modelled on element-wise buckets over expert_dp "
                          "(Megatron asserts on them in the current layout; use the legacy layout)")
     if dist == "replicated":

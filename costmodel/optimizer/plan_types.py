@@ -16,8 +16,9 @@ work, so ``ranks`` holds one :class:`RankWork` per distinct pair (``multiplicity
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any, Literal
 
 import numpy as np
 
@@ -132,14 +133,42 @@ class RoleOwnership:
     """Which Muon items one dp role (dense or expert) of a stage owns, and the TP calls each makes.
 
     ``owner[i]`` is the dp index stepping item ``i`` (-1 = every rank, replicated optimizer);
-    ``item_calls[i]`` are the Newton-Schulz TP collectives of one call on item ``i``.
+    ``names[i]`` its parameter name and ``item_calls[i]`` the Newton-Schulz TP collectives of one
+    call on it. Both are listed on first use from their parts: ``name_parts`` (a buffer and the
+    positions of the items in it; the buffer lists its names) and ``call_parts`` (the calls of each
+    distinct tensor of a buffer, and the items' distinct-tensor ids), so that a stage of thousands of
+    identical expert matrices is built and queried per distinct tensor (:meth:`counted_calls_of`).
     """
 
     group: Literal["dp", "expert_dp"]
     size: int
-    names: tuple[str, ...]
     owner: np.ndarray
-    item_calls: tuple[tuple[CollectiveCall, ...], ...]
+    name_parts: tuple[tuple[Any, np.ndarray], ...] = ()
+    call_parts: tuple[tuple[list[tuple[CollectiveCall, ...]], np.ndarray], ...] = ()
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        """Parameter name of every item."""
+        out: list[str] = []
+        for buf, idx in self.name_parts:
+            names = buf.names
+            out += [names[i] for i in idx.tolist()]
+        return tuple(out)
+
+    @cached_property
+    def item_calls(self) -> tuple[tuple[CollectiveCall, ...], ...]:
+        """Newton-Schulz TP collectives of one call on every item."""
+        return tuple(calls[j] for calls, ids in self.call_parts for j in ids.tolist())
+
+    @cached_property
+    def _distinct(self) -> tuple[tuple[tuple[CollectiveCall, ...], ...], np.ndarray]:
+        """(calls of every distinct (buffer, tensor) pair, each item's index there)."""
+        calls: list[tuple[CollectiveCall, ...]] = []
+        ids = []
+        for part_calls, tids in self.call_parts:
+            ids.append(tids + len(calls))
+            calls += part_calls
+        return tuple(calls), (np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64))
 
     def owned_items(self, index: int) -> list[int]:
         """Item positions stepped by dp index ``index``."""
@@ -148,6 +177,16 @@ class RoleOwnership:
     def calls_of(self, index: int) -> list[CollectiveCall]:
         """TP collectives issued by dp index ``index`` (unmerged)."""
         return [c for i in self.owned_items(index) for c in self.item_calls[i]]
+
+    def counted_calls_of(self, index: int) -> list[CollectiveCall]:
+        """:meth:`calls_of` with the calls of identical items as one call of summed count (what
+        :func:`workloads.comm.merge_calls` makes of either)."""
+        calls, ids = self._distinct
+        if not any(calls):
+            return []
+        mine = np.bincount(ids[(self.owner == index) | (self.owner < 0)], minlength=len(calls))
+        return [replace(c, count=c.count * int(k)) for k, cs in zip(mine.tolist(), calls, strict=True) if k
+                for c in cs]
 
 
 @dataclass(frozen=True)
@@ -192,9 +231,9 @@ class StageOptimizerPlan:
         calls = list(self.bucket_calls)
         dense, expert = self._role("dp"), self._role("expert_dp")
         if dense is not None:
-            calls += dense.calls_of(gpu // self.tp)
+            calls += dense.counted_calls_of(gpu // self.tp)
         if expert is not None:
-            calls += expert.calls_of(gpu // (self.etp * self.ep))
+            calls += expert.counted_calls_of(gpu // (self.etp * self.ep))
         return merge_calls(calls)
 
     def collectives_by_rank(self) -> dict[int, list[CollectiveCall]]:

@@ -29,6 +29,7 @@ import numpy as np
 from costmodel.kernels import KernelSpec
 from costmodel.optimizer import kernel_sequence as ks
 from costmodel.optimizer import layouts as lay
+from costmodel.optimizer.buffers import GROUPS, _Buffer
 from costmodel.optimizer.elementwise import PARAM_BYTES
 from costmodel.optimizer.newton_schulz import (
     NsSettings,
@@ -47,10 +48,7 @@ from costmodel.optimizer.plan_types import (
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from workloads.comm import CollectiveCall, merge_calls
-from workloads.flops import newton_schulz_cost_proxy
 from workloads.inventory import TensorSpec
-
-GROUPS = ("dp", "expert_dp")
 
 
 @dataclass(frozen=True)
@@ -162,9 +160,9 @@ class _Role:
     group: str
     size: int
     acc: np.ndarray = field(init=False)
-    names: list[str] = field(default_factory=list)
+    name_parts: list[tuple[_Buffer, np.ndarray]] = field(default_factory=list)  # (buffer, its Muon items stepped)
+    call_parts: list[tuple[list[tuple[CollectiveCall, ...]], np.ndarray]] = field(default_factory=list)
     owners: list[np.ndarray] = field(default_factory=list)
-    calls: list[tuple[CollectiveCall, ...]] = field(default_factory=list)
     gather_items: int = 0  # legacy layout: whole items gathered into the model by copies
     gather_numel: int = 0
 
@@ -186,73 +184,6 @@ class _Role:
             self.acc += sums.reshape(self.size, ncol).T
         if everyone.any():
             self.acc += values[everyone].sum(axis=0)[:, None]
-
-
-@dataclass(frozen=True, eq=False)
-class _Buffer:
-    """Parameters of one buffer (stage, chunk, dp group) in backprop order.
-
-    Expert copies of one tensor share its :class:`TensorSpec`: ``unique`` lists the distinct
-    tensors and ``tid`` maps every item to its entry there.
-    """
-
-    chunk: int
-    group: str
-    tensors: list[TensorSpec]
-    names: list[str]
-    numel: np.ndarray
-    cost: np.ndarray
-    muon: np.ndarray
-    position: np.ndarray  # index in the chunk's backprop order (bucket readiness)
-    unique: tuple[TensorSpec, ...] = ()
-    tid: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    shared: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # Megatron shared_embedding
-    fp8: bool = False  # FP8 parameters (fp8_param_gather): their own buffer, param dtype uint8
-
-
-def _cost(t: TensorSpec) -> int:
-    shape = t.local_shape
-    return newton_schulz_cost_proxy(*shape) if len(shape) == 2 else t.local_numel
-
-
-def chunk_buffers(tensors: list[TensorSpec], chunk: int, kind: str,
-                  fp8_params: Callable[[TensorSpec], bool] | None = None) -> list[_Buffer]:
-    """Split one chunk's tensors (definition order) into dense and expert buffers, backprop order.
-
-    ``fp8_params`` (fp8_param_gather active): which tensors are FP8 parameters
-    (:func:`workloads.fp8_params.is_fp8_param`); they get buffers of their own, as Megatron keys its
-    buffers by (param dtype, grad dtype).
-    """
-    keys = [(g, f) for g in GROUPS for f in ((True, False) if fp8_params else (False,))]
-    runs: dict[tuple[str, bool], list[tuple[TensorSpec, int, int]]] = {k: [] for k in keys}  # (tensor, copies, first position)
-    pos = 0
-    for t in reversed(tensors):
-        if t.optimizer == "none":
-            continue
-        copies = t.experts_per_rank
-        runs[(t.dp_group, fp8_params is not None and fp8_params(t))].append((t, copies, pos))
-        pos += copies
-    out = []
-    for g, f in keys:
-        items = runs[(g, f)]
-        if not items:
-            continue
-        uniq = tuple(t for t, _, _ in items)
-        counts = np.array([c for _, c, _ in items], dtype=np.int64)
-        firsts = np.array([p for _, _, p in items], dtype=np.int64)
-        tid = np.repeat(np.arange(len(items), dtype=np.int64), counts)
-        offset = np.arange(len(tid), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-        names = [n for t, c, _ in items
-                 for n in ([f"{t.name}{k}" for k in reversed(range(c))] if t.num_experts > 1 else [t.name] * c)]
-        out.append(_Buffer(
-            chunk=chunk, group=g, tensors=[uniq[i] for i in tid.tolist()], names=names,
-            numel=np.array([t.local_numel for t in uniq], dtype=np.int64)[tid],
-            cost=np.array([_cost(t) for t in uniq], dtype=np.float64)[tid],
-            muon=np.array([kind == "muon" and t.optimizer == "muon" for t in uniq], dtype=bool)[tid],
-            position=firsts[tid] + offset, unique=uniq, tid=tid,
-            shared=np.array([t.shared_embedding for t in uniq], dtype=bool)[tid], fp8=f,
-        ))
-    return out
 
 
 class StageBuilder:
@@ -360,8 +291,8 @@ class StageBuilder:
         is_muon = buf.muon[sel]
         if is_muon.any():
             picked = sel[is_muon]
-            role.names.extend([buf.names[i] for i in picked.tolist()])
-            role.calls.extend([calls[j] for j in buf.tid[picked].tolist()])
+            role.name_parts.append((buf, picked))
+            role.call_parts.append((calls, buf.tid[picked]))
         role.owners.append(owner[is_muon])
 
     def adam_shards(self, group: str, span: lay.BucketSpan, numel: np.ndarray) -> None:
@@ -435,9 +366,9 @@ class StageBuilder:
         used = sum(b.used_numel for b in buckets)
         padding = sum(b.numel for b in buckets) / used - 1 if used else 0.0
         roles = tuple(
-            RoleOwnership(group=r.group, size=r.size, names=tuple(r.names),  # type: ignore[arg-type]
+            RoleOwnership(group=r.group, size=r.size,  # type: ignore[arg-type]
                           owner=np.concatenate(r.owners) if r.owners else np.zeros(0, dtype=np.int64),
-                          item_calls=tuple(r.calls))
+                          name_parts=tuple(r.name_parts), call_parts=tuple(r.call_parts))
             for r in self.roles.values())
         ranks = rank_work(self)
         g = self.grid

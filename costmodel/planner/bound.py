@@ -22,27 +22,29 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from workloads.scenario import Scenario
 
-_KIND_COSTS: dict[tuple[Any, ...], tuple[Any, Any, float, float]] = {}
+_KIND_COSTS: dict[tuple[Any, ...], tuple[Any, Any, dict[str, tuple[float, float]]]] = {}
 _ITEMS: dict[tuple[Any, ...], tuple[Any, tuple[tuple[tuple[str, int], ...], ...]]] = {}
 _CACHE_LIMIT = 50_000
 
 
-def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kind: str) -> tuple[float, float]:
-    """(forward, backward) compute-stream seconds of one layer of ``kind`` for one micro-batch."""
+def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kinds: set[str]) -> dict[str, tuple[float, float]]:
+    """Per layer kind of ``kinds``: (forward, backward) compute-stream seconds of one layer for one
+    micro-batch. Memoised on the engine's layer cache key (hashed once for all the kinds)."""
     from costmodel import layer_costs as lc
     from costmodel.layer_comm import layer_kind_costs
 
     model, system = scenario.model, scenario.system
-    key = lc.layer_cache_key(scenario, shape, kind, shapes)
+    key = lc.layer_cache_key(scenario, shape, "", shapes)  # every kind's key but the kind
     hit = _KIND_COSTS.get(key)
-    if hit is not None and hit[0] is model and hit[1] is system:
-        return hit[2], hit[3]
-    f, b, cf, cb = layer_kind_costs(scenario, shape, kind, shapes, True)
-    out = (f + sum(c.exposed_s for c in cf), b + sum(c.exposed_s for c in cb))
-    if len(_KIND_COSTS) > _CACHE_LIMIT:
-        _KIND_COSTS.clear()
-    _KIND_COSTS[key] = (model, system, *out)  # holding the objects keeps their ids unique
-    return out
+    if hit is None or hit[0] is not model or hit[1] is not system:
+        if len(_KIND_COSTS) > _CACHE_LIMIT:
+            _KIND_COSTS.clear()
+        hit = _KIND_COSTS[key] = (model, system, {})  # holding the objects keeps their ids unique
+    times = hit[2]
+    for kind in kinds - times.keys():
+        f, b, cf, cb = layer_kind_costs(scenario, shape, kind, shapes, True)
+        times[kind] = (f + sum(c.exposed_s for c in cf), b + sum(c.exposed_s for c in cb))
+    return times
 
 
 def _chunk_kinds(scenario: Scenario) -> tuple[tuple[tuple[str, int], ...], ...]:
@@ -86,7 +88,7 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
     placement = placement_for(scenario)
     shapes = {k: placement.shape(k) for k in lc.LAYER_GROUP_KINDS}
     items = _chunk_kinds(scenario)
-    times = {k: _kind_times(scenario, shape, shapes, k) for k in {k for chunk in items for k, _ in chunk}}
+    times = _kind_times(scenario, shape, shapes, {k for chunk in items for k, _ in chunk})
     pp, vpp = p.pp, p.vpp
     p2p = 0.0
     if pp > 1:

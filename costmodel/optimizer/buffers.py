@@ -1,0 +1,155 @@
+"""One model chunk's parameters as Megatron's gradient buffers, per distinct tensor.
+
+Internal to :mod:`costmodel.optimizer.stage_builder`. A chunk's parameters are walked in backprop
+order (the reverse of definition order) and split into buffers by data-parallel group (dense over
+``dp`` = dp×cp, experts over ``expert_dp``) and, with ``fp8_param_gather``, by parameter dtype (as
+Megatron keys its buffers by (param dtype, grad dtype)). An *item* is one parameter of a buffer (one
+expert copy of an expert tensor).
+
+The tensors come as the inventory's runs (:class:`workloads.inventory.TensorRun`): every layer of
+a run holds the same tensors, so a buffer's per-item arrays are one layer's pattern tiled over the
+layers, every item points at one of the buffer's few distinct tensors (``unique``, ``tid``), and
+parameter names are listed only when asked for (:attr:`_Buffer.names`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from workloads.flops import newton_schulz_cost_proxy
+from workloads.inventory import TensorRun, TensorSpec
+
+GROUPS = ("dp", "expert_dp")
+Fp8Of = Callable[[TensorSpec, "int | None"], bool]  # (tensor, its layer) -> is an FP8 parameter
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Consecutive layers of one run (backprop order) contributing the same items to a buffer:
+    per layer, ``pattern`` = (template index in the run, template, copies, position in the layer)."""
+
+    run: TensorRun
+    layers: tuple[int | None, ...]
+    prefixes: tuple[str, ...]
+    pattern: tuple[tuple[int, TensorSpec, int, int], ...]
+    position: int  # chunk position of the first layer's first item
+    per_layer: int  # items of one layer, all buffers of the chunk together
+
+
+@dataclass(frozen=True, eq=False)
+class _Buffer:
+    """Parameters of one buffer (stage, chunk, dp group, dtype) in backprop order.
+
+    Per item: ``numel`` (local elements), ``cost`` (Megatron's Newton-Schulz cost proxy, numel for
+    non-matrices), ``muon``, ``position`` (index in the chunk's backprop order: bucket readiness),
+    ``shared`` (Megatron's ``shared_embedding``) and ``tid`` (its tensor in ``unique``).
+    """
+
+    chunk: int
+    group: str
+    numel: np.ndarray
+    cost: np.ndarray
+    muon: np.ndarray
+    position: np.ndarray
+    unique: tuple[TensorSpec, ...] = ()
+    tid: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    shared: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    fp8: bool = False  # FP8 parameters (fp8_param_gather): their own buffer, param dtype uint8
+    parts: tuple[_Part, ...] = field(default=(), repr=False)
+
+    @cached_property
+    def names(self) -> list[str]:
+        """Parameter name of every item (expert copies numbered as Megatron's local experts)."""
+        out: list[str] = []
+        for part in self.parts:
+            suffixes = part.run.suffixes
+            for prefix in part.prefixes:
+                for j, t, copies, _ in part.pattern:
+                    name = prefix + suffixes[j]
+                    out += [f"{name}{k}" for k in reversed(range(copies))] if t.num_experts > 1 else [name] * copies
+        return out
+
+    @property
+    def tensors(self) -> list[TensorSpec]:
+        """The distinct tensor of every item."""
+        return [self.unique[i] for i in self.tid.tolist()]
+
+
+def param_cost(t: TensorSpec) -> int:
+    """Megatron's load-balancing cost of one copy of ``t``: max·min² of its local shard, numel otherwise."""
+    shape = t.local_shape
+    return newton_schulz_cost_proxy(*shape) if len(shape) == 2 else t.local_numel
+
+
+def _segments(run: TensorRun, fp8_of: Fp8Of | None) -> list[tuple[tuple, tuple, tuple[bool, ...]]]:
+    """The run's layers in backprop order, cut where a template's FP8-ness changes: (layers,
+    prefixes, FP8 flag per template) per segment."""
+    layers, prefixes = run.layers[::-1], run.prefixes[::-1]
+    if fp8_of is None:
+        return [(layers, prefixes, (False,) * len(run.templates))]
+    out: list[tuple[tuple, tuple, tuple[bool, ...]]] = []
+    start = 0
+    flags = tuple(fp8_of(t, layers[0]) for t in run.templates)
+    for k in range(1, len(layers) + 1):
+        nxt = tuple(fp8_of(t, layers[k]) for t in run.templates) if k < len(layers) else None
+        if nxt != flags:
+            out.append((layers[start:k], prefixes[start:k], flags))
+            start, flags = k, nxt  # type: ignore[assignment]
+    return out
+
+
+def chunk_buffers(runs: tuple[TensorRun, ...], chunk: int, kind: str, fp8_params: Fp8Of | None = None) -> list[_Buffer]:
+    """Split one chunk's runs (definition order) into dense and expert buffers, backprop order.
+
+    ``fp8_params`` (fp8_param_gather active): which tensors, in which layer, are FP8 parameters
+    (:func:`workloads.fp8_params.is_fp8_param`); they get buffers of their own.
+    """
+    keys = [(g, f) for g in GROUPS for f in ((True, False) if fp8_params else (False,))]
+    parts: dict[tuple[str, bool], list[_Part]] = {k: [] for k in keys}
+    pos = 0
+    for run in reversed(runs):
+        trained = [(j, t) for j, t in reversed(list(enumerate(run.templates))) if t.optimizer != "none"]
+        if not trained:
+            continue
+        for layers, prefixes, flags in _segments(run, fp8_params):
+            pattern: dict[tuple[str, bool], list[tuple[int, TensorSpec, int, int]]] = {}
+            offset = 0
+            for j, t in trained:
+                pattern.setdefault((t.dp_group, flags[j]), []).append((j, t, t.experts_per_rank, offset))
+                offset += t.experts_per_rank
+            for key, pat in pattern.items():
+                parts[key].append(_Part(run, layers, prefixes, tuple(pat), pos, offset))
+            pos += offset * len(layers)
+    return [_buffer(chunk, g, f, parts[(g, f)], kind) for g, f in keys if parts[(g, f)]]
+
+
+def _buffer(chunk: int, group: str, fp8: bool, parts: list[_Part], kind: str) -> _Buffer:
+    """The buffer of ``parts`` (per-item arrays: one layer's pattern tiled over each part's layers)."""
+    index: dict[int, int] = {}
+    unique: list[TensorSpec] = []
+    tids: list[np.ndarray] = []
+    positions: list[np.ndarray] = []
+    for part in parts:
+        ids: list[int] = []
+        offsets: list[int] = []
+        for _, t, copies, at in part.pattern:
+            u = index.get(id(t))
+            if u is None:
+                u = index[id(t)] = len(unique)
+                unique.append(t)
+            ids += [u] * copies
+            offsets += range(at, at + copies)
+        layers = len(part.layers)
+        tids.append(np.tile(np.array(ids, dtype=np.int64), layers))
+        first = part.position + part.per_layer * np.arange(layers, dtype=np.int64)
+        positions.append((first[:, None] + np.array(offsets, dtype=np.int64)[None, :]).ravel())
+    tid = np.concatenate(tids)
+    per = np.array([(t.local_numel, param_cost(t), kind == "muon" and t.optimizer == "muon", t.shared_embedding)
+                    for t in unique], dtype=np.float64)
+    return _Buffer(chunk=chunk, group=group, numel=per[tid, 0].astype(np.int64), cost=per[tid, 1],
+                   muon=per[tid, 2] > 0, position=np.concatenate(positions), unique=tuple(unique), tid=tid,
+                   shared=per[tid, 3] > 0, fp8=fp8, parts=tuple(parts))
