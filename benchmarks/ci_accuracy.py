@@ -9,7 +9,11 @@ Prints, for every system of the dataset, the MAPE and bias of:
   ``muonsim calibrate --dataset megatron-ci --factors layer_host_s,moe_host_s --release-factors ''
   --name megatron-ci`` (each configuration predicted from factors fitted without it; no
   per-recording-environment multipliers);
-- **CI profile, training**: the same profile applied to every run.
+- **CI profile, training**: the same profile applied to every run;
+- **repeatability floor**: each run of a case recorded more than once on a system (other releases,
+  i.e. other CI environments and commits) predicted by the median of that case's other recordings,
+  and the CI profile's training error on the same runs: what a model that knew each configuration
+  exactly, but not the recording environment, could reach.
 
 Usage: ``python benchmarks/ci_accuracy.py`` (about a minute; report the load average).
 """
@@ -17,6 +21,8 @@ Usage: ``python benchmarks/ci_accuracy.py`` (about a minute; report the load ave
 from __future__ import annotations
 
 import os
+import statistics
+from collections import defaultdict
 from pathlib import Path
 
 from costmodel.calibrate.profile import load_profile
@@ -59,6 +65,32 @@ def main() -> None:
         cv = profile.systems[system].cross_validation if system in profile.systems else profile.cross_validation
         cells.append(f"{cv['mape_pct']:>24.1f} / {cv['bias_pct']:+6.1f}" if cv else f"{'-':>33}")
         print(f"{system:<12} {m.n:>4} " + " ".join(cells))
+    print_repeatability(prepared, step, profile)
+
+
+def case_of(run_id: str) -> str:
+    """The CI case of a run id ('<case>__<system>__<env>[__2nd]'): its first component."""
+    return run_id.split("__")[0]
+
+
+def print_repeatability(prepared, step, profile) -> None:  # noqa: ANN001 - PreparedRun list, callable, profile
+    """Per system: MAPE of predicting each repeated case's run by the median of its other recordings,
+    beside the CI profile's training MAPE on the same runs."""
+    print("repeatability floor (cases recorded more than once on a system):")
+    for system in sorted({p.scenario.system.name for p in prepared}):
+        groups = defaultdict(list)
+        for p in prepared:
+            if p.scenario.system.name == system:
+                groups[case_of(p.run.run_id)].append(p)
+        repeated = [p for g in groups.values() if len(g) > 1 for p in g]
+        if not repeated:
+            continue
+        floor = [abs(statistics.median(o.run.step_time_s for o in groups[case_of(p.run.run_id)] if o is not p)
+                     / p.run.step_time_s - 1) * 100 for p in repeated]
+        model = [abs(result_row(p, step(with_factors(p.scenario, profile.factors_for(system, p.run.release))))
+                     .error_pct) for p in repeated]
+        print(f"  {system:<12} {len(repeated):>4} runs: other recordings' median {statistics.mean(floor):5.1f} %, "
+              f"CI profile (training) {statistics.mean(model):5.1f} %")
 
 
 if __name__ == "__main__":

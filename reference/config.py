@@ -14,6 +14,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from topologies.inputs import UserInputError, describe_validation_error
+from workloads.optimizer_spec import default_distribution, default_load_balance
 
 Optimizer = Literal["adamw", "muon"]
 Distribution = Literal["replicated", "element_wise", "layer_wise"]
@@ -126,16 +127,12 @@ class RunConfig(BaseModel):
     @property
     def resolved_distribution(self) -> Distribution:
         """The distribution, defaulted from the optimizer."""
-        if self.distribution is not None:
-            return self.distribution
-        return "element_wise" if self.optimizer == "adamw" else "layer_wise"
+        return self.distribution if self.distribution is not None else default_distribution(self.optimizer)
 
     @property
     def resolved_load_balance(self) -> LoadBalance:
         """The load balance, defaulted from the layout."""
-        if self.load_balance is not None:
-            return self.load_balance
-        return "lpt" if self.layout == "current" else "ping_pong"
+        return self.load_balance if self.load_balance is not None else default_load_balance(self.layout)
 
     @property
     def resolved_adam_lr(self) -> float:

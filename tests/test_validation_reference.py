@@ -85,3 +85,23 @@ def test_reference_runs_need_a_local_profile(run_cli, reference_run):
     result = run_cli("validate", reference_run, "--datasheet")
     assert result.exit_code == 2
     assert "calibrate --microbench" in result.stderr
+
+
+def test_reference_clone_kernel_is_the_copy_the_reference_makes() -> None:
+    """Without Nesterov the reference's ``muon_prepare`` returns a copy of the fp32 momentum (EO reads
+    the buffer in place): one memory kernel of 4 B read + 4 B written per element; with Nesterov the
+    lerp is EO's own kernel and nothing is added."""
+    import torch
+
+    from costmodel.calibrate.reference_check import reference_clone_kernels
+    from reference.muon_math import MuonHyper, muon_prepare
+    from reference.newton_schulz import COEFFICIENT_SETS
+
+    hyper = MuonHyper(lr=0.02, momentum=0.95, nesterov=False, weight_decay=0.0, schedule=COEFFICIENT_SETS["simple"],
+                      ns_steps=5, precision="bf16", eps=1e-7, scale_mode="shape_scaling", extra_scale=1.0)
+    p, g, buf = torch.zeros(256, 256), torch.ones(256, 256), torch.zeros(256, 256)
+    u = muon_prepare(p, g, buf, hyper)
+    assert u.data_ptr() != buf.data_ptr() and torch.equal(u, buf)  # a real copy of the buffer
+    (clone,) = reference_clone_kernels([256 * 256], nesterov=False)
+    assert clone.kind == "memory" and clone.count == 1 and clone.bytes == 8 * 65536
+    assert reference_clone_kernels([256 * 256], nesterov=True) == []

@@ -29,6 +29,16 @@ __all__ = ["EO_MIN_SYRK_CUBIC5", "MEGATRON_LOAD_BALANCE", "CoefficientSet", "Dis
            "hypothetical_reason"]
 
 
+def default_distribution(optimizer: str) -> Distribution:
+    """Megatron's distributed optimizer for ``optimizer``: element-wise for AdamW, layer-wise for Muon."""
+    return "element_wise" if optimizer == "adamw" else "layer_wise"
+
+
+def default_load_balance(layout: str) -> LoadBalance:
+    """The load balance Megatron runs with a layer-wise ``layout``: lpt (current), ping_pong (legacy)."""
+    return "lpt" if layout == "current" else "ping_pong"
+
+
 class OptimizerSpec(BaseModel):
     """The optimizer and how Megatron distributes it over data-parallel ranks."""
 
@@ -93,16 +103,12 @@ class OptimizerSpec(BaseModel):
     @property
     def resolved_distribution(self) -> Distribution:
         """The distribution with its default: element-wise for AdamW, layer-wise for Muon."""
-        if self.distribution is not None:
-            return self.distribution
-        return "element_wise" if self.kind == "adamw" else "layer_wise"
+        return self.distribution if self.distribution is not None else default_distribution(self.kind)
 
     @property
     def resolved_load_balance(self) -> LoadBalance:
         """The layer-wise load balance with its default: lpt (current layout), ping_pong (legacy)."""
-        if self.load_balance is not None:
-            return self.load_balance
-        return "lpt" if self.layer_wise_layout == "current" else "ping_pong"
+        return self.load_balance if self.load_balance is not None else default_load_balance(self.layer_wise_layout)
 
     @property
     def hypothetical_reason(self) -> str | None:

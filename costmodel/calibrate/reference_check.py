@@ -20,9 +20,10 @@ predicts the same run from its own description of the work:
   ``optimizer`` phase (NS included) minus the same. Each comparison also carries the phase's thread
   CPU time when the run recorded it (on a shared machine a phase's wall time includes the time other
   processes held the core; its CPU time does not) and the FLOP-only prediction (NS FLOPs at the
-  measured peak matmul rate, nothing else) for contrast. The kernel sequence is Megatron's and EO's;
-  the reference differs by one copy per Muon tensor (``buf.clone()`` where EO reads the momentum
-  buffer in place), not counted;
+  measured peak matmul rate, nothing else) for contrast. The kernel sequence is Megatron's and EO's,
+  plus the one copy per Muon tensor the reference makes and EO does not (without Nesterov,
+  ``muon_prepare`` returns ``buf.clone()`` where EO reads the momentum buffer in place:
+  :func:`reference_clone_kernels`), counted in the optimizer phase;
 * **grad_reduce** per rank: the plan's gradient collectives at the measured gloo α-β (loopback
   figures: indicative only).
 
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from costmodel.calibrate.profile import LocalMeasurements
+from costmodel.kernels import KernelSpec
 from topologies.inputs import UserInputError
 from workloads.comm import CollectiveCall, merge_calls
 from workloads.inventory import Inventory, build_inventory
@@ -221,6 +223,15 @@ def _reference_adam_kernels(plan: Any, inventory: Inventory, rank: int, muon_nam
     return eager_adam_kernels(pieces, numel, grad_bytes)
 
 
+def reference_clone_kernels(muon_numels: list[int], nesterov: bool) -> list[KernelSpec]:
+    """The reference backend's extra copy per Muon tensor (``reference.muon_math.muon_prepare``:
+    ``buf.clone()`` of the fp32 momentum, 4 B read + 4 B written per element) when Nesterov is off;
+    none with Nesterov (``g.lerp(buf, ...)`` is EO's own kernel)."""
+    if nesterov:
+        return []
+    return [KernelSpec("reference_momentum_clone", "memory", 1, bytes=8.0 * n) for n in muon_numels]
+
+
 def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: ModelSpec) -> ReferenceCheck:
     """Compare a reference run with the cost model's plan at this machine's measured rates."""
     from costmodel.optimizer import expected_rank_collectives, plan_from_inventory
@@ -278,7 +289,8 @@ def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: Model
                                           cpu.get("newton_schulz")))
         if measured.get("optimizer"):
             adam = _reference_adam_kernels(plan, inventory, rank, names, items, grad_bytes)
-            opt_s = local.kernels_time_s([k for ks in muon for k in ks] + list(adam), calls, dtype)
+            clones = reference_clone_kernels([items[n].local_numel for n in names], bool(muon_kw["nesterov"]))
+            opt_s = local.kernels_time_s([k for ks in muon for k in ks] + list(adam) + clones, calls, dtype)
             phases.append(PhaseComparison("optimizer", rank, measured["optimizer"] - comm, opt_s, flop_only,
                                           cpu.get("optimizer")))
         if measured.get("grad_reduce"):
