@@ -21,7 +21,8 @@ Layer kinds may carry ``:norc`` (``dense:norc``, ``moe:norc``): a layer that ful
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from costmodel.comm_exposure import (
     EpOverlap,
@@ -74,17 +75,61 @@ def layer_kind_costs(scenario: Scenario, shape: RankShape, kind: str, shapes: di
     """(forward s, backward s, forward blocks, backward blocks) of one layer of ``kind``, one micro-batch."""
     p = scenario.par
     base = base_kind(kind)
-    shape = bf16_shape(kind, shape)
     recompute = "none" if kind.endswith(":norc") else p.recompute
-    ops = layer_ops(scenario.model, shape, base, recompute, tuple(p.recompute_modules))
-    capture = GraphCapture.of(scenario.runtime)
-    f, b, fa, ba = ops_time(ops, scenario.system, capture, base)
-    parts = layer_parts(ops, scenario.system)
-    cf, cb = layer_comm(scenario, shape, base, shapes, (fa, ba), overlap, (f, b), parts, recompute)
+    c = layer_compute(scenario, shape, kind)
+    cf, cb = layer_comm(scenario, bf16_shape(kind, shape), base, shapes, (c.attn_f_s, c.attn_b_s), overlap,
+                        (c.forward_s, c.backward_s), c.parts, recompute)
     if overlap:  # a launch-bound pass's collectives run while the GPU waits for the host
-        slack_f, slack_b = host_slack_s(ops, scenario.system, capture, base)
-        cf, cb = hide_under_host(cf, slack_f), hide_under_host(cb, slack_b)
-    return f, b, cf, cb
+        cf, cb = hide_under_host(cf, c.slack_f_s), hide_under_host(cb, c.slack_b_s)
+    return c.forward_s, c.backward_s, cf, cb
+
+
+@dataclass(frozen=True)
+class LayerCompute:
+    """The compute side of one layer of one kind for one micro-batch (seconds): pass times, attention
+    core times, the overlap parts and the host slack (:func:`layer_compute`)."""
+
+    forward_s: float
+    backward_s: float
+    attn_f_s: float
+    attn_b_s: float
+    parts: LayerParts
+    slack_f_s: float
+    slack_b_s: float
+
+
+MOE_OPS_KINDS = ("moe", "mtp")  # kinds whose operations may read ep, etp and the dispatcher (the MoE block)
+_COMPUTE: dict[tuple[Any, ...], tuple[Any, Any, LayerCompute]] = {}
+_COMPUTE_LIMIT = 50_000
+
+
+def layer_compute(scenario: Scenario, shape: RankShape, kind: str) -> LayerCompute:
+    """The :class:`LayerCompute` of one layer of ``kind`` at rank shape ``shape``.
+
+    Memoised on what the operations and their prices depend on (model, system, rank shape, kind,
+    recompute, capture), not on the communication group shapes; only the MoE block
+    (:func:`workloads.operations._moe_mlp`) reads the rank shape's ep, etp and dispatcher, so layers
+    without one share their compute across expert layouts. Model and system are keyed by identity and the
+    entry holds them, so their ids stay unique.
+    """
+    p, model, system = scenario.par, scenario.model, scenario.system
+    capture = GraphCapture.of(scenario.runtime)
+    modules = tuple(p.recompute_modules)
+    base = base_kind(kind)
+    key_shape = shape if base in MOE_OPS_KINDS else replace(shape, ep=1, etp=1, moe_dispatcher="flex")
+    key = (id(model), id(system), key_shape, kind, p.recompute, modules, capture)
+    hit = _COMPUTE.get(key)
+    if hit is not None and hit[0] is model and hit[1] is system:
+        return hit[2]
+    recompute = "none" if kind.endswith(":norc") else p.recompute
+    ops = layer_ops(model, bf16_shape(kind, shape), base, recompute, modules)
+    f, b, fa, ba = ops_time(ops, system, capture, base)
+    slack_f, slack_b = host_slack_s(ops, system, capture, base)
+    out = LayerCompute(f, b, fa, ba, layer_parts(ops, system), slack_f, slack_b)
+    if len(_COMPUTE) > _COMPUTE_LIMIT:
+        _COMPUTE.clear()
+    _COMPUTE[key] = (model, system, out)
+    return out
 
 
 def _tp_pairs(scenario: Scenario, kind: str) -> tuple[str, ...]:

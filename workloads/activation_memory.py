@@ -34,7 +34,7 @@ decides which of them stay on the GPU and for how many micro-batches:
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from topologies.hardware import Precision
 from workloads.activations import (
@@ -140,8 +140,30 @@ def _chunk_bytes(scenario: Scenario, layers: list[int], offload_first: int) -> t
     return resident, min(group, n) * largest, 0.0
 
 
+_STAGE_BYTES: dict[tuple[Any, ...], tuple[Any, Any, float]] = {}
+_STAGE_BYTES_LIMIT = 50_000
+
+
 def stage_activation_bytes(scenario: Scenario, stage: int) -> float:
-    """Peak activation bytes per GPU on pipeline stage ``stage`` (micro-batches in flight included)."""
+    """Peak activation bytes per GPU on pipeline stage ``stage`` (micro-batches in flight included).
+
+    Memoised on everything of the scenario but its optimizer section, which activations do not read:
+    the planner's candidates of one layout differ only there. Model and system are keyed by identity
+    and the entry holds them, so their ids stay unique.
+    """
+    c = scenario.config
+    key = (id(scenario.model), id(scenario.system), c.gpus, c.precision, c.parallelism, c.placement, c.runtime, stage)
+    hit = _STAGE_BYTES.get(key)
+    if hit is not None and hit[0] is scenario.model and hit[1] is scenario.system:
+        return hit[2]
+    out = _stage_activation_bytes(scenario, stage)
+    if len(_STAGE_BYTES) > _STAGE_BYTES_LIMIT:
+        _STAGE_BYTES.clear()
+    _STAGE_BYTES[key] = (scenario.model, scenario.system, out)
+    return out
+
+
+def _stage_activation_bytes(scenario: Scenario, stage: int) -> float:
     p, rt = scenario.par, scenario.runtime
     chunks = _chunk_layers(scenario, stage)
     offload = rt.cpu_offloading_num_layers if rt.cpu_offloading else 0

@@ -53,6 +53,7 @@ def clear_caches() -> None:
     from workloads.inventory import clear_inventory_cache
 
     _CACHE.clear()
+    _BUFFERS.clear()
     stage_builder._MUON_KERNELS.clear()
     clear_inventory_cache()
     lay.clear_memo()
@@ -171,6 +172,30 @@ def _fsdp_stage(b: StageBuilder, buffers: list, strategy: str) -> None:
             b.step_whole(buf, everything, np.full(len(buf.numel), -1, dtype=np.int64))
 
 
+_BUFFERS: dict[tuple, tuple[Inventory, list[_Buffer]]] = {}
+_BUFFERS_SIZE = 4096
+
+
+def _stage_buffers(inv: Inventory, s: int, kind: str, fp8_of: Callable[[TensorSpec, int | None], bool] | None,
+                   fp8_key: tuple[int, int] | None) -> list[_Buffer]:
+    """The buffers of stage ``s``, every chunk's (:func:`chunk_buffers`), memoised across plans on the
+    inventory (identity, held), the stage, the optimizer kind and the FP8 parameters (``fp8_key``:
+    the BF16 layers ``fp8_of`` keeps, None without FP8 parameters): the plans of one layout's
+    optimizer choices (layout, load balance, TP mode) share them. Their arrays are made read-only."""
+    key = (id(inv), s, kind, fp8_key)
+    hit = _BUFFERS.get(key)
+    if hit is not None and hit[0] is inv:
+        return hit[1]
+    buffers = [buf for c in range(inv.vpp) for buf in chunk_buffers(inv.chunk_runs(s, c), c, kind, fp8_of)]
+    for buf in buffers:
+        for a in (buf.numel, buf.cost, buf.muon, buf.position, buf.tid, buf.shared):
+            a.setflags(write=False)
+    if len(_BUFFERS) > _BUFFERS_SIZE:
+        _BUFFERS.clear()
+    _BUFFERS[key] = (inv, buffers)
+    return buffers
+
+
 def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings,  # noqa: ANN001
            fsdp: bool = False, fp8: bool = False, precision: str = "bf16",
            bf16_layers: tuple[int, int] = (0, 0),
@@ -178,7 +203,7 @@ def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSetting
     """The optimizer plan of stage ``s``; ``seen``: the stages of this plan built so far, by
     :func:`_stage_signature` (a stage holding the same tensors as one of them reuses its plan)."""
     fp8_of = (lambda t, layer: is_fp8_param(t, inv.model.num_layers, bf16_layers, layer)) if fp8 else None
-    buffers = [buf for c in range(inv.vpp) for buf in chunk_buffers(inv.chunk_runs(s, c), c, spec.kind, fp8_of)]
+    buffers = _stage_buffers(inv, s, spec.kind, fp8_of, bf16_layers if fp8 else None)
     key = _stage_signature(inv, s, fp8_of)
     if seen is not None and key in seen:
         return _restaged(*seen[key], s, buffers)
