@@ -185,6 +185,21 @@ def test_recipe_for_picks_the_release_then_the_newest() -> None:
     assert recipe_for("kimi-k2", "gb300-nvl72", "26.06") is None  # never published: muonsim defaults
 
 
+def test_release_selects_the_runs_of_a_model_published_under_another_mtp_variant(run_cli) -> None:
+    """``deepseek-v3-mtp`` is DeepSeek-V3 with its MTP layer; the published table names every
+    DeepSeek-V3 run ``deepseek-v3`` (the recipe decides the MTP layers), so ``--release`` must find
+    them instead of silently falling back to muonsim's defaults."""
+    from workloads.recipe_settings import published_names
+
+    assert published_names("deepseek-v3-mtp") == {"deepseek-v3-mtp", "deepseek-v3"}
+    assert published_names("llama3-70b") == {"llama3-70b"}
+    choice = recipe_for("deepseek-v3-mtp", "gb300-nvl72", "26.04", gpus=256, precision="mxfp8")
+    assert choice is not None and choice.run_id == "mb-26.04-deepseek-v3-gb300-nvl72-mxfp8-256g-gbs4096"
+    res = run_cli("predict", "--model", "deepseek-v3-mtp", "--release", "26.04", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["recipe_settings"]["release"] == "26.04"
+
+
 def test_release_settings_complete_a_truncated_pipeline_layout_for_the_model() -> None:
     """The DeepSeek-V3 DGX B300 26.06 cell shows 3 of 8 stages: ``--release`` completes it for the
     scenario's model (the recipe's MTP layer, unless the user set the MTP layers) instead of passing a

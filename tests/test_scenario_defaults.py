@@ -240,3 +240,14 @@ def test_why_muon_needs_more_memory_than_adamw_on_an_mxfp8_recipe() -> None:
     extra = (m.persistent_bytes - a.persistent_bytes) - (2 * gemm - 4 * params / 16)
     assert abs(extra) < 0.05 * 8 * params / 16  # only the ping-pong imbalance of the Muon state remains
     assert m.total_bytes > m.capacity_bytes > a.total_bytes  # hence the default is the NVFP4 recipe
+
+
+def test_terminal_layout_source_drops_file_paths_and_refs_but_json_keeps_them() -> None:
+    """The 'layout from' row wrapped into ellipsis-cut file paths at 80 columns: the terminal line
+    drops the parenthesised paths and git refs (``--json`` keeps the full source)."""
+    from workloads.scenario_defaults import without_path_groups
+
+    text = ("recipe, published run R (workloads/data/x.csv) with its settings (f.csv, Org/Repo@abc (v0.4.0); "
+            "30 of 67 differ) and (PP4 DP64; blog) kept")
+    assert without_path_groups(text) == "recipe, published run R with its settings and (PP4 DP64; blog) kept"
+    assert without_path_groups("unbalanced (a/b") == "unbalanced (a/b"

@@ -208,13 +208,38 @@ class RecipeChoice:
                 f"{', ' + ref if ref else ''}); {self.reason}")
 
 
+@cache
+def published_names(model: str) -> frozenset[str]:
+    """The published model names whose runs describe catalogue ``model``: its own name, and any model
+    of the same architecture up to its MTP layers (``deepseek-v3-mtp`` runs as ``deepseek-v3``, the
+    recipe deciding the MTP layers); just ``model`` when it is not in the catalogue."""
+    from topologies.inputs import UserInputError
+    from workloads.models import load_model
+
+    try:
+        target = load_model(model).model_dump(exclude={"name", "display_name", "mtp_layers"})
+    except UserInputError:  # an unknown name: only its own runs
+        return frozenset({model})
+    names = {model}
+    for published in {r["model"] for r in _summary_rows()}:
+        try:
+            arch = load_model(published).model_dump(exclude={"name", "display_name", "mtp_layers"})
+        except UserInputError:  # a published model outside the catalogue
+            continue
+        if arch == target:
+            names.add(published)
+    return frozenset(names)
+
+
 def recipe_for(model: str, system: str, release: str | None = None, gpus: int | None = None,
                precision: str | None = None) -> RecipeChoice | None:
     """The published recipe settings for ``model`` on ``system``: release ``release`` (exact, else its
     family ``26.04`` of ``26.04.01``) when the file has a run of it, otherwise the newest release's;
-    among a release's runs the one with the same precision, then the same GPU count. None when the
-    file has no run of the model on the system."""
-    rows = [r for r in _summary_rows() if r["model"] == model and r["system"] == system]
+    among a release's runs the one with the same precision, then the same GPU count. Runs of the same
+    architecture up to the MTP layers count (:func:`published_names`). None when the file has no run of
+    the model on the system."""
+    names = published_names(model)
+    rows = [r for r in _summary_rows() if r["model"] in names and r["system"] == system]
     if not rows:
         return None
     family = ".".join((release or "").split(".")[:2])
@@ -301,18 +326,22 @@ def release_settings(choice: RecipeChoice, user_keys: set[str], sizes: dict[str,
     when the scenario has EP and (with pp > 1) interleaving, as Megatron requires. A pipeline layout
     cut short in the settings file (:class:`PartialLayout`) is completed for the scenario's model
     (``sizes['num_layers']`` and ``sizes['mtp_layers']``, as :meth:`MeasuredRun.scenario_overrides`
-    does for the run's own model), or skipped when it cannot be."""
+    does for the run's own model), or skipped when it cannot be. The recipe's MTP layers are applied
+    only when they differ from the model's."""
     resolution = resolve_recipe_cells(choice.cells)
     run = next((r for r in _summary_rows() if r["run_id"] == choice.run_id), {})
     applied: dict[str, Any] = {}
     kept: list[str] = []
     skipped: dict[str, str] = {}
+    model_mtp_layers = sizes.get("mtp_layers")
     if "mtp_layers" in resolution.overrides and "mtp_layers" not in user_keys:  # the layout places the recipe's MTP
         sizes = {**sizes, "mtp_layers": resolution.overrides["mtp_layers"]}
     recipe_pp_vpp = (int(run.get("pp") or 0), int(run.get("vpp") or 0))
     for key, value in resolution.overrides.items():
         if key in user_keys:
             kept.append(key)
+        elif key == "mtp_layers" and value == model_mtp_layers:
+            continue  # the model already has the recipe's MTP layers: nothing to apply
         elif (why := layout_bound_skip(key, value, recipe_pp_vpp, sizes, bool(resolution.use_megatron_fsdp))) is not None:
             skipped[key] = why
         elif isinstance(value, PartialLayout) and (full := _completed(value, sizes)) is None:

@@ -88,11 +88,34 @@ class ChosenDefaults:
     runtime: dict[str, Any] = field(default_factory=dict)
     optimizer: dict[str, Any] = field(default_factory=dict)
 
-    def describe(self, short: bool = False) -> str:
+    def describe(self, short: bool = False, paths: bool = True) -> str:
         """One line, e.g. 'defaults of llama3-70b on gb300-nvl72 (mxfp8, recipe): Megatron-Bridge ... run ...'
-        (``short``: the source's first clause only)."""
+        (``short``: the source's first clause only; ``paths`` False: without the parenthesised file
+        paths and git refs, which ``--json`` keeps)."""
         source = first_clause(self.source) if short else self.source
+        source = source if paths else without_path_groups(source)
         return f"defaults of {self.model} on {self.system} ({self.precision.value}, {self.kind}): {source}"
+
+
+def without_path_groups(text: str) -> str:
+    """``text`` without its top-level parenthesised groups that hold a file path or a git ref (a '/'),
+    e.g. '... run X (workloads/data/measured/f.csv) with ...' -> '... run X with ...'."""
+    out: list[str] = []
+    group: list[str] = []
+    depth = 0
+    for ch in text:
+        if depth == 0 and ch != "(":
+            out.append(ch)
+            continue
+        group.append(ch)
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            if "/" not in "".join(group):
+                out.append("".join(group))
+            elif out and out[-1] == " ":
+                out.pop()
+            group = []
+    return "".join(out + group)
 
 
 def first_clause(text: str) -> str:
@@ -194,7 +217,8 @@ class Layered:
         mine = sorted(k for k, v in self.origin.items() if v in ("flag", "file"))
         if not self.inherited():
             return "layout: as given" + (f" ({', '.join(mine)})" if mine else "")
-        return f"layout: {self.defaults.describe()}" + (f"; set by you: {', '.join(mine)}" if mine else "")
+        return (f"layout: {self.defaults.describe(paths=False)}" + (f"; set by you: {', '.join(mine)}" if mine else "")
+                + " (--json: full source)")
 
 
 def _name(value: Any, loader: Any) -> str:
