@@ -274,7 +274,7 @@ def calibrate(
     if not report.result.fits.systems:
         raise CliError("no supported run to fit (all runs are unsupported; see 'muonsim validate')")
     write_text_atomically(out, report.profile.to_yaml())
-    warnings = underdetermined_warnings(report.profile)
+    warnings = underdetermined_warnings(report.profile) + bound_warnings(report.profile)
     for warning in warnings:
         typer.echo(f"warning: {warning}", err=True)
     if json_out:
@@ -284,6 +284,25 @@ def calibrate(
     if release_residuals:
         _print_release_residuals(report)
     typer.echo(f"wrote {out}")
+
+
+def bound_warnings(profile: Any) -> list[str]:
+    """One line per fitted factor (of a system or a release) that ended on a bound of its physical
+    range (``costmodel.calibrate.priors.bound_hit``): a defect of the model on those runs, not a result."""
+    from costmodel.calibrate.priors import FACTOR_BOUNDS, bound_hit
+
+    out = []
+    for system, cal in profile.systems.items():
+        sets = [(system, cal)] + [(f"{system} release {tag}", rel) for tag, rel in cal.releases.items()]
+        for scope, fitted in sets:
+            for name, value in sorted(fitted.factors.items()):
+                side = bound_hit(name, value)
+                if side is not None:
+                    bound = FACTOR_BOUNDS[name][0 if side == "lower" else 1]
+                    out.append(f"{scope}: {name} = {value:.4g} is on its {side} bound ({bound:g}): the runs ask "
+                               "for a value outside its physical range, so the model misses a mechanism on "
+                               "them (a defect, not a fitted value)")
+    return out
 
 
 def underdetermined_warnings(profile: Any) -> list[str]:

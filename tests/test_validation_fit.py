@@ -80,6 +80,23 @@ def test_bounds_hold_and_a_factor_on_its_bound_still_has_an_uncertainty():
     assert fit.sigma["attention"] > 0  # one-sided Jacobian at the bound
 
 
+def test_a_factor_left_on_its_bound_is_reported_as_a_defect():
+    """Runs made with attention at 0.05 (below its 0.1 floor): the fit ends on the bound and
+    ``calibrate`` says so; values inside the range (the other fitted ones) raise nothing."""
+    from cli.cmd_validate import bound_warnings
+    from costmodel.calibrate.priors import bound_hit
+    from costmodel.calibrate.profile import CalibrationProfile, SystemCalibration
+
+    fit = fit_one(make_runs(noise=0.0, true={**TRUE, "attention": 0.05}))
+    assert bound_hit("attention", fit.values["attention"]) == "lower"
+    assert bound_hit("gemm_fp8", fit.values["gemm_fp8"]) is None
+    assert bound_hit("attention", 1.0) == "upper" and bound_hit("attention", 0.998) is None
+    assert bound_hit("alltoall_bandwidth", 0.9999) == "upper"  # as the profile rounds it (4 digits)
+    profile = CalibrationProfile(name="p", systems={"sys": SystemCalibration(factors=fit.values, n_runs=30)})
+    (warning,) = bound_warnings(profile)
+    assert warning.startswith("sys: attention = 0.1 is on its lower bound (0.1)")
+
+
 def test_surrogate_is_exact_for_a_serial_roofline():
     def step_s(f):  # noqa: ANN001, ANN202
         g = {**DEFAULTS, **f}

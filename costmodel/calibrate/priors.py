@@ -66,3 +66,23 @@ def default_factor_values(names: Sequence[str], defaults: EfficiencyFactors | Ma
     out = {n: float(get(n)) for n in names}
     centers = {**PRIOR_CENTERS, **HOST_PRIOR_CENTERS.get(host_cpu, {})}
     return {n: centers[n] if v <= 0 and n in centers else v for n, v in out.items()}
+
+
+# a fitted value within this relative distance of a bound sits on it (the profile rounds to 4 digits)
+BOUND_TOLERANCE = 1e-3
+
+
+def bound_hit(name: str, value: float) -> str | None:
+    """'lower' or 'upper' when ``value`` of factor ``name`` sits on that end of its ``FACTOR_BOUNDS``
+    range (within ``BOUND_TOLERANCE``, relative), else None (also for factors without bounds).
+
+    A factor the fit leaves on a bound is not a measurement: the runs ask for a value outside its
+    physical range, so the model misses a mechanism on them (issue 12: a defect to report)."""
+    if name not in FACTOR_BOUNDS or value <= 0:
+        return None
+    lo, hi = FACTOR_BOUNDS[name]
+    if value <= lo * (1 + BOUND_TOLERANCE):
+        return "lower"
+    if value >= hi * (1 - BOUND_TOLERANCE):
+        return "upper"
+    return None
