@@ -49,6 +49,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--presets", default="small,many-small")
     parser.add_argument("--local", default=None, help="local profile YAML (default: measure now)")
+    parser.add_argument("--keep-freed-memory", default="on", choices=("on", "off", "both"),
+                        help="the ranks' allocator setting (reference/allocator.py); 'both' runs off then on")
     args = parser.parse_args()
     errors: dict[tuple[str, str, str], list[float]] = {}
     for rep in range(args.repeats):
@@ -58,24 +60,27 @@ def main() -> None:
               f"{local.gemm_overhead_s.get('bf16', 0.0) * 1e6:.1f} us/call, dispatch {(local.dispatch_s or 0) * 1e6:.2f} "
               f"us/op, element-wise {(local.memory_Bps or 0) / 1e9:.0f} GB/s"
               + (f", NS GEMM efficiency {ns.efficiency:.2f}, {ns.call_overhead_s * 1e6:.0f} us/call" if ns else ""))
-        for preset in args.presets.split(","):
+        keeps = {"on": (True,), "off": (False,), "both": (False, True)}[args.keep_freed_memory]
+        for preset, keep in ((p, k) for p in args.presets.split(",") for k in keeps):
             before = load_average()
-            run = run_reference({"world_size": 2, "shapes": preset, "steps": 5, "check": False})
+            run = run_reference({"world_size": 2, "shapes": preset, "steps": 5, "check": False, "keep_freed_memory": keep})
             after = load_average()
             check = check_reference_run(run.to_measured_run(), local, load_shapes(preset))
-            print(f"{preset}: load {before} -> {after}; collectives {'exact' if check.collectives_match else 'MISMATCH'}")
+            label = f"{preset}{'' if len(keeps) == 1 else ' keep-freed-memory ' + ('on' if keep else 'off')}"
+            print(f"{label}: load {before} -> {after}; collectives {'exact' if check.collectives_match else 'MISMATCH'}")
             for p in check.phases:
                 if p.phase not in ("newton_schulz", "optimizer"):
                     continue
                 cpu = p.measured_cpu_s or 0.0
                 print(f"  rank {p.rank} {p.phase:13s} wall {p.measured_s * 1e3:8.1f} ms  CPU {cpu * 1e3:8.1f} ms  "
                       f"kernel model {p.predicted_s * 1e3:8.1f} ms ({p.error_pct:+6.1f} % wall, {p.cpu_error_pct:+6.1f} % CPU)"
-                      f"  FLOP-only {(p.flop_only_s or 0) * 1e3:7.1f} ms ({p.flop_only_error_pct:+6.1f} % wall)")
+                      f"  FLOP-only {(p.flop_only_s or 0) * 1e3:7.1f} ms ({p.flop_only_error_pct:+6.1f} % wall)"
+                      f"  page faults {p.measured_faults or 0:.0f}")
                 for kind, value in (("wall", p.error_pct), ("cpu", p.cpu_error_pct), ("flop-only", p.flop_only_error_pct)):
-                    errors.setdefault((preset, p.phase, kind), []).append(value)
+                    errors.setdefault((label, p.phase, kind), []).append(value)
     print("\nmedian error over ranks and repeats (kernel model vs wall / CPU time; FLOP-only vs wall):")
     for (preset, phase, kind), values in errors.items():
-        print(f"  {preset:10s} {phase:13s} {kind:9s} {statistics.median(values):+6.1f} % "
+        print(f"  {preset:30s} {phase:13s} {kind:9s} {statistics.median(values):+6.1f} % "
               f"(range {min(values):+6.1f} .. {max(values):+6.1f} %)")
 
 

@@ -87,6 +87,9 @@ class RunConfig(BaseModel):
     bucket_size: int | None = Field(None, gt=0, description="bucket size in elements (default: max(40e6, 1e6·dp))")
     forward_tokens: int = Field(64, gt=0, description="activation rows of the stand-in forward/backward matmuls")
     seed: int = Field(1234, description="seed of parameters and synthetic gradients")
+    keep_freed_memory: bool = Field(
+        True, description="CPU ranks keep freed memory as the CUDA caching allocator does (glibc otherwise gives "
+        "it back to the OS and temporaries fault in fresh pages; reference/allocator.py)")
     # process control
     backend: Literal["gloo", "nccl"] = Field("gloo", description="torch.distributed backend (nccl: torchrun only)")
     timeout_s: float = Field(120.0, gt=0, description="wall-clock limit of the whole run in seconds")

@@ -12,6 +12,7 @@ operation with the total gathered bytes, which is what NCCL would move.
 
 from __future__ import annotations
 
+import resource
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -165,22 +166,34 @@ class Comm:
                            async_op, finish)
 
 
+_RUSAGE = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
+
+def minor_faults() -> int:
+    """Minor page faults of this thread so far (of the process where threads are not counted apart)."""
+    return resource.getrusage(_RUSAGE).ru_minflt
+
+
 class PhaseClock:
     """Per-step wall time per phase for one rank (seconds, accumulated within a step).
 
     Timed blocks also record this thread's CPU time (``cpu_steps``): on a shared CPU machine a
-    block's wall time includes the time other processes held the core, its CPU time does not.
+    block's wall time includes the time other processes held the core, its CPU time does not; and
+    its minor page faults (``fault_steps``: pages the allocator had given back to the OS and the block
+    touched again, see :mod:`reference.allocator`).
     """
 
     def __init__(self, sync: Callable[[], None] = lambda: None) -> None:
         self.sync = sync
         self.steps: list[dict[str, float]] = []
         self.cpu_steps: list[dict[str, float]] = []
+        self.fault_steps: list[dict[str, float]] = []
 
     def new_step(self) -> None:
         """Start accumulating a new step."""
         self.steps.append(defaultdict(float))
         self.cpu_steps.append(defaultdict(float))
+        self.fault_steps.append(defaultdict(float))
 
     def add(self, phase: str, seconds: float) -> None:
         """Add ``seconds`` to ``phase`` of the current step."""
@@ -190,13 +203,14 @@ class PhaseClock:
     def phase(self, name: str) -> Iterator[None]:
         """Time the block (synchronising the device first and last) into ``name``."""
         self.sync()
-        t, cpu = time.perf_counter(), time.thread_time()
+        t, cpu, faults = time.perf_counter(), time.thread_time(), minor_faults()
         try:
             yield
         finally:
             self.sync()
             self.add(name, time.perf_counter() - t)
             self.cpu_steps[-1][name] += time.thread_time() - cpu
+            self.fault_steps[-1][name] += minor_faults() - faults
 
 
 @dataclass

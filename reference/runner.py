@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from reference.allocator import keep_freed_memory
 from reference.config import RunConfig
 from reference.grid import GridCoords, build_groups
 from reference.instrument import Comm, Group, NsCounter, Pending, PhaseClock
@@ -60,6 +61,7 @@ class RankOutput:
     padding_overhead: float
     buckets: list[dict[str, Any]] = field(default_factory=list)
     phases_cpu_s: list[dict[str, float]] = field(default_factory=list)  # thread CPU seconds of the timed phases
+    phases_faults: list[dict[str, float]] = field(default_factory=list)  # minor page faults of the timed phases
 
 
 def hypers(cfg: RunConfig) -> tuple[MuonHyper, AdamHyper]:
@@ -161,6 +163,8 @@ def _inject(cfg: RunConfig, rank: int, step: int) -> None:
 def train(cfg: RunConfig, coords: GridCoords, groups: dict[str, Group], device: torch.device) -> RankOutput:
     """Run ``cfg.steps`` steps on this rank and report timings, collectives and final parameters."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if cfg.keep_freed_memory and device.type == "cpu":
+        keep_freed_memory()
     comm, clock, counter = Comm(groups, sync), PhaseClock(sync), NsCounter()
     specs = run_specs(cfg)
     init = {}
@@ -214,6 +218,7 @@ def train(cfg: RunConfig, coords: GridCoords, groups: dict[str, Group], device: 
                   "slots": [(s.name, s.start, s.numel, s.owner) for s in bl.slots]}
                  for tag, layouts in opt.layouts.items() for bl in layouts],
         phases_cpu_s=[dict(p) for p in clock.cpu_steps],
+        phases_faults=[dict(p) for p in clock.fault_steps],
     )
 
 

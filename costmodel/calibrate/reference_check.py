@@ -61,6 +61,7 @@ class PhaseComparison:
     predicted_s: float
     flop_only_s: float | None = None  # NS FLOPs / measured peak matmul rate: the model without kernels
     measured_cpu_s: float | None = None  # the phase's thread CPU time (immune to other processes on the cores)
+    measured_faults: float | None = None  # the phase's minor page faults per step (reference.allocator)
 
     @property
     def cpu_error_pct(self) -> float:
@@ -133,6 +134,7 @@ class ReferenceCheck:
                     if p.flop_only_s is not None else "")
             cpu = (f"; CPU time {p.measured_cpu_s * 1e3:.3f} ms, error {p.cpu_error_pct:+.1f} %"
                    if p.measured_cpu_s is not None else "")
+            cpu += f"; {p.measured_faults:.0f} page faults" if p.measured_faults else ""
             lines.append(f"rank {p.rank} {p.phase}: measured {p.measured_s * 1e3:.3f} ms, predicted "
                          f"{p.predicted_s * 1e3:.3f} ms, error {p.error_pct:+.1f} %{goal}{cpu}{flop}")
         lines += [f"note: {n}" for n in self.notes]
@@ -148,7 +150,7 @@ class ReferenceCheck:
             "ns_flops_per_step": {r: {"measured": m, "predicted": p} for r, (m, p) in self.ns_flops.items()},
             "phases": [{"phase": p.phase, "rank": p.rank, "measured_s": p.measured_s, "predicted_s": p.predicted_s,
                         "error_pct": p.error_pct, "measured_cpu_s": p.measured_cpu_s, "cpu_error_pct": p.cpu_error_pct,
-                        "flop_only_s": p.flop_only_s,
+                        "flop_only_s": p.flop_only_s, "measured_faults": p.measured_faults,
                         "flop_only_error_pct": p.flop_only_error_pct} for p in self.phases],
             "notes": self.notes,
         }
@@ -232,11 +234,49 @@ def reference_clone_kernels(muon_numels: list[int], nesterov: bool) -> list[Kern
     return [KernelSpec("reference_momentum_clone", "memory", 1, bytes=8.0 * n) for n in muon_numels]
 
 
+@dataclass(frozen=True)
+class RankKernels:
+    """The kernels the cost model expects of one rank's optimizer step in a reference run."""
+
+    names: list[str]  # Muon items the rank updates (plan order)
+    works: list[Any]  # their NsWork
+    muon: list[tuple[KernelSpec, ...]]  # kernel sequence per Muon item
+    adam: tuple[KernelSpec, ...]  # eager AdamW on the rank's element-wise shards (or whole parameters)
+    clones: list[KernelSpec]  # the reference's own momentum clone per Muon item
+
+    @property
+    def optimizer_kernels(self) -> list[KernelSpec]:
+        """Every kernel of the optimizer phase."""
+        return [k for ks in self.muon for k in ks] + list(self.adam) + self.clones
+
+
+def reference_rank_kernels(model: ModelSpec, config: Mapping[str, Any], rank: int) -> RankKernels:
+    """The cost model's kernels of rank ``rank``'s optimizer step in the reference run ``config``
+    (``extra.config``): Muon per owned item, AdamW per shard, the reference's clones."""
+    from costmodel.optimizer import plan_from_inventory
+    from costmodel.optimizer.kernel_sequence import muon_tensor_kernels
+    from costmodel.optimizer.newton_schulz import NsSettings, tensor_ns_work
+
+    inventory, spec, grid = reference_plan(model, config)
+    plan = plan_from_inventory(inventory, spec, grid).stages[0]
+    items = _items(inventory)
+    st = NsSettings.from_spec(spec)
+    grad_bytes = 4 if config.get("grad_dtype", "fp32") == "fp32" else 2
+    nesterov = bool(config.get("nesterov", False))
+    names = plan.owned_tensors(rank) if spec.kind == "muon" else []
+    works = [tensor_ns_work(items[name], st) for name in names]
+    muon = [muon_tensor_kernels(items[n], w, st, grad_bytes=grad_bytes, nesterov=nesterov,
+                                weight_decay=float(config.get("weight_decay", 0.01)) != 0.0)
+            for n, w in zip(names, works, strict=True)]
+    adam = _reference_adam_kernels(plan, inventory, rank, names, items, grad_bytes)
+    clones = reference_clone_kernels([items[n].local_numel for n in names], nesterov)
+    return RankKernels(names, works, muon, adam, clones)
+
+
 def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: ModelSpec) -> ReferenceCheck:
     """Compare a reference run with the cost model's plan at this machine's measured rates."""
-    from costmodel.optimizer import expected_rank_collectives, plan_from_inventory
-    from costmodel.optimizer.kernel_sequence import muon_tensor_kernels, orthogonalize_kernels
-    from costmodel.optimizer.newton_schulz import NsSettings, tensor_ns_work
+    from costmodel.optimizer import expected_rank_collectives
+    from costmodel.optimizer.kernel_sequence import orthogonalize_kernels
 
     config = run_config(run)
     extra = run.extra or {}
@@ -256,15 +296,11 @@ def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: Model
         if issued != want:
             diffs.append(CollectiveDiff(rank, tuple(c for c in want if c not in issued),
                                         tuple(c for c in issued if c not in want)))
-    plan = plan_from_inventory(inventory, spec, grid).stages[0]
     items = _items(inventory)
-    st = NsSettings.from_spec(spec)
     dtype = MATMUL_DTYPE[spec.matmul_precision]
-    grad_bytes = 4 if config.get("grad_dtype", "fp32") == "fp32" else 2
-    muon_kw = dict(grad_bytes=grad_bytes, nesterov=bool(config.get("nesterov", False)),
-                   weight_decay=float(config.get("weight_decay", 0.01)) != 0.0)
     phases_by_rank = extra.get("phase_times_s_by_rank") or {"0": run.phase_times_s or {}}
     cpu_by_rank = extra.get("phase_cpu_s_by_rank") or {}
+    faults_by_rank = extra.get("phase_minor_faults_by_rank") or {}
     flops_by_rank = extra.get("ns_flops_per_step_by_rank") or {}
     phases: list[PhaseComparison] = []
     ns_flops: dict[int, tuple[float, float]] = {}
@@ -273,26 +309,24 @@ def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: Model
         measured = _rank_key(phases_by_rank, rank)
         if measured is None:
             continue
-        names = plan.owned_tensors(rank) if spec.kind == "muon" else []
-        works = [tensor_ns_work(items[name], st) for name in names]
+        rk = reference_rank_kernels(model, config, rank)
+        names, works, muon = rk.names, rk.works, rk.muon
         flops = sum(w.flops for w in works)
         if _rank_key(flops_by_rank, rank) is not None:
             ns_flops[rank] = (float(_rank_key(flops_by_rank, rank)), flops)
-        muon = [muon_tensor_kernels(items[n], w, st, **muon_kw) for n, w in zip(names, works, strict=True)]  # type: ignore[arg-type]
         calls = sum(len(items[name].muon_components) for name in names)
         flop_only = flops / local.gemm_flops_per_s[dtype]
         comm = measured.get("ns_comm", 0.0)
         cpu = _rank_key(cpu_by_rank, rank) or {}
+        faults = _rank_key(faults_by_rank, rank) or {}
         if works and measured.get("newton_schulz"):
             ns_s = local.kernels_time_s([k for ks in muon for k in orthogonalize_kernels(ks)], calls, dtype)
             phases.append(PhaseComparison("newton_schulz", rank, measured["newton_schulz"] - comm, ns_s, flop_only,
-                                          cpu.get("newton_schulz")))
+                                          cpu.get("newton_schulz"), faults.get("newton_schulz")))
         if measured.get("optimizer"):
-            adam = _reference_adam_kernels(plan, inventory, rank, names, items, grad_bytes)
-            clones = reference_clone_kernels([items[n].local_numel for n in names], bool(muon_kw["nesterov"]))
-            opt_s = local.kernels_time_s([k for ks in muon for k in ks] + list(adam) + clones, calls, dtype)
+            opt_s = local.kernels_time_s(rk.optimizer_kernels, calls, dtype)
             phases.append(PhaseComparison("optimizer", rank, measured["optimizer"] - comm, opt_s, flop_only,
-                                          cpu.get("optimizer")))
+                                          cpu.get("optimizer"), faults.get("optimizer")))
         if measured.get("grad_reduce"):
             reduce_calls = [c for c in expected[rank] if c.phase == "grad_reduce"]
             times = [local.collective_time_s(c.op, c.bytes) for c in reduce_calls]
