@@ -115,11 +115,46 @@ class _Shards:
         return shard, starts, fit
 
 
+def lpt_place_small(sizes: list[int], costs: list[float], load: list[float],
+                    cap: float | None) -> tuple[list[int], list[int], list[int]]:
+    """:func:`lpt_place` on plain lists, item by item (no batches, no heap): (shard, start within
+    the shard, shard cursors) of every item; ``load`` (one float per shard) is updated in place.
+
+    For the many small chunks of a layer-wise buffer (a few items on a few shards), where numpy's
+    per-call overhead dominates. The same rule and the same float additions in the same order as
+    :meth:`_Shards.place_one` (least-loaded fitting shard, ties to the lowest; else the lowest
+    cursor), so the placement is the same to the bit."""
+    d = len(load)
+    padded, cursor = [0] * d, [0] * d
+    owner, start = [0] * len(sizes), [0] * len(sizes)
+    shards = range(d)
+    for i in sorted(range(len(sizes)), key=lambda i: -costs[i]):  # stable: ties in input order
+        size = sizes[i]
+        fits = [r for r in shards if padded[r] + size <= cap] if cap is not None else shards
+        if fits:
+            r = min(fits, key=lambda r: (load[r], r))
+        else:  # nothing fits under the cap: the shortest shard
+            r = min(shards, key=cursor.__getitem__)
+        at = padded[r]
+        owner[i], start[i] = r, at
+        cursor[r] = at + size
+        padded[r] = _aligned(at + size)
+        load[r] += costs[i]
+    return owner, start, cursor
+
+
 def lpt_place(numel: np.ndarray, cost: np.ndarray, loads: np.ndarray,
               cap: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(shard, start within the shard, shard cursors) of every item, by greedy LPT (module
     docstring); ``loads`` (one per shard) is updated in place. ``cap`` None: no cap (every shard fits)."""
     n, d = len(numel), len(loads)
+    if n * d < BATCH_WORK:  # no run can be batched: the plain-list walk (same placement)
+        load = loads.astype(np.float64).tolist()
+        owner_l, start_l, cursor_l = lpt_place_small(np.asarray(numel, dtype=np.int64).tolist(),
+                                                     np.asarray(cost, dtype=np.float64).tolist(), load, cap)
+        loads[:] = load
+        return (np.array(owner_l, dtype=np.int64), np.array(start_l, dtype=np.int64),
+                np.array(cursor_l, dtype=np.int64))
     sizes = np.asarray(numel, dtype=np.int64)
     costs = np.asarray(cost, dtype=np.float64)
     order = np.argsort(-costs, kind="stable")
