@@ -131,10 +131,8 @@ def lpt_place_small(sizes: list[int], costs: list[float], load: list[float],
     for i in sorted(range(len(sizes)), key=lambda i: -costs[i]):  # stable: ties in input order
         size = sizes[i]
         fits = [r for r in shards if padded[r] + size <= cap] if cap is not None else shards
-        if fits:
-            r = min(fits, key=lambda r: (load[r], r))
-        else:  # nothing fits under the cap: the shortest shard
-            r = min(shards, key=cursor.__getitem__)
+        # the least-loaded fitting shard; if nothing fits under the cap, the shortest shard
+        r = min(fits, key=lambda r: (load[r], r)) if fits else min(shards, key=cursor.__getitem__)
         at = padded[r]
         owner[i], start[i] = r, at
         cursor[r] = at + size
