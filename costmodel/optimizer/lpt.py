@@ -47,6 +47,8 @@ class _Shards:
     def place_one(self, size: int, cost: float) -> tuple[int, int]:
         """(shard, start) of one item: the least-loaded shard it fits on, else the lowest cursor."""
         heap, cap, padded = self.heap, self.cap, self.padded
+        if cap is not None and min(padded) + size > cap:  # fits nowhere: the shortest shard, heap untouched
+            return self._put(min(range(self.d), key=self.cursor.__getitem__), size, cost)
         skipped = []
         while heap and heap[0][0] != self.load[heap[0][1]]:  # stale entry
             heapq.heappop(heap)
@@ -61,11 +63,16 @@ class _Shards:
             skipped = [e for e in skipped if e[1] != r]
         for e in skipped:
             heapq.heappush(heap, e)
-        at = padded[r]
+        return self._put(r, size, cost)
+
+    def _put(self, r: int, size: int, cost: float) -> tuple[int, int]:
+        """(shard, start) of an item put on shard ``r``; its heap entry is pushed anew (the old one
+        is stale: loads only grow, so a stale entry never matches the shard's load again)."""
+        at = self.padded[r]
         self.cursor[r] = at + size
-        padded[r] = _aligned(at + size)
+        self.padded[r] = _aligned(at + size)
         self.load[r] += cost
-        heapq.heappush(heap, (self.load[r], r))
+        heapq.heappush(self.heap, (self.load[r], r))
         return r, at
 
     def place_run(self, k: int, size: int, cost: int) -> tuple[np.ndarray, np.ndarray, int]:
