@@ -200,8 +200,9 @@ class StageBuilder:
     """Accumulates buckets and per-rank work of one stage."""
 
     def __init__(self, stage: int, grid: Grid, spec, timer: Timer, st: NsSettings,  # noqa: ANN001
-                 fp8_gather_bytes: int = PARAM_BYTES, fp8_gathers: int = 1) -> None:
+                 fp8_gather_bytes: int = PARAM_BYTES, fp8_gathers: int = 1, critical_only: bool = False) -> None:
         self.stage, self.grid, self.spec, self.timer, self.st = stage, grid, spec, timer, st
+        self.critical_only = critical_only  # the plan keeps the slowest GPU class's RankWork only
         self.fp8_gather_bytes = fp8_gather_bytes  # bytes per element gathered for FP8-parameter buffers
         self.fp8_gathers = fp8_gathers  # all-gathers per FP8-parameter bucket (workloads.fp8_params)
         self.roles = {g: _Role(g, grid.size(g)) for g in GROUPS}
@@ -446,7 +447,8 @@ def host_adam_s(numel: np.ndarray, grad_bytes: int, system: SystemSpec | None) -
 
 
 def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
-    """One RankWork per distinct (dense index, expert index) pair of the stage's GPUs.
+    """One RankWork per distinct (dense index, expert index) pair of the stage's GPUs (only the
+    slowest one's with ``b.critical_only``).
 
     A GPU's optimizer step is one eager kernel stream after the gradient-norm synchronisation:
     per-tensor kernels of both roles, the fused-Adam launches of each role's optimizer, one
@@ -484,9 +486,14 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
     assert tuple(parts) == KERNEL_PARTS
     ns_s, tp_s, issue_s = both("ns_s"), both("tp_s"), kernels * timer.issue_s
     total_s = np.maximum(ns_s + ew_s + tp_s, issue_s)  # RankWork.step_s for every GPU class at once
-    ints = [np.asarray(a).astype(np.int64).tolist() for a in (first, owned, counts, dd, ee, both("muon_items"))]
-    floats = [a.tolist() for a in (both("flops"), ns_s, ew_s, tp_s, issue_s, total_s)]
-    by_part = zip(*[np.asarray(v, dtype=np.float64).tolist() for v in parts.values()], strict=True)
+    ints = [np.asarray(a).astype(np.int64) for a in (first, owned, counts, dd, ee, both("muon_items"))]
+    floats = [both("flops"), ns_s, ew_s, tp_s, issue_s, total_s]
+    by_kind = [np.asarray(v, dtype=np.float64) for v in parts.values()]
+    if b.critical_only:  # the slowest class alone (the first of equals, as max() picks it)
+        at = int(np.argmax(total_s))
+        ints, floats, by_kind = ([a[at:at + 1] for a in cols] for cols in (ints, floats, by_kind))
+    ints, floats = [a.tolist() for a in ints], [a.tolist() for a in floats]
+    by_part = zip(*[v.tolist() for v in by_kind], strict=True)
     return RankWork.from_rows(  # in RankWork's field order
         (r, o, fl, ns, ew, tp, m, d, e, iss, part, mt, tot)
         for r, o, m, d, e, mt, fl, ns, ew, tp, iss, tot, part in zip(*ints, *floats, by_part, strict=True))
