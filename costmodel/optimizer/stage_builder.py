@@ -486,14 +486,13 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
     assert tuple(parts) == KERNEL_PARTS
     ns_s, tp_s, issue_s = both("ns_s"), both("tp_s"), kernels * timer.issue_s
     total_s = np.maximum(ns_s + ew_s + tp_s, issue_s)  # RankWork.step_s for every GPU class at once
-    ints = [np.asarray(a).astype(np.int64) for a in (first, owned, counts, dd, ee, both("muon_items"))]
-    floats = [both("flops"), ns_s, ew_s, tp_s, issue_s, total_s]
-    by_kind = [np.asarray(v, dtype=np.float64) for v in parts.values()]
+    keep = slice(None)
     if b.critical_only:  # the slowest class alone (the first of equals, as max() picks it)
         at = int(np.argmax(total_s))
-        ints, floats, by_kind = ([a[at:at + 1] for a in cols] for cols in (ints, floats, by_kind))
-    ints, floats = [a.tolist() for a in ints], [a.tolist() for a in floats]
-    by_part = zip(*[v.tolist() for v in by_kind], strict=True)
+        keep = slice(at, at + 1)
+    ints = [np.asarray(a).astype(np.int64)[keep].tolist() for a in (first, owned, counts, dd, ee, both("muon_items"))]
+    floats = [a[keep].tolist() for a in (both("flops"), ns_s, ew_s, tp_s, issue_s, total_s)]
+    by_part = zip(*[np.asarray(v, dtype=np.float64)[keep].tolist() for v in parts.values()], strict=True)
     return RankWork.from_rows(  # in RankWork's field order
         (r, o, fl, ns, ew, tp, m, d, e, iss, part, mt, tot)
         for r, o, m, d, e, mt, fl, ns, ew, tp, iss, tot, part in zip(*ints, *floats, by_part, strict=True))
