@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -209,10 +209,14 @@ def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSetting
     """The optimizer plan of stage ``s``; ``seen``: the stages of this plan built so far, by
     :func:`_stage_signature` (a stage holding the same tensors as one of them reuses its plan)."""
     fp8_of = (lambda t, layer: is_fp8_param(t, inv.model.num_layers, bf16_layers, layer)) if fp8 else None
-    buffers = _stage_buffers(inv, s, spec.kind, fp8_of, bf16_layers if fp8 else None)
+
+    def load() -> list[_Buffer]:
+        return _stage_buffers(inv, s, spec.kind, fp8_of, bf16_layers if fp8 else None)
+
     key = _stage_signature(inv, s, fp8_of)
-    if seen is not None and key in seen:
-        return _restaged(*seen[key], s, buffers)
+    if seen is not None and key in seen:  # this stage's own buffers only name its parameters: built if asked
+        return _restaged(*seen[key], s, load)
+    buffers = load()
     b = StageBuilder(s, grid, spec, timer, st, param_gather_bytes_per_element(precision, True, fsdp),
                      param_gathers_per_sync(precision, True, fsdp), critical_only)
     dist = spec.resolved_distribution
@@ -272,11 +276,26 @@ def _stage_signature(inv: Inventory, s: int, fp8_of: Callable[[TensorSpec, int |
                  for r in inv.stage_runs(s))
 
 
-def _restaged(plan: StageOptimizerPlan, twin: list[_Buffer], s: int, buffers: list[_Buffer]) -> StageOptimizerPlan:
+@dataclass(frozen=True, eq=False)
+class _BufferRef:
+    """Buffer ``index`` of a stage's buffers (``load()``), built when its parameter names are first
+    asked for: a restaged stage needs its own buffers for nothing else."""
+
+    load: Callable[[], list[_Buffer]]
+    index: int
+
+    @property
+    def names(self) -> list[str]:
+        """The buffer's parameter names (:attr:`_Buffer.names`)."""
+        return self.load()[self.index].names
+
+
+def _restaged(plan: StageOptimizerPlan, twin: list[_Buffer], s: int,
+              load: Callable[[], list[_Buffer]]) -> StageOptimizerPlan:
     """``plan`` (built for a stage with the same signature, whose buffers were ``twin``) for stage
-    ``s`` with buffers ``buffers``: the same buckets, ranks and collectives, this stage's names."""
+    ``s`` whose buffers ``load()`` gives: the same buckets, ranks and collectives, this stage's names."""
     index = {id(buf): i for i, buf in enumerate(twin)}
-    roles = tuple(replace(r, name_parts=tuple((buffers[index[id(buf)]], idx) for buf, idx in r.name_parts))
+    roles = tuple(replace(r, name_parts=tuple((_BufferRef(load, index[id(buf)]), idx) for buf, idx in r.name_parts))
                   for r in plan.roles)
     return replace(plan, stage=s, buckets=tuple(replace(bk, stage=s) for bk in plan.buckets), roles=roles)
 
