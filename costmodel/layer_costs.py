@@ -90,16 +90,19 @@ def rank_shape(scenario: Scenario) -> RankShape:
 
 
 def pass_stream(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
-                kind: str = "dense", framework_s: float = 0.0) -> StreamCost:
+                kind: str = "dense", framework_s: float = 0.0, times_s: tuple[float, ...] | None = None) -> StreamCost:
     """GPU and host-issue seconds of one pass (forward or backward) of one layer of ``kind``.
 
     Uncaptured kernels cost ``kernel_issue_s`` each on the host, captured ones none; each graph
     replay costs one issue; ``framework_s`` is the pass's framework host time beyond the launches
     (:func:`framework_host_s`). The pass takes ``max(Σ GPU, Σ issue)`` (:mod:`costmodel.kernels`).
+    ``times_s``: each operation's :func:`operation_time_s` when the caller has them already.
     """
     gpu = launches = captured = 0.0
-    for o in ops:
-        gpu += operation_time_s(o, system)
+    if times_s is None:
+        times_s = tuple(operation_time_s(o, system) for o in ops)
+    for o, t in zip(ops, times_s, strict=True):
+        gpu += t
         launches += o.kernels
         if capture.captures(o, kind):
             captured += o.kernels
@@ -142,14 +145,18 @@ def framework_host_s(ops: LayerOps, system: SystemSpec, capture: GraphCapture = 
 
 
 def pass_windows(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
-                 kind: str = "dense", framework_s: float = 0.0) -> tuple[float, float]:
+                 kind: str = "dense", framework_s: float = 0.0,
+                 times_s: tuple[float, ...] | None = None) -> tuple[float, float]:
     """(seconds, host slack seconds) of one pass on the compute stream: :func:`pass_stream` per
     window between host synchronisations. An operation marked ``host_sync`` (the dispatcher's token
     counts copied to the host) ends a window: the host waits ``host_sync_s`` for the GPU to drain and
     copy, and cannot issue the next window's kernels ahead, so each window costs
     ``max(Σ GPU, Σ issue)`` on its own. Captured (CUDA-graph) work never syncs: Megatron cannot
     capture a host synchronisation. ``framework_s`` (:func:`framework_host_s`) is shared by the
-    windows in proportion to their launches; the slack is what the GPU waits for the host."""
+    windows in proportion to their launches; the slack is what the GPU waits for the host.
+    ``times_s``: each operation's :func:`operation_time_s` when the caller has them already."""
+    if times_s is None:
+        times_s = tuple(operation_time_s(o, system) for o in ops)
     cuts = [i for i, o in enumerate(ops) if o.host_sync and i > 0 and not capture.captures(o, kind)]
     bounds = list(zip([0, *cuts], [*cuts, len(ops)], strict=True))
     launches = sum(o.kernels for o in ops) or 1.0
@@ -157,7 +164,7 @@ def pass_windows(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphC
     for a, b in bounds:
         window = ops[a:b]
         share = framework_s * sum(o.kernels for o in window) / launches
-        st = pass_stream(window, system, capture, kind, share)
+        st = pass_stream(window, system, capture, kind, share, times_s[a:b])
         total += st.time_s
         slack += max(0.0, st.issue_s - st.gpu_s)
     return total + system.efficiency.host_sync_s * len(cuts), slack
@@ -175,8 +182,17 @@ def layer_passes(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_G
     """((forward s, forward host slack s), (backward s, backward host slack s)) of one layer
     (:func:`pass_windows` with the framework's host time, :func:`framework_host_s`)."""
     host_f, host_b = framework_host_s(ops, system, capture, kind)
-    return (pass_windows(ops.forward, system, capture, kind, host_f),
-            pass_windows(ops.backward, system, capture, kind, host_b))
+    times_f, times_b = op_times_s(ops, system)
+    return (pass_windows(ops.forward, system, capture, kind, host_f, times_f),
+            pass_windows(ops.backward, system, capture, kind, host_b, times_b))
+
+
+@lru_cache(maxsize=4096)
+def op_times_s(ops: LayerOps, system: SystemSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(forward, backward) GPU seconds of each operation of one layer (:func:`operation_time_s`),
+    computed once for the pass times, the attention-core times and the layer parts."""
+    return (tuple(operation_time_s(o, system) for o in ops.forward),
+            tuple(operation_time_s(o, system) for o in ops.backward))
 
 
 @lru_cache(maxsize=4096)
@@ -187,8 +203,9 @@ def ops_time(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_GRAPH
     Pass times are kernel-level (:func:`pass_time_s`); attention-core seconds are GPU time.
     """
     (f, _), (b, _) = layer_passes(ops, system, capture, kind)
-    fa = sum(operation_time_s(o, system) for o in ops.forward if o.kind == "attention")
-    ba = sum(operation_time_s(o, system) for o in ops.backward if o.kind == "attention")
+    times_f, times_b = op_times_s(ops, system)
+    fa = sum(t for o, t in zip(ops.forward, times_f, strict=True) if o.kind == "attention")
+    ba = sum(t for o, t in zip(ops.backward, times_b, strict=True) if o.kind == "attention")
     return f, b, fa, ba
 
 
@@ -236,9 +253,8 @@ def layer_parts(ops: LayerOps, system: SystemSpec) -> LayerParts:
     mlp = [0.0, 0.0]
     attn = [0.0, 0.0]
     wgrad = 0.0
-    for i, seq in enumerate((ops.forward, ops.backward)):
-        for o in seq:
-            t = operation_time_s(o, system)
+    for i, (seq, times) in enumerate(zip((ops.forward, ops.backward), op_times_s(ops, system), strict=True)):
+        for o, t in zip(seq, times, strict=True):
             if o.module in MLP_SIDE_MODULES:
                 mlp[i] += t
             else:

@@ -53,6 +53,24 @@ def test_fast_analytic_equals_run_analytic(default_scenario) -> None:
     assert shared.plan_builds == 1
 
 
+def test_critical_only_plan_keeps_the_slowest_gpu_class(default_scenario) -> None:
+    """The planner's plans keep each stage's slowest GPU class alone: the same RankWork (the first
+    of equals, as ``max`` picks it), the same buckets and collectives as the full plan's."""
+    from costmodel.optimizer.plan import build_optimizer_plan
+
+    classes = 0
+    for cand in _sample(default_scenario, 6, seed=7, pins={"tp": "1,2", "pp": "2,4", "ep": "16,64"}):
+        sc = build_scenario(default_scenario, cand)
+        full, lean = build_optimizer_plan(sc), build_optimizer_plan(sc, critical_only=True)
+        for fs, ls in zip(full.stages, lean.stages, strict=True):
+            slowest = max(fs.ranks, key=lambda r: r.total_s)
+            classes = max(classes, len(fs.ranks))
+            assert ls.ranks == (slowest,) and ls.critical_rank == 0
+            assert (ls.buckets, ls.collectives, ls.collective_times_s) == (fs.buckets, fs.collectives,
+                                                                          fs.collective_times_s)
+    assert classes > 1  # the sample has stages of several GPU classes
+
+
 def test_fast_pipeline_bound_equals_the_engine(default_scenario) -> None:
     engine = FastAnalytic()
     pins = {"tp": "1,2,4", "pp": "1,2,4,8", "cp": "1,2", "micro_batch_size": "1,2", "ep": "16,64"}

@@ -203,6 +203,17 @@ class JobPlacement:
         """How group ``kind`` spans NVLink domains and fabric tiers (cheap, cached)."""
         if "shapes" in self.__dict__ and kind in self.shapes:
             return self.shapes[kind]
+        known = self._kind_shapes
+        if kind not in known:
+            known[kind] = self._shape_of(kind)
+        return known[kind]
+
+    @cached_property
+    def _kind_shapes(self) -> dict[str, GroupShape]:
+        """The shapes asked for so far (:meth:`shape`; placements are shared, see :func:`placement_for`)."""
+        return {}
+
+    def _shape_of(self, kind: str) -> GroupShape:
         size, stride = self.size_and_stride(kind)
         if kind == "embd" and size > 1:
             width, period, _ = self.embd_pattern()
@@ -327,11 +338,28 @@ def place_job(system: SystemSpec, gpus: int, tp: int = 1, cp: int = 1, ep: int =
                         tp_pp_dp=tp_pp_dp)
 
 
+_PLACEMENTS: dict[tuple, tuple[SystemSpec, JobPlacement]] = {}
+_PLACEMENTS_LIMIT = 20_000
+
+
 def placement_for(scenario) -> JobPlacement:  # noqa: ANN001 - avoids importing workloads here
-    """Placement of a resolved scenario (workloads.scenario.Scenario)."""
-    p = scenario.par
-    job = place_job(scenario.system, scenario.gpus, tp=p.tp, cp=p.cp, ep=p.ep, etp=p.expert_tp, pp=p.pp,
-                    gpus_per_domain=scenario.config.placement.gpus_per_domain,
-                    tp_pp_dp=scenario.config.placement.use_tp_pp_dp_mapping)
+    """Placement of a resolved scenario (workloads.scenario.Scenario).
+
+    Memoised on what it depends on (the system by identity, held by the entry so that its id stays
+    unique): the placement is immutable, and sharing it keeps its group shapes computed once (the
+    planner asks for the placement of tens of thousands of layouts, several times each)."""
+    p, cfg = scenario.par, scenario.config.placement
     instances = scenario.optimizer.num_distributed_optimizer_instances
-    return job if instances == 1 else replace(job, instances=instances)
+    system = scenario.system
+    key = (id(system), scenario.gpus, p.tp, p.cp, p.ep, p.expert_tp, p.pp, cfg.gpus_per_domain,
+           cfg.use_tp_pp_dp_mapping, instances)
+    hit = _PLACEMENTS.get(key)
+    if hit is not None and hit[0] is system:
+        return hit[1]
+    job = place_job(system, scenario.gpus, tp=p.tp, cp=p.cp, ep=p.ep, etp=p.expert_tp, pp=p.pp,
+                    gpus_per_domain=cfg.gpus_per_domain, tp_pp_dp=cfg.use_tp_pp_dp_mapping)
+    job = job if instances == 1 else replace(job, instances=instances)
+    if len(_PLACEMENTS) > _PLACEMENTS_LIMIT:
+        _PLACEMENTS.clear()
+    _PLACEMENTS[key] = (system, job)
+    return job

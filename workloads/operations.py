@@ -192,6 +192,20 @@ class LayerOps:
     forward: tuple[Operation, ...]
     backward: tuple[Operation, ...]
 
+    def __hash__(self) -> int:
+        """The dataclass's hash of (forward, backward), computed once per object: the layer caches
+        (``functools.lru_cache`` on the operations) look a layer's operations up several times, and
+        hashing ~100 operations each time was a good part of the planner's pipeline bounds."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.forward, self.backward))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled without the cached hash (string hashes differ between processes)."""
+        return {"forward": self.forward, "backward": self.backward}
+
     @property
     def forward_flops(self) -> float:
         """FLOPs of the forward operations."""

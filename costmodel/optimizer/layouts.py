@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.optimizer.lpt import PARAM_ALIGN, lpt_place
+from costmodel.optimizer.lpt import BATCH_WORK, PARAM_ALIGN, lpt_place, lpt_place_small
 
 LPT_CAP = 1.3  # a shard stops being an LPT candidate beyond 1.3 × the chunk's mean shard size
 STRATEGIES = ("none", "ping_pong", "lpt")
@@ -320,11 +320,28 @@ def _layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size
         return []
     numel = numel.astype(np.int64)
     cost = cost.astype(np.float64)
-    bounds = chunk_bounds(numel.tolist(), d, bucket_size)
-    loads = np.zeros(d)
+    sizes, costs = numel.tolist(), cost.tolist()
+    bounds = chunk_bounds(sizes, d, bucket_size)
+    load = [0.0] * d  # shard loads, persisting across chunks
     out = []
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        if strategy == "lpt" and d > 1 and (hi - lo) * d < BATCH_WORK:  # a small chunk: plain lists
+            out.append(_small_lpt_span(lo, hi, sizes[lo:hi], costs[lo:hi], d, load))
+            continue
+        loads = np.array(load)
         owner, start, cursors = _assign_chunk(numel[lo:hi], cost[lo:hi], d, loads, strategy)
+        load = loads.tolist()
         shard = _padded_shard(cursors, d)
         out.append(BucketSpan(lo, hi, shard * d, int(numel[lo:hi].sum()), owner * shard + start, owner))
     return out
+
+
+def _small_lpt_span(lo: int, hi: int, sizes: list[int], costs: list[float], d: int, load: list[float]) -> BucketSpan:
+    """The bucket of chunk ``lo:hi`` placed by LPT under the 1.3x cap on plain lists
+    (:func:`costmodel.optimizer.lpt.lpt_place_small`; what :func:`_assign_chunk` does, without
+    numpy's per-call overhead); ``load`` is updated in place."""
+    used = sum(sizes)
+    owner, start, cursor = lpt_place_small(sizes, costs, load, LPT_CAP * float(used) / d)
+    shard = round_up(max(max(cursor), 1), shard_pad_multiple(d))
+    return BucketSpan(lo, hi, shard * d, used, np.array([o * shard + a for o, a in zip(owner, start, strict=True)],
+                                                        dtype=np.int64), np.array(owner, dtype=np.int64))

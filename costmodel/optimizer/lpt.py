@@ -47,6 +47,8 @@ class _Shards:
     def place_one(self, size: int, cost: float) -> tuple[int, int]:
         """(shard, start) of one item: the least-loaded shard it fits on, else the lowest cursor."""
         heap, cap, padded = self.heap, self.cap, self.padded
+        if cap is not None and min(padded) + size > cap:  # fits nowhere: the shortest shard, heap untouched
+            return self._put(min(range(self.d), key=self.cursor.__getitem__), size, cost)
         skipped = []
         while heap and heap[0][0] != self.load[heap[0][1]]:  # stale entry
             heapq.heappop(heap)
@@ -61,11 +63,16 @@ class _Shards:
             skipped = [e for e in skipped if e[1] != r]
         for e in skipped:
             heapq.heappush(heap, e)
-        at = padded[r]
+        return self._put(r, size, cost)
+
+    def _put(self, r: int, size: int, cost: float) -> tuple[int, int]:
+        """(shard, start) of an item put on shard ``r``; its heap entry is pushed anew (the old one
+        is stale: loads only grow, so a stale entry never matches the shard's load again)."""
+        at = self.padded[r]
         self.cursor[r] = at + size
-        padded[r] = _aligned(at + size)
+        self.padded[r] = _aligned(at + size)
         self.load[r] += cost
-        heapq.heappush(heap, (self.load[r], r))
+        heapq.heappush(self.heap, (self.load[r], r))
         return r, at
 
     def place_run(self, k: int, size: int, cost: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -115,11 +122,44 @@ class _Shards:
         return shard, starts, fit
 
 
+def lpt_place_small(sizes: list[int], costs: list[float], load: list[float],
+                    cap: float | None) -> tuple[list[int], list[int], list[int]]:
+    """:func:`lpt_place` on plain lists, item by item (no batches, no heap): (shard, start within
+    the shard, shard cursors) of every item; ``load`` (one float per shard) is updated in place.
+
+    For the many small chunks of a layer-wise buffer (a few items on a few shards), where numpy's
+    per-call overhead dominates. The same rule and the same float additions in the same order as
+    :meth:`_Shards.place_one` (least-loaded fitting shard, ties to the lowest; else the lowest
+    cursor), so the placement is the same to the bit."""
+    d = len(load)
+    padded, cursor = [0] * d, [0] * d
+    owner, start = [0] * len(sizes), [0] * len(sizes)
+    shards = range(d)
+    for i in sorted(range(len(sizes)), key=lambda i: -costs[i]):  # stable: ties in input order
+        size = sizes[i]
+        fits = [r for r in shards if padded[r] + size <= cap] if cap is not None else shards
+        # the least-loaded fitting shard; if nothing fits under the cap, the shortest shard
+        r = min(fits, key=lambda r: (load[r], r)) if fits else min(shards, key=cursor.__getitem__)
+        at = padded[r]
+        owner[i], start[i] = r, at
+        cursor[r] = at + size
+        padded[r] = _aligned(at + size)
+        load[r] += costs[i]
+    return owner, start, cursor
+
+
 def lpt_place(numel: np.ndarray, cost: np.ndarray, loads: np.ndarray,
               cap: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(shard, start within the shard, shard cursors) of every item, by greedy LPT (module
     docstring); ``loads`` (one per shard) is updated in place. ``cap`` None: no cap (every shard fits)."""
     n, d = len(numel), len(loads)
+    if n * d < BATCH_WORK:  # no run can be batched: the plain-list walk (same placement)
+        load = loads.astype(np.float64).tolist()
+        owner_l, start_l, cursor_l = lpt_place_small(np.asarray(numel, dtype=np.int64).tolist(),
+                                                     np.asarray(cost, dtype=np.float64).tolist(), load, cap)
+        loads[:] = load
+        return (np.array(owner_l, dtype=np.int64), np.array(start_l, dtype=np.int64),
+                np.array(cursor_l, dtype=np.int64))
     sizes = np.asarray(numel, dtype=np.int64)
     costs = np.asarray(cost, dtype=np.float64)
     order = np.argsort(-costs, kind="stable")

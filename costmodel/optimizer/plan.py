@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -68,9 +68,12 @@ def plan_key(scenario) -> tuple:  # noqa: ANN001 - workloads.scenario.Scenario
             scenario.runtime.bf16_layers)
 
 
-def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads.scenario.Scenario
-    """The optimizer plan of a resolved scenario (memoised: the planner calls this many times)."""
-    key = plan_key(scenario)
+def build_optimizer_plan(scenario, critical_only: bool = False) -> OptimizerPlan:  # noqa: ANN001 - workloads.scenario.Scenario
+    """The optimizer plan of a resolved scenario (memoised: the planner calls this many times).
+
+    ``critical_only``: every stage keeps only its slowest GPU class's RankWork (what the step time
+    reads; the planner's screening builds thousands of plans with hundreds of GPU classes each)."""
+    key = (*plan_key(scenario), critical_only)
     plan = _CACHE.get(key)
     if plan is not None:
         _CACHE.move_to_end(key)
@@ -83,7 +86,7 @@ def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads
                 instances=scenario.optimizer.num_distributed_optimizer_instances)
     plan = plan_from_inventory(cached_inventory(scenario), scenario.optimizer, grid, scenario.system, placement.shape,
                                fsdp=p.fsdp > 0, precision=scenario.precision.value,
-                               bf16_layers=scenario.runtime.bf16_layers)
+                               bf16_layers=scenario.runtime.bf16_layers, critical_only=critical_only)
     _CACHE[key] = plan
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
@@ -92,7 +95,8 @@ def build_optimizer_plan(scenario) -> OptimizerPlan:  # noqa: ANN001 - workloads
 
 def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSpec | None = None,  # noqa: ANN001
                         shape_of: Callable[[str], GroupShape] | None = None, fsdp: bool = False,
-                        precision: str = "bf16", bf16_layers: tuple[int, int] = (0, 0)) -> OptimizerPlan:
+                        precision: str = "bf16", bf16_layers: tuple[int, int] = (0, 0),
+                        critical_only: bool = False) -> OptimizerPlan:
     """The optimizer plan of ``inventory`` under ``spec`` (an OptimizerSpec) and group sizes ``grid``.
 
     ``shape_of(group)`` gives the placement shape of a group kind for collective times (default:
@@ -101,7 +105,8 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
     (the per-layer gathers and reduce-scatters are :mod:`costmodel.fsdp`'s).
     ``precision`` (training recipe: bf16, fp8-cs, mxfp8, nvfp4) decides what ``fp8_param_gather``
     does (:mod:`workloads.fp8_params`); the GEMM weights of the ``bf16_layers`` (first, last) layers
-    kept in BF16 (``first_last_layers_bf16``) are never FP8 parameters.
+    kept in BF16 (``first_last_layers_bf16``) are never FP8 parameters. ``critical_only``: each
+    stage's ``ranks`` hold its slowest GPU class alone (the same RankWork as in the full plan).
     """
     if grid.etp * grid.ep * grid.expert_dp != grid.gpus_per_stage:
         raise ValueError(f"inconsistent grid {grid}: tp·dp must equal etp·ep·expert_dp")
@@ -116,7 +121,7 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
     timer = Timer(system, spec.matmul_precision, shape_of)
     fp8 = fp8_gather_active(kind, dist, precision, spec.fp8_param_gather, fsdp)
     seen: dict[tuple, tuple[StageOptimizerPlan, list[_Buffer]]] = {}
-    stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp, fp8, precision, bf16_layers, seen)
+    stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp, fp8, precision, bf16_layers, seen, critical_only)
                    for s in range(inventory.pp))
     layer_wise = dist == "layer_wise"
     gathers = any(b.gather_op for s in stages for b in s.buckets)
@@ -199,16 +204,21 @@ def _stage_buffers(inv: Inventory, s: int, kind: str, fp8_of: Callable[[TensorSp
 def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings,  # noqa: ANN001
            fsdp: bool = False, fp8: bool = False, precision: str = "bf16",
            bf16_layers: tuple[int, int] = (0, 0),
-           seen: dict[tuple, tuple[StageOptimizerPlan, list[_Buffer]]] | None = None) -> StageOptimizerPlan:
+           seen: dict[tuple, tuple[StageOptimizerPlan, list[_Buffer]]] | None = None,
+           critical_only: bool = False) -> StageOptimizerPlan:
     """The optimizer plan of stage ``s``; ``seen``: the stages of this plan built so far, by
     :func:`_stage_signature` (a stage holding the same tensors as one of them reuses its plan)."""
     fp8_of = (lambda t, layer: is_fp8_param(t, inv.model.num_layers, bf16_layers, layer)) if fp8 else None
-    buffers = _stage_buffers(inv, s, spec.kind, fp8_of, bf16_layers if fp8 else None)
+
+    def load() -> list[_Buffer]:
+        return _stage_buffers(inv, s, spec.kind, fp8_of, bf16_layers if fp8 else None)
+
     key = _stage_signature(inv, s, fp8_of)
-    if seen is not None and key in seen:
-        return _restaged(*seen[key], s, buffers)
+    if seen is not None and key in seen:  # this stage's own buffers only name its parameters: built if asked
+        return _restaged(*seen[key], s, load)
+    buffers = load()
     b = StageBuilder(s, grid, spec, timer, st, param_gather_bytes_per_element(precision, True, fsdp),
-                     param_gathers_per_sync(precision, True, fsdp))
+                     param_gathers_per_sync(precision, True, fsdp), critical_only)
     dist = spec.resolved_distribution
     if fsdp:
         _fsdp_stage(b, buffers, spec.data_parallel_sharding_strategy)
@@ -266,11 +276,26 @@ def _stage_signature(inv: Inventory, s: int, fp8_of: Callable[[TensorSpec, int |
                  for r in inv.stage_runs(s))
 
 
-def _restaged(plan: StageOptimizerPlan, twin: list[_Buffer], s: int, buffers: list[_Buffer]) -> StageOptimizerPlan:
+@dataclass(frozen=True, eq=False)
+class _BufferRef:
+    """Buffer ``index`` of a stage's buffers (``load()``), built when its parameter names are first
+    asked for: a restaged stage needs its own buffers for nothing else."""
+
+    load: Callable[[], list[_Buffer]]
+    index: int
+
+    @property
+    def names(self) -> list[str]:
+        """The buffer's parameter names (:attr:`_Buffer.names`)."""
+        return self.load()[self.index].names
+
+
+def _restaged(plan: StageOptimizerPlan, twin: list[_Buffer], s: int,
+              load: Callable[[], list[_Buffer]]) -> StageOptimizerPlan:
     """``plan`` (built for a stage with the same signature, whose buffers were ``twin``) for stage
-    ``s`` with buffers ``buffers``: the same buckets, ranks and collectives, this stage's names."""
+    ``s`` whose buffers ``load()`` gives: the same buckets, ranks and collectives, this stage's names."""
     index = {id(buf): i for i, buf in enumerate(twin)}
-    roles = tuple(replace(r, name_parts=tuple((buffers[index[id(buf)]], idx) for buf, idx in r.name_parts))
+    roles = tuple(replace(r, name_parts=tuple((_BufferRef(load, index[id(buf)]), idx) for buf, idx in r.name_parts))
                   for r in plan.roles)
     return replace(plan, stage=s, buckets=tuple(replace(bk, stage=s) for bk in plan.buckets), roles=roles)
 

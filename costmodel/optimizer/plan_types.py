@@ -16,7 +16,8 @@ work, so ``ranks`` holds one :class:`RankWork` per distinct pair (``multiplicity
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any, Literal
 
@@ -121,6 +122,22 @@ class RankWork:
     def kernel_counts(self) -> dict[str, float]:
         """Launches by part (:data:`KERNEL_PARTS`)."""
         return dict(zip(KERNEL_PARTS, self.kernel_parts, strict=True)) if self.kernel_parts else {}
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[tuple[Any, ...]]) -> tuple[RankWork, ...]:
+        """One RankWork per row of field values (in field order), built without the frozen
+        ``__init__``'s per-field ``object.__setattr__`` (the same objects, faster: a dense stage of a
+        large model has hundreds of GPU classes)."""
+        assert cls is RankWork  # the field names are RankWork's
+        names, new, out = _RANK_FIELDS, object.__new__, []
+        for row in rows:
+            rw = new(cls)
+            rw.__dict__.update(zip(names, row, strict=True))
+            out.append(rw)
+        return tuple(out)
+
+
+_RANK_FIELDS = tuple(f.name for f in fields(RankWork))  # in order
 
 
 KERNEL_PARTS = ("newton_schulz_gemm", "muon_elementwise", "adam_multi_tensor", "adam_param_copy", "grad_norm",

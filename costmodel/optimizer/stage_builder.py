@@ -185,13 +185,24 @@ class _Role:
         if everyone.any():
             self.acc += values[everyone].sum(axis=0)[:, None]
 
+    def add_owned_spans(self, owner: np.ndarray, values: np.ndarray, span: np.ndarray, spans: int) -> None:
+        """:meth:`add_owned` once per span, ``span[i]`` being item i's (owners all >= 0): every span's
+        per-rank sums in one bincount (each bin adds the same items in the same order as a call per
+        span), then added to the accumulators span after span, as those calls would."""
+        ncol = len(COLUMNS)
+        index = ((span * self.size + owner)[:, None] * ncol + np.arange(ncol)).ravel()
+        sums = np.bincount(index, weights=values.ravel(), minlength=spans * self.size * ncol)
+        for part in sums.reshape(spans, self.size, ncol):
+            self.acc += part.T
+
 
 class StageBuilder:
     """Accumulates buckets and per-rank work of one stage."""
 
     def __init__(self, stage: int, grid: Grid, spec, timer: Timer, st: NsSettings,  # noqa: ANN001
-                 fp8_gather_bytes: int = PARAM_BYTES, fp8_gathers: int = 1) -> None:
+                 fp8_gather_bytes: int = PARAM_BYTES, fp8_gathers: int = 1, critical_only: bool = False) -> None:
         self.stage, self.grid, self.spec, self.timer, self.st = stage, grid, spec, timer, st
+        self.critical_only = critical_only  # the plan keeps the slowest GPU class's RankWork only
         self.fp8_gather_bytes = fp8_gather_bytes  # bytes per element gathered for FP8-parameter buffers
         self.fp8_gathers = fp8_gathers  # all-gathers per FP8-parameter bucket (workloads.fp8_params)
         self.roles = {g: _Role(g, grid.size(g)) for g in GROUPS}
@@ -326,11 +337,34 @@ class StageBuilder:
         gs = self.grid.size(buf.group)
         spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, self.bucket_size(buf.chunk), strategy,
                                       isolate=buf.shared[sel])
+        self._step_spans(buf, sel, spans)
         for span in spans:
-            idx = sel[span.first:span.stop]
-            assert span.owner is not None  # layer-wise spans always carry their owners
-            self.step_whole(buf, idx, span.owner)
-            self.add_bucket(buf, idx, span.numel, span.used, "reduce_scatter", "all_gather", "layer_wise")
+            self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used, "reduce_scatter", "all_gather",
+                            "layer_wise")
+
+    def _step_spans(self, buf: _Buffer, sel: np.ndarray, spans: list[lay.BucketSpan]) -> None:
+        """:meth:`step_whole` of every layer-wise span of ``buf[sel]`` (in order, covering ``sel``) by
+        its owners, as one call: the same per-rank sums, names, TP calls and owners."""
+        if not spans:
+            return
+        assert all(span.owner is not None for span in spans)  # layer-wise spans always carry their owners
+        owner = np.concatenate([span.owner for span in spans])  # type: ignore[misc]
+        contiguous = spans[0].first == 0 and spans[-1].stop == len(sel) and all(
+            a.stop == b.first for a, b in zip(spans[:-1], spans[1:], strict=True))
+        if not contiguous or len(owner) != len(sel) or bool((owner < 0).any()):
+            for span in spans:  # not a partition of sel: span by span
+                self.step_whole(buf, sel[span.first:span.stop], span.owner)  # type: ignore[arg-type]
+            return
+        role = self.roles[buf.group]
+        per, calls = self._per_tensor(buf)
+        span_of = np.repeat(np.arange(len(spans)), [span.stop - span.first for span in spans])
+        role.add_owned_spans(owner, per[buf.tid[sel]], span_of, len(spans))
+        is_muon = buf.muon[sel]
+        if is_muon.any():
+            picked = sel[is_muon]
+            role.name_parts.append((buf, picked))
+            role.call_parts.append((calls, buf.tid[picked]))
+        role.owners.append(owner[is_muon])
 
     def ddp(self, buf: _Buffer, gather_op: str | None) -> None:
         """Unpadded DDP buckets of the whole buffer, all-reduced (legacy layer-wise / replicated)."""
@@ -413,7 +447,8 @@ def host_adam_s(numel: np.ndarray, grad_bytes: int, system: SystemSpec | None) -
 
 
 def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
-    """One RankWork per distinct (dense index, expert index) pair of the stage's GPUs.
+    """One RankWork per distinct (dense index, expert index) pair of the stage's GPUs (only the
+    slowest one's with ``b.critical_only``).
 
     A GPU's optimizer step is one eager kernel stream after the gradient-norm synchronisation:
     per-tensor kernels of both roles, the fused-Adam launches of each role's optimizer, one
@@ -451,11 +486,13 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
     assert tuple(parts) == KERNEL_PARTS
     ns_s, tp_s, issue_s = both("ns_s"), both("tp_s"), kernels * timer.issue_s
     total_s = np.maximum(ns_s + ew_s + tp_s, issue_s)  # RankWork.step_s for every GPU class at once
-    ints = [np.asarray(a).astype(np.int64).tolist() for a in (first, owned, counts, dd, ee, both("muon_items"))]
-    floats = [a.tolist() for a in (both("flops"), ns_s, ew_s, tp_s, issue_s, total_s)]
-    by_part = zip(*[np.asarray(v, dtype=np.float64).tolist() for v in parts.values()], strict=True)
-    return tuple(
-        RankWork(rank=r, owned_numel=o, newton_schulz_flops=fl, newton_schulz_s=ns, elementwise_s=ew, tp_comm_s=tp,
-                 multiplicity=m, dense_rank=d, expert_rank=e, issue_s=iss, kernel_parts=part, muon_tensors=mt,
-                 total_s=tot)
+    keep = slice(None)
+    if b.critical_only:  # the slowest class alone (the first of equals, as max() picks it)
+        at = int(np.argmax(total_s))
+        keep = slice(at, at + 1)
+    ints = [np.asarray(a).astype(np.int64)[keep].tolist() for a in (first, owned, counts, dd, ee, both("muon_items"))]
+    floats = [a[keep].tolist() for a in (both("flops"), ns_s, ew_s, tp_s, issue_s, total_s)]
+    by_part = zip(*[np.asarray(v, dtype=np.float64)[keep].tolist() for v in parts.values()], strict=True)
+    return RankWork.from_rows(  # in RankWork's field order
+        (r, o, fl, ns, ew, tp, m, d, e, iss, part, mt, tot)
         for r, o, m, d, e, mt, fl, ns, ew, tp, iss, tot, part in zip(*ints, *floats, by_part, strict=True))

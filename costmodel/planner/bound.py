@@ -69,6 +69,23 @@ def _chunk_kinds(scenario: Scenario) -> tuple[tuple[tuple[str, int], ...], ...]:
     return out
 
 
+_DISTINCT: dict[int, tuple[Any, tuple[Any, ...], tuple[int, ...]]] = {}
+
+
+def _distinct_chunks(items: tuple[tuple[tuple[str, int], ...], ...]) -> tuple[tuple[Any, ...], tuple[int, ...]]:
+    """(the distinct chunks of ``items``, each virtual stage's index among them), memoised on the
+    identity of ``items`` (held by :func:`_chunk_kinds`'s cache; the entry holds it too)."""
+    hit = _DISTINCT.get(id(items))
+    if hit is not None and hit[0] is items:
+        return hit[1], hit[2]
+    position: dict[tuple[tuple[str, int], ...], int] = {}
+    index = tuple(position.setdefault(chunk, len(position)) for chunk in items)
+    if len(_DISTINCT) > _CACHE_LIMIT:
+        _DISTINCT.clear()
+    _DISTINCT[id(items)] = (items, tuple(position), index)
+    return tuple(position), index
+
+
 def fast_pipeline_bound_s(scenario: Scenario) -> float:
     """Seconds of the forward/backward phase of ``scenario`` (no optimizer work), per the engine."""
     from costmodel import layer_costs as lc
@@ -98,11 +115,13 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
         pair = GroupShape(2, 2, 1) if shapes["pp"].intra_domain else GroupShape(2, 1, 2)
         p2p = lc.collective_s("send_recv", p2p_bytes, pair, scenario.system)[0]
     blocking = p2p if vpp > 1 and not scenario.runtime.overlap_p2p_comm else 0.0  # as the engine: per pass
+    distinct, index = _distinct_chunks(items)
+    passes = [(sum(times[k][0] * n for k, n in chunk) + blocking, sum(times[k][1] * n for k, n in chunk) + blocking)
+              for chunk in distinct]  # chunks of the same layers have the same passes
     work, cf, cb = [0.0] * pp, [0.0] * pp, [0.0] * pp
-    for v, chunk in enumerate(items):
+    for v, i in enumerate(index):
         s = v % pp
-        f = sum(times[k][0] * n for k, n in chunk) + blocking
-        b = sum(times[k][1] * n for k, n in chunk) + blocking
+        f, b = passes[i]
         work[s] += f + b
         cf[s] += f
         cb[s] += b

@@ -38,7 +38,7 @@ from costmodel.planner.evaluate import (
 from costmodel.planner.explain import explain
 from costmodel.planner.memory_bound import weights_and_grads_bytes
 from costmodel.planner.pins import Pins
-from costmodel.planner.pool import default_jobs, evaluator, set_evaluators
+from costmodel.planner.pool import default_jobs, evaluator, relaxed_gc, set_evaluators
 from costmodel.planner.ranking import pareto_front
 from costmodel.planner.result import PlanResult, PlanRow, ReferenceOut, SpaceStats, plan_row
 from costmodel.planner.screen import Progress, Screen
@@ -141,6 +141,7 @@ def scenario_from_config(config: ScenarioConfig) -> Scenario:
     return Scenario(config=config, system=load_system(config.system), model=model)
 
 
+@relaxed_gc()
 def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None = None, engine: StepEngine | None = None,
              memory_fn: MemoryFn | None = None, des_fn: ReportFn | None = None,
              profile: CalibrationProfile | None = None, calibration_label: str = "datasheet defaults",

@@ -1,0 +1,59 @@
+"""The LPT placement's three paths (plain lists for small chunks, the heap walk, batched runs) place
+every item on the same shard at the same start, with the same loads, to the bit."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from costmodel.optimizer import lpt
+
+
+def _heap_walk(sizes: list[int], costs: list[float], loads: list[float], cap: float | None):
+    """Item by item through :meth:`lpt._Shards.place_one` (descending cost, stable)."""
+    state = lpt._Shards(np.array(loads, dtype=np.float64), cap)
+    owner, start = [0] * len(sizes), [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -costs[i]):
+        owner[i], start[i] = state.place_one(sizes[i], costs[i])
+    return owner, start, state.cursor, state.load
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_list_walk_equals_heap_walk(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(300):
+        n, d = rng.randint(0, 40), rng.choice([1, 2, 3, 8, 32, 256])
+        kinds = [(rng.choice([64, 100, 4096, 5000, 14_680_064]), rng.choice([1.0, 2.5, 7.0, 64.0, 3e9]))
+                 for _ in range(4)]
+        items = [rng.choice(kinds) for _ in range(n)]
+        sizes, costs = [s for s, _ in items], [c for _, c in items]
+        loads = [rng.choice([0.0, 1.5, 7.0, 3e9]) for _ in range(d)]
+        cap = rng.choice([None, 1.3 * sum(sizes) / d, 100.0, 5e6])  # 100: items fit nowhere (the shortcut)
+        mine = list(loads)
+        assert lpt.lpt_place_small(sizes, costs, mine, cap) + (mine,) == _heap_walk(sizes, costs, loads, cap)
+
+
+def test_fits_nowhere_goes_to_the_shortest_shard() -> None:
+    """Hand case: cap 100, items of 200 fit on no shard: each goes to the lowest cursor (ties: the
+    lowest shard): shard 0, shard 1, then shard 0 again at its 64-aligned fill 256 (cursor 456)."""
+    owner, start, cursor, load = _heap_walk([200, 200, 200], [3.0, 2.0, 1.0], [0.0, 0.0], 100.0)
+    assert owner == [0, 1, 0] and start == [0, 0, 256] and cursor == [456, 200] and load == [4.0, 2.0]
+
+
+def test_lpt_place_small_path_equals_batched_runs() -> None:
+    """A chunk small enough for the list walk gives what the batched path gives (integer costs)."""
+    rng = np.random.default_rng(0)
+    sizes = rng.choice([4096, 14_680_064], size=60)
+    costs = np.where(sizes > 5000, 9.0, 2.0)
+    loads_a, loads_b = np.zeros(16), np.zeros(16)
+    small = lpt.lpt_place(sizes, costs, loads_a, 1.3 * sizes.sum() / 16)
+    saved = lpt.BATCH_WORK
+    try:
+        lpt.BATCH_WORK = 1  # every run batched, no list walk
+        batched = lpt.lpt_place(sizes, costs, loads_b, 1.3 * sizes.sum() / 16)
+    finally:
+        lpt.BATCH_WORK = saved
+    assert all(np.array_equal(a, b) for a, b in zip(small, batched, strict=True))
+    assert np.array_equal(loads_a, loads_b)
