@@ -299,6 +299,12 @@ class StageBuilder:
         if gathered_by_copies:
             role.gather_items += len(sel)
             role.gather_numel += int(buf.numel[sel].sum())
+        self._record_muon(buf, sel, owner, calls)
+
+    def _record_muon(self, buf: _Buffer, sel: np.ndarray, owner: np.ndarray,
+                     calls: list[tuple[CollectiveCall, ...]]) -> None:
+        """Record the Muon tensors of ``buf[sel]``: their names, their TP calls and their owners."""
+        role = self.roles[buf.group]
         is_muon = buf.muon[sel]
         if is_muon.any():
             picked = sel[is_muon]
@@ -359,12 +365,7 @@ class StageBuilder:
         per, calls = self._per_tensor(buf)
         span_of = np.repeat(np.arange(len(spans)), [span.stop - span.first for span in spans])
         role.add_owned_spans(owner, per[buf.tid[sel]], span_of, len(spans))
-        is_muon = buf.muon[sel]
-        if is_muon.any():
-            picked = sel[is_muon]
-            role.name_parts.append((buf, picked))
-            role.call_parts.append((calls, buf.tid[picked]))
-        role.owners.append(owner[is_muon])
+        self._record_muon(buf, sel, owner, calls)
 
     def ddp(self, buf: _Buffer, gather_op: str | None) -> None:
         """Unpadded DDP buckets of the whole buffer, all-reduced (legacy layer-wise / replicated)."""
