@@ -24,8 +24,9 @@ measures the real machine that the reference backend runs on, it is never on the
   (:func:`costmodel.optimizer.kernel_sequence.newton_schulz_call_kernels`); the machine's NS GEMM
   efficiency (as ``EfficiencyFactors.newton_schulz_gemm`` is for GPUs) and the host cost of one
   call that launches no kernel. That per-call cost fits to 0 here: what an NS call costs beyond its
-  GEMMs priced as plain matmuls grows with the matrix (an ``addmm`` with ``beta`` costs ≈4.5 us plus
-  ≈0.1 ns per output element more than the bare matmul, measured on 1k–512k outputs), so the
+  GEMMs priced as plain matmuls grows with the matrix (a bf16 ``addmm`` with ``beta`` costs 5–7 us
+  more than the bare matmul up to 16k outputs and ≈0.28 ns more per output element on large ones,
+  84 us at 256×1024: 1 thread, thread CPU time, quiet machine), so the
   efficiency (< 1, dividing the per-call setup too) absorbs it; the fit is not yet shaped for that.
 * **Collectives**: 2 gloo processes (forked, one thread each) time all_reduce, all_gather,
   reduce_scatter and broadcast at several sizes (nccl-tests size convention, fp32) and fit
