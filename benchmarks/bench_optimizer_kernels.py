@@ -21,6 +21,7 @@ import statistics
 from costmodel.calibrate.microbench import measure_local
 from costmodel.calibrate.profile import LocalMeasurements, load_profile
 from costmodel.calibrate.reference_check import check_reference_run
+from reference.allocator import keep_freed_memory
 from reference.api import run_reference
 from reference.workload import load_shapes
 
@@ -39,7 +40,7 @@ def local_measurements(path: str | None) -> LocalMeasurements:
             raise SystemExit(f"{path} has no local measurements; write one with 'muonsim calibrate --microbench'")
         return local
     print(f"load before microbench: {load_average()}")
-    local = measure_local()
+    local = measure_local(rank_setup=keep_freed_memory)  # the reference ranks' default allocator
     print(f"load after microbench:  {load_average()}")
     return local
 

@@ -15,6 +15,7 @@ import statistics
 
 from costmodel.calibrate.microbench import measure_local
 from costmodel.calibrate.reference_check import check_reference_run
+from reference.allocator import keep_freed_memory
 from reference.api import run_reference
 from reference.workload import load_shapes, shape_names
 from topologies.inputs import UserInputError
@@ -43,7 +44,7 @@ def main() -> None:
     parser.add_argument("--shapes", type=_shape_list, default="small,many-small",
                         help="comma-separated presets (tiny, tiny-dense, small, many-small) or model files")
     args = parser.parse_args()
-    local = measure_local()
+    local = measure_local(rank_setup=keep_freed_memory)  # the reference ranks' default allocator
     ns = local.newton_schulz.get("bf16")
     print(f"machine: bf16 GEMM {local.gemm_flops_per_s['bf16'] / 1e9:.0f} GFLOP/s + "
           f"{local.gemm_overhead_s['bf16'] * 1e6:.1f} us/call; NS efficiency {ns.efficiency:.2f}, "

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from costmodel.calibrate.microbench import fit_linear_time, fit_newton_schulz, ns_gemm_flops
+from costmodel.calibrate.microbench import (
+    fit_gemm_paths,
+    fit_linear_time,
+    fit_newton_schulz,
+    ns_gemm_flops,
+)
 from costmodel.calibrate.profile import (
     CalibrationProfile,
     CollectiveFit,
     LocalMeasurements,
     NewtonSchulzFit,
+    SmallGemmPath,
     load_profile,
 )
 from costmodel.kernels import KernelSpec
+from costmodel.optimizer.kernel_sequence import newton_schulz_call_kernels
+from costmodel.optimizer.newton_schulz import NsSettings
 from workloads.flops import newton_schulz_flops
 
 
@@ -87,3 +95,51 @@ def test_microbench_cli_writes_a_local_profile(run_cli, tmp_path):
     assert local.dispatch_s is not None and 0 < local.dispatch_s < 1e-3
     assert local.memory_Bps is not None and local.memory_Bps > 1e8
     assert "GFLOP/s" in result.stdout
+
+
+def test_gemm_path_fit_recovers_a_small_matrix_threshold_and_setup():
+    """Square bf16 matmuls timed as torch runs them here: m·n·k ≤ 16³ on a 1 us + 4 GFLOP/s loop,
+    larger ones with a 15 us setup + 1.2 TFLOP/s (oneDNN). By hand: 16³ is 8192 FLOPs, 1 + 2.048 =
+    3.048 us; 20³ is 16000 FLOPs, 15 + 0.0133 = 15.013 us, a step of 4.93x for 1.95x the FLOPs."""
+    sizes = (4, 8, 12, 16, 20, 24, 32, 64, 128, 256, 512)
+
+    def t(n: int) -> float:
+        f = 2.0 * n ** 3
+        return 1e-6 + f / 4e9 if n ** 3 <= 16 ** 3 else 15e-6 + f / 1.2e12
+
+    assert t(16) == pytest.approx(3.048e-6) and t(20) == pytest.approx(15.01333e-6, rel=1e-5)
+    (overhead, slope), small = fit_gemm_paths([(2.0 * n ** 3, t(n)) for n in sizes])
+    assert small is not None
+    assert small.max_flops == 8192.0
+    assert small.overhead_s == pytest.approx(1e-6, rel=1e-6) and small.flops_per_s == pytest.approx(4e9, rel=1e-6)
+    assert overhead == pytest.approx(15e-6, rel=1e-6) and 1 / slope == pytest.approx(1.2e12, rel=1e-6)
+    local = _local().model_copy(update={"gemm_small": {"bf16": small}, "gemm_overhead_s": {"bf16": overhead},
+                                        "gemm_flops_per_s": {"bf16": 1 / slope, "fp32": 1e11}})
+    # the 4x256 router's X·Xᵀ (4·4·256 = 16³: 8192 FLOPs) on the small path, 32³ on the main one
+    assert local.gemm_time_s(8192.0) == pytest.approx(3.048e-6, rel=1e-6)
+    assert local.gemm_time_s(2.0 * 32 ** 3) == pytest.approx(15e-6 + 65536 / 1.2e12, rel=1e-6)
+
+
+def test_gemm_path_fit_finds_one_path_when_time_grows_smoothly():
+    """fp32 here: MKL at ~1.2 us per call + 190 GFLOP/s from 4³ up, no step; one slow outlier at
+    the top (a busy core) is not a second path."""
+    sizes = (4, 8, 12, 16, 20, 24, 32, 64, 128, 256, 512)
+    points = [(2.0 * n ** 3, 1.2e-6 + 2.0 * n ** 3 / 1.9e11) for n in sizes]
+    (overhead, slope), small = fit_gemm_paths(points)
+    assert small is None
+    assert overhead == pytest.approx(1.2e-6, rel=1e-6) and 1 / slope == pytest.approx(1.9e11, rel=1e-6)
+    points[-1] = (points[-1][0], points[-1][1] * 8)  # 512³ 8x slower than it should be
+    assert fit_gemm_paths(points)[1] is None
+
+
+def test_local_pricing_puts_tiny_newton_schulz_gemms_on_the_small_path():
+    """A (4, 256) NS call: X·Xᵀ and B·X are 4·4·256 = 16³ (8192 FLOPs), A·A 4³ (128 FLOPs): all on the
+    small path (1 us + FLOPs / 4 GFLOP/s), not at the 10 us main-path cost."""
+    small = SmallGemmPath(max_flops=8192.0, flops_per_s=4e9, overhead_s=1e-6)
+    local = _local(gemm_small={"bf16": small}, newton_schulz={"bf16": NewtonSchulzFit(efficiency=1.0,
+                                                                                      call_overhead_s=0.0)})
+    gemm_s = 5 * (2 * (1e-6 + 8192 / 4e9) + (1e-6 + 128 / 4e9))
+    assert gemm_s == pytest.approx(35.64e-6)  # 5 · (2 · 3.048 + 1.032) us
+    st = NsSettings(steps=5, cubic=False, precision="bf16", syrk=False, tp_mode="duplicated")
+    kernels = newton_schulz_call_kernels(4, 256, st)
+    assert local.kernels_time_s([k for k in kernels if k.kind == "ns_gemm"]) == pytest.approx(gemm_s, rel=1e-9)

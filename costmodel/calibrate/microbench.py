@@ -3,11 +3,14 @@
 This is the only module of ``costmodel`` that touches torch, and only inside its functions: it
 measures the real machine that the reference backend runs on, it is never on the cost path.
 
-* **GEMM**: square ``torch.matmul`` in bf16 and fp32 at several sizes, timed in every one of
-  ``world_size`` forked processes at once with one thread each, as the reference ranks run (two
-  busy ranks share caches and memory bandwidth; the slowest rank's time counts). Each dtype is
+* **GEMM**: square ``torch.matmul`` in bf16 and fp32 at several sizes from 4 to 768, timed in every
+  one of ``world_size`` forked processes at once with one thread each, as the reference ranks run
+  (two busy ranks share caches and memory bandwidth; the slowest rank's time counts). Each dtype is
   fitted as ``time = flops / gemm_flops_per_s + gemm_overhead_s`` (peak rate plus a fixed cost
-  per call, which dominates the tiny matrices of the reference shapes).
+  per call, which dominates the small matrices of the reference shapes) — on two paths when the
+  times show two (:func:`fit_gemm_paths`): torch sends a bf16 GEMM of ``m·n·k ≤ 16³`` to ATen's
+  plain loop (≈1 us per call) instead of oneDNN (≈15 us setup per call), so 16³ takes ≈3 us and
+  20³ ≈15 us here. The small path and its threshold go to ``LocalMeasurements.gemm_small``.
 * **Element-wise operators** (eager dispatch): ``add_``, ``lerp_``, ``mul``, ``to(bf16)``,
   ``copy_``, ``norm``, ``div`` on fp32 tensors from 16 to 2 Mi elements, each call on the next
   tensors of a pool larger than the last-level cache (an optimizer streams its states from memory),
@@ -15,11 +18,16 @@ measures the real machine that the reference backend runs on, it is never on the
   eager-PyTorch cost of one operator call (Python and the ATen dispatcher: the path that also issues
   GPU kernels), ``memory_Bps`` the element-wise memory bandwidth with every rank busy.
 * **Newton–Schulz**: a 5-step quintic NS (Emerging-Optimizers' ``newton_schulz`` expressions) on a
-  few shapes, each call on the next of 8 input matrices, timed the same way, fitted as ``time = GEMM time / efficiency + other kernels + call_overhead_s``: the GEMM
-  time from the matmul fit, the normalisation and cast kernels from the element-wise fit
+  few shapes, each call on the next of 8 input matrices, timed the same way, fitted as ``time = GEMM
+  time / efficiency + other kernels + call_overhead_s``: the GEMM time from the matmul fit (each GEMM
+  on its path), the normalisation and cast kernels from the element-wise fit
   (:func:`costmodel.optimizer.kernel_sequence.newton_schulz_call_kernels`); the machine's NS GEMM
   efficiency (as ``EfficiencyFactors.newton_schulz_gemm`` is for GPUs) and the host cost of one
-  call that launches no kernel.
+  call that launches no kernel. That per-call cost fits to 0 here: what an NS call costs beyond its
+  GEMMs priced as plain matmuls grows with the matrix (a bf16 ``addmm`` with ``beta`` costs 5–7 us
+  more than the bare matmul up to 16k outputs and ≈0.28 ns more per output element on large ones,
+  84 us at 256×1024: 1 thread, thread CPU time, quiet machine), so the
+  efficiency (< 1, dividing the per-call setup too) absorbs it; the fit is not yet shaped for that.
 * **Collectives**: 2 gloo processes (forked, one thread each) time all_reduce, all_gather,
   reduce_scatter and broadcast at several sizes (nccl-tests size convention, fp32) and fit
   ``time = alpha_s + size_bytes / beta_Bps`` per op. Loopback times are bimodal on a shared
@@ -45,11 +53,20 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.calibrate.profile import CollectiveFit, LocalMeasurements, NewtonSchulzFit
+from costmodel.calibrate.profile import (
+    CollectiveFit,
+    LocalMeasurements,
+    NewtonSchulzFit,
+    SmallGemmPath,
+)
 from costmodel.optimizer.kernel_sequence import newton_schulz_call_kernels
 from costmodel.optimizer.newton_schulz import NsSettings
 
-GEMM_SIZES = (32, 64, 128, 256, 512, 768)
+GEMM_SIZES = (4, 8, 12, 16, 20, 24, 32, 64, 128, 256, 512, 768)  # both sides of bf16's 16³ small-GEMM threshold
+# A single affine path (time = a + b·FLOPs, a, b ≥ 0) grows at most in proportion to the FLOPs between two
+# sizes; a time step of more than this many times the FLOP ratio is a change of code path, not noise (a
+# busy shared core inflates one point by tens of percent, not 2x).
+SMALL_PATH_MIN_STEP = 2.0
 NS_SHAPES = ((32, 64), (64, 128), (128, 128), (64, 192), (128, 512), (256, 1024))
 NS_POOL = 8  # distinct input matrices per shape, used in turn (an optimizer never repeats one)
 NS_COEFFICIENTS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
@@ -71,6 +88,32 @@ def fit_linear_time(sizes: Sequence[float], times_s: Sequence[float]) -> tuple[f
     if intercept < 0:  # refit through the origin
         intercept, slope = 0.0, float(np.sum(x / t) / np.sum((x / t) ** 2))
     return intercept, max(slope, 1e-30)
+
+
+def fit_gemm_paths(points: Sequence[tuple[float, float]], min_step: float = SMALL_PATH_MIN_STEP,
+                   ) -> tuple[tuple[float, float], SmallGemmPath | None]:
+    """Fit (FLOPs, seconds) matmul timings as one or two code paths.
+
+    Returns ``((overhead_s, seconds_per_flop), small)`` of the main path and the small-matrix path
+    (``None`` when the times show one path). Between consecutive sizes a time ratio above
+    ``min_step`` times the FLOP ratio is a change of path (see :data:`SMALL_PATH_MIN_STEP`). At the
+    largest such step with at least two sizes below and three above, the sizes below take the small
+    path (its ``max_flops`` is the largest of them) if the main path's fitted per-call cost exceeds
+    the small path's time there (the step is a per-call setup the small path skips, not one slow
+    point); each side is fitted by :func:`fit_linear_time`.
+    """
+    pts = sorted(points)
+    flops, times = [f for f, _ in pts], [t for _, t in pts]
+    steps = [((times[k] / times[k - 1]) / (flops[k] / flops[k - 1]), k) for k in range(2, len(pts) - 2)]
+    for step, k in sorted(steps, reverse=True):
+        if step <= min_step:
+            break
+        small_overhead_s, small_slope = fit_linear_time(flops[:k], times[:k])
+        main = fit_linear_time(flops[k:], times[k:])
+        if main[0] > small_overhead_s + small_slope * flops[k - 1]:
+            return main, SmallGemmPath(max_flops=flops[k - 1], flops_per_s=1.0 / small_slope,
+                                       overhead_s=small_overhead_s)
+    return fit_linear_time(flops, times), None
 
 
 def _timing_samples(fn: Callable[[], object], min_time_s: float, min_reps: int, max_reps: int) -> list[float]:
@@ -195,7 +238,7 @@ def _time_low(fn: Callable[[], object], min_time_s: float, min_reps: int = 20) -
 def fit_newton_schulz(points: Sequence[tuple[tuple[int, int], float]], local: LocalMeasurements,
                       dtype: str = "bf16") -> NewtonSchulzFit:
     """NS GEMM efficiency and per-call host cost from NS timings, with the machine's GEMM and
-    element-wise fits in ``local`` pricing the call's kernels."""
+    element-wise fits in ``local`` pricing the call's kernels (each GEMM on its code path)."""
     st = NsSettings(steps=5, cubic=False, precision=dtype, syrk=False, tp_mode="duplicated")
     gemm_s, rest_s = [], []
     for shape, t in points:
@@ -219,10 +262,12 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, out_path: str, sizes: Sequence[int], gemm_sizes: Sequence[int],
-            min_time_s: float) -> None:
+            min_time_s: float, rank_setup: Callable[[], object] | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)  # first: forked children hang on OpenMP otherwise
+    if rank_setup is not None:
+        rank_setup()
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -297,8 +342,10 @@ def _worker(rank: int, world: int, port: int, out_path: str, sizes: Sequence[int
 
 def measure_ranks(world_size: int = 2, sizes: Sequence[int] = COLLECTIVE_SIZES_BYTES,
                   gemm_sizes: Sequence[int] = GEMM_SIZES, min_time_s: float = 0.03,
-                  timeout_s: float = 120.0) -> dict[str, list[tuple[Any, float]]]:
-    """Timings on ``world_size`` forked gloo processes, slowest rank's.
+                  timeout_s: float = 120.0, rank_setup: Callable[[], object] | None = None,
+                  ) -> dict[str, list[tuple[Any, float]]]:
+    """Timings on ``world_size`` forked gloo processes, slowest rank's (each runs ``rank_setup`` first:
+    the reference ranks' process settings, e.g. their allocator's).
 
     Keys ``gemm_bf16`` / ``gemm_fp32``: (FLOPs, seconds) of one matmul, all ranks busy at once;
     keys ``ns_bf16`` / ``ns_fp32``: ([rows, cols], seconds) of one Newton-Schulz call;
@@ -309,7 +356,7 @@ def measure_ranks(world_size: int = 2, sizes: Sequence[int] = COLLECTIVE_SIZES_B
 
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "ranks.json")
-        args = (world_size, _free_port(), out_path, tuple(sizes), tuple(gemm_sizes), min_time_s)
+        args = (world_size, _free_port(), out_path, tuple(sizes), tuple(gemm_sizes), min_time_s, rank_setup)
         ctx = mp.start_processes(_worker, args=args, nprocs=world_size, join=False, start_method="fork")
         deadline = time.monotonic() + timeout_s
         try:
@@ -325,31 +372,45 @@ def measure_ranks(world_size: int = 2, sizes: Sequence[int] = COLLECTIVE_SIZES_B
 
 def measure_local(world_size: int = 2, gemm_sizes: Sequence[int] = GEMM_SIZES,
                   collective_sizes: Sequence[int] = COLLECTIVE_SIZES_BYTES,
-                  progress: Callable[[str], None] | None = None) -> LocalMeasurements:
-    """Measure this machine: GEMM peak and per-call overhead per dtype, gloo α-β per collective."""
+                  progress: Callable[[str], None] | None = None,
+                  rank_setup: Callable[[], object] | None = None) -> LocalMeasurements:
+    """Measure this machine: GEMM peak and per-call overhead per dtype, gloo α-β per collective.
+
+    ``rank_setup`` runs first in every measuring process: pass the reference ranks' settings
+    (``reference.allocator.keep_freed_memory``, their default) so the timings include the same
+    allocator behaviour — with glibc's default, NS temporaries above 128 KiB fault in fresh pages
+    (208 faults per (256, 1024) NS call, ≈15 % of its time here) that the ranks do not.
+    """
     import torch
 
     if progress:
         progress(f"timing bf16/fp32 matmuls (sizes {', '.join(map(str, gemm_sizes))}) and gloo collectives "
                  f"on {world_size} processes, one thread each")
-    timings = measure_ranks(world_size, collective_sizes, gemm_sizes)
+    timings = measure_ranks(world_size, collective_sizes, gemm_sizes, rank_setup=rank_setup)
     gemm_rate: dict[str, float] = {}
     gemm_overhead: dict[str, float] = {}
+    gemm_small: dict[str, SmallGemmPath] = {}
     collectives = {}
     dispatch_s, memory_Bps = 0.0, 1.0
     for key, points in timings.items():
         if key.startswith("ns_"):
             continue
-        intercept, slope = fit_linear_time([x for x, _ in points], [t for _, t in points])
         if key.startswith("gemm_"):
-            gemm_rate[key.removeprefix("gemm_")], gemm_overhead[key.removeprefix("gemm_")] = 1.0 / slope, intercept
-        elif key == "elementwise":
+            dtype = key.removeprefix("gemm_")
+            (gemm_overhead[dtype], slope), small = fit_gemm_paths(points)
+            gemm_rate[dtype] = 1.0 / slope
+            if small is not None:
+                gemm_small[dtype] = small
+            continue
+        intercept, slope = fit_linear_time([x for x, _ in points], [t for _, t in points])
+        if key == "elementwise":
             dispatch_s, memory_Bps = intercept, 1.0 / slope
         else:
             collectives[key] = CollectiveFit(alpha_s=intercept, beta_Bps=1.0 / slope)
     machine = f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cpus"
     local = LocalMeasurements(machine=machine, torch_version=str(torch.__version__), threads=1,
-                              gemm_flops_per_s=gemm_rate, gemm_overhead_s=gemm_overhead, dispatch_s=dispatch_s,
+                              gemm_flops_per_s=gemm_rate, gemm_overhead_s=gemm_overhead, gemm_small=gemm_small,
+                              dispatch_s=dispatch_s,
                               memory_Bps=memory_Bps, world_size=world_size, collectives=collectives)
     ns = {dtype: fit_newton_schulz([(tuple(shape), t) for shape, t in timings[f"ns_{dtype}"]], local, dtype)
           for dtype in gemm_rate}

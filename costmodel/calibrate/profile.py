@@ -85,6 +85,24 @@ class CollectiveFit(BaseModel):
     beta_Bps: float = Field(gt=0)
 
 
+class SmallGemmPath(BaseModel):
+    """The separate code path of tiny matmuls on this machine: ``time = overhead_s + flops / flops_per_s``
+    for a GEMM of at most ``max_flops`` FLOPs (2·m·n·k).
+
+    torch's CPU bf16 matmul sends a GEMM to oneDNN (AMX/AVX-512 kernels, a ~15 us primitive setup per
+    call) only when ``m·n·k > 16³``; smaller ones run ATen's plain loop (~1 us per call, a few GFLOP/s).
+    ``calibrate --microbench`` finds the threshold as the step up in time between two square sizes,
+    so it is the largest measured size on the small path (a lower bound of the true threshold, exact
+    at 2·16³ FLOPs with the default sizes).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_flops: float = Field(ge=0, description="FLOPs (2·m·n·k) of the largest GEMM taking the small path")
+    flops_per_s: float = Field(gt=0, description="FLOP rate of the small path")
+    overhead_s: float = Field(ge=0, description="seconds per call of the small path")
+
+
 class NewtonSchulzFit(BaseModel):
     """Newton-Schulz on this machine: its GEMMs at the measured matmul cost divided by ``efficiency``,
     its other kernels at the measured dispatch and bandwidth, plus ``call_overhead_s`` per call (the
@@ -112,6 +130,8 @@ class LocalMeasurements(BaseModel):
     threads: int = Field(1, gt=0)
     gemm_flops_per_s: dict[str, float] = Field(description="torch matmul peak rate per dtype (bf16, fp32)")
     gemm_overhead_s: dict[str, float] = Field(default_factory=dict, description="fixed cost per matmul call per dtype")
+    gemm_small: dict[str, SmallGemmPath] = Field(default_factory=dict, description="per dtype: the path of tiny "
+                                                 "matmuls, when the measured times show one (none: one path)")
     dispatch_s: float | None = Field(None, ge=0, description="eager PyTorch cost per operator call on tiny tensors "
                                      "(Python + ATen dispatcher; the same path issues GPU kernels)")
     memory_Bps: float | None = Field(None, gt=0, description="bytes per second of element-wise operators on large "
@@ -120,20 +140,29 @@ class LocalMeasurements(BaseModel):
     world_size: int = Field(2, gt=1)
     collectives: dict[str, CollectiveFit] = Field(default_factory=dict, description="gloo α-β per op")
 
-    def gemm_time_s(self, flops: float, dtype: str = "bf16") -> float:
-        """Seconds for one matmul of ``flops`` FLOPs on this machine (peak rate + per-call cost)."""
+    def gemm_path(self, flops: float, dtype: str = "bf16") -> tuple[float, float]:
+        """(seconds per call, FLOP/s) of the code path a matmul of ``flops`` FLOPs takes here: the
+        small-matrix path up to ``gemm_small[dtype].max_flops``, else the main one."""
         if dtype not in self.gemm_flops_per_s:
             raise UserInputError(f"local profile has no {dtype} GEMM rate; measured: {', '.join(self.gemm_flops_per_s)}")
-        return flops / self.gemm_flops_per_s[dtype] + self.gemm_overhead_s.get(dtype, 0.0)
+        small = self.gemm_small.get(dtype)
+        if small is not None and flops <= small.max_flops:
+            return small.overhead_s, small.flops_per_s
+        return self.gemm_overhead_s.get(dtype, 0.0), self.gemm_flops_per_s[dtype]
+
+    def gemm_time_s(self, flops: float, dtype: str = "bf16") -> float:
+        """Seconds for one matmul of ``flops`` FLOPs on this machine: the per-call cost plus the FLOPs at
+        the rate of the code path it takes (:meth:`gemm_path`)."""
+        call_s, rate = self.gemm_path(flops, dtype)
+        return call_s + flops / rate
 
     def kernel_time_s(self, kernel: KernelSpec) -> float:
         """Seconds of ONE launch of ``kernel`` here: a GEMM at the measured matmul cost (Newton-Schulz
         GEMMs divided by the NS efficiency), anything else dispatch + bytes / bandwidth."""
         if kernel.kind in ("gemm", "ns_gemm"):
             dtype = "bf16" if kernel.tensor_class == "bf16" else "fp32"
-            t = self.gemm_time_s(kernel.flops, dtype)
             fit = self.newton_schulz.get(dtype) if kernel.kind == "ns_gemm" else None
-            return t / fit.efficiency if fit is not None else t
+            return self.gemm_time_s(kernel.flops, dtype) / (fit.efficiency if fit is not None else 1.0)
         if self.dispatch_s is None or self.memory_Bps is None:
             raise UserInputError("local profile has no element-wise measurements (dispatch_s, memory_Bps); "
                                  "re-run 'muonsim calibrate --microbench'")
