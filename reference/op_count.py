@@ -4,6 +4,8 @@
 dispatcher's kernels (composite operators such as ``matmul``, ``F.normalize`` or ``reshape`` arrive
 decomposed) and records its name under the current label, split into operators that compute (a
 kernel on a GPU) and views (metadata only: ``view``, ``slice``, ``transpose``, ``expand``, ...).
+Kernels an operator runs inside itself reach no dispatch mode; the one that matters here, the copy
+an out-of-place ``addmm`` makes of ``self`` (:data:`NESTED_COPY_OPS`), is counted as ``addmm.copy_``.
 :func:`record_optimizer_step` labels the ops of one optimizer step by the parameter (Muon, whole
 AdamW parameters) or element-wise shard (``shard<uid>``) being updated, which is what
 ``benchmarks/count_optimizer_ops.py`` and the tests compare with the cost model's kernel lists.
@@ -19,6 +21,10 @@ from typing import Any
 from torch.utils._python_dispatch import TorchDispatchMode
 
 STEP_LABEL = "(step)"  # operators outside any per-parameter or per-shard update
+# operators whose out-of-place kernel copies ``self`` into the new output before its GEMM when
+# beta != 0: an ``aten::copy_`` nested inside the operator (torch.profiler shows it under
+# ``aten::addmm``), which reaches no dispatch mode; counted as ``addmm.copy_``
+NESTED_COPY_OPS = frozenset({"addmm", "baddbmm"})
 
 
 class OperatorRecorder(TorchDispatchMode):
@@ -32,7 +38,11 @@ class OperatorRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         table = self.views if func.is_view else self.compute
-        table.setdefault(self.label, Counter())[str(func.overloadpacket.__name__)] += 1
+        counts = table.setdefault(self.label, Counter())
+        name = str(func.overloadpacket.__name__)
+        counts[name] += 1
+        if name in NESTED_COPY_OPS and func._overloadname == "default" and (kwargs or {}).get("beta", 1) != 0:
+            counts[f"{name}.copy_"] += 1  # the copy of self into the output, inside the kernel
         return func(*args, **(kwargs or {}))
 
     @contextmanager

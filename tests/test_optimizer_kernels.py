@@ -40,33 +40,35 @@ def test_muon_kernels_of_one_matrix() -> None:
     weight decay, no Nesterov, fp32 main grads, ``fp32_matmul_prec`` 'medium', 5 quintic steps):
     ``p.add_(p, alpha=-wd·lr)`` 1 (``mixin._apply_weight_decay_inplace``), ``momentum_buffer.lerp_``
     1, then ``muon_utils.newton_schulz``: ``F.normalize`` = norm, clamp_min, divide 3; ``X.to(bf16)``
-    1; per step ``X @ X.mT``, ``addmm(A, A, A)``, ``addmm(X, B, X)`` (``newton_schulz_step``) 15;
+    1; per step ``X @ X.mT``, ``addmm(A, A, A)``, ``addmm(X, B, X)`` (``newton_schulz_step``) 15,
+    each out-of-place ``addmm`` (β ≠ 0) first copying ``self`` into its output (ATen) 10;
     ``X.to(fp32)`` 1; MCore ``scaled_orthogonalize_fn`` ``orth_grad * scale_factor *
     extra_scale_factor`` 2; ``p.add_(orth_grad, alpha=-lr)`` 1; MCore
     ``Float16OptimizerWithFloat16Params._copy_main_params_to_model_params`` without an overflow
-    buffer under bf16: one ``copy_`` per parameter 1. Total 26."""
-    assert _kernels("mlp.linear_fc1.weight") == 26
-    assert _kernels("mlp.linear_fc1.weight", nesterov=True) == 27  # grad.lerp(momentum, β)
-    assert _kernels("mlp.linear_fc1.weight", grad_bytes=2) == 27  # main_grad.float() is a cast for bf16 grads
-    assert _kernels("mlp.linear_fc1.weight", precision="fp32") == 24  # no bf16 casts under 'highest'
+    buffer under bf16: one ``copy_`` per parameter 1. Total 36."""
+    assert _kernels("mlp.linear_fc1.weight") == 36
+    assert _kernels("mlp.linear_fc1.weight", nesterov=True) == 37  # grad.lerp(momentum, β)
+    assert _kernels("mlp.linear_fc1.weight", grad_bytes=2) == 37  # main_grad.float() is a cast for bf16 grads
+    assert _kernels("mlp.linear_fc1.weight", precision="fp32") == 34  # no bf16 casts under 'highest'
 
 
 def test_muon_kernels_of_a_split_qkv() -> None:
     """MCore ``TensorParallelMuon.orthogonalize`` with ``split_qkv``: ``torch.split`` of a view then
-    ``reshape`` of each non-contiguous Q/K/V part (3 copies), NS + scale per component (3 × 22),
-    ``torch.cat`` back (1); with weight decay, momentum, update and copy (4): 74."""
-    assert _kernels("self_attention.linear_qkv.weight") == 74
+    ``reshape`` of each non-contiguous Q/K/V part (3 copies), NS (with its 10 addmm copies) + scale
+    per component (3 × 32), ``torch.cat`` back (1); with weight decay, momentum, update and copy (4): 104."""
+    assert _kernels("self_attention.linear_qkv.weight") == 104
 
 
 def test_muon_kernels_under_tensor_parallel_modes() -> None:
     """EO ``newton_schulz_tp``: ``duplicated`` gathers the shards into a list (NCCL's flat buffer
-    copied out to each of the 2 tensors: 2), ``torch.cat`` (1), then the full-matrix NS (20) and the
-    scale (2): 25 + 4 = 29; ``distributed``: ``distributed_normalize_p2`` = x*x, sum, sqrt,
-    clamp_min, divide (5), casts (2), 15 GEMMs (the Gram all-reduce is not a kernel of this stream),
-    scale (2): 24 + 4 = 28; ``blockwise`` (MCore passes partition_dim None): the local path, 26."""
-    assert _kernels("mlp.linear_fc2.weight", tp=2, mode="duplicated") == 29
-    assert _kernels("mlp.linear_fc2.weight", tp=2, mode="distributed") == 28
-    assert _kernels("mlp.linear_fc2.weight", tp=2, mode="blockwise") == 26
+    copied out to each of the 2 tensors: 2), ``torch.cat`` (1), then the full-matrix NS (30, its 10
+    addmm copies included) and the scale (2): 35 + 4 = 39; ``distributed``: ``distributed_normalize_p2``
+    = x*x, sum, sqrt, clamp_min, divide (5), casts (2), 15 GEMMs and 10 addmm copies (the Gram
+    all-reduce is not a kernel of this stream), scale (2): 34 + 4 = 38; ``blockwise`` (MCore passes
+    partition_dim None): the local path, 36."""
+    assert _kernels("mlp.linear_fc2.weight", tp=2, mode="duplicated") == 39
+    assert _kernels("mlp.linear_fc2.weight", tp=2, mode="distributed") == 38
+    assert _kernels("mlp.linear_fc2.weight", tp=2, mode="blockwise") == 36
 
 
 def test_multi_tensor_apply_launches() -> None:
@@ -94,16 +96,16 @@ def test_element_wise_shard_pieces() -> None:
 
 
 def test_rank_kernel_counts_of_a_whole_step() -> None:
-    """One rank (dp 1) steps all of tiny-dense with Muon: 2 split QKV (74 each) and 6 other matrices
-    (26 each) = 304 per-tensor launches, of which 2·45 + 6·15 = 180 NS GEMMs; the 7 non-matrix
+    """One rank (dp 1) steps all of tiny-dense with Muon: 2 split QKV (104 each) and 6 other matrices
+    (36 each) = 424 per-tensor launches, of which 2·45 + 6·15 = 180 NS GEMMs; the 7 non-matrix
     parameters (embedding, 5 norms, output layer) in one element-wise bucket: one FusedAdam launch
     and 7 main → model copies; the gradient norm over 15 main gradients: one l2norm launch + 3."""
     inv = build_inventory(TINY_DENSE)
     plan = plan_from_inventory(inv, OptimizerSpec(kind="muon"), Grid(dp=1, expert_dp=1))
     rank = plan.stages[0].ranks[0]
-    assert dict(rank.kernel_counts) == {"newton_schulz_gemm": 180, "muon_elementwise": 124, "adam_multi_tensor": 1,
+    assert dict(rank.kernel_counts) == {"newton_schulz_gemm": 180, "muon_elementwise": 244, "adam_multi_tensor": 1,
                                         "adam_param_copy": 7, "grad_norm": 4, "gather_copy": 0}
-    assert rank.kernels == 316 and rank.muon_tensors == 8
+    assert rank.kernels == 436 and rank.muon_tensors == 8
     assert rank.total_s == rank.step_s(rank.gpu_s, rank.issue_s) == 0.0  # no system: no times
     adamw = plan_from_inventory(inv, OptimizerSpec(kind="adamw"), Grid(dp=1, expert_dp=1)).stages[0].ranks[0]
     assert dict(adamw.kernel_counts)["adam_param_copy"] == 15 and adamw.kernels == 1 + 15 + 4

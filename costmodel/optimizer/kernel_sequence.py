@@ -18,12 +18,14 @@ by MCore's ``TensorParallelMuon`` inside ``Float16OptimizerWithFloat16Params``):
    * local (tp 1, replicated weights, or ``blockwise``): ``F.normalize`` over the matrix = norm,
      ``clamp_min``, divide (3 kernels); under bf16 matmuls (``fp32_matmul_prec`` 'medium') a cast
      to bf16; per iteration ``A = X @ X.mT``, ``B = addmm(A, A, A)``, ``X = addmm(X, B, X)``
-     (3 GEMMs; SYRK replaces the first two where EO ≥ 0.4 has it); a cast back to fp32;
+     (3 GEMMs; SYRK replaces the first two where EO ≥ 0.4 has it), each out-of-place ``addmm``
+     first copying its ``self`` into the new output (1 copy kernel each,
+     :func:`costmodel.optimizer.newton_schulz.addmm_copies`); a cast back to fp32;
    * ``duplicated``: ``all_gather`` into a list (NCCL gathers into a flat buffer, PyTorch copies
      each of the tp shards out), ``torch.cat`` of the shards, then the local path on the full matrix;
    * ``distributed``: ``distributed_normalize_p2`` = ``x*x``, ``sum``, all-reduce, ``sqrt``,
      ``clamp_min``, divide (5 kernels); then per iteration the local Gram, its all-reduce and the
-     two ``addmm`` (3 GEMMs); casts as above;
+     two ``addmm`` (3 GEMMs, 2 copies); casts as above;
    then ``orth_grad * scale_factor * extra_scale_factor`` (2 kernels);
 5. ``p.add_(orth_grad, alpha=-lr)``;
 6. ``_copy_main_params_to_model_params``: with bf16 there is no overflow buffer, so
@@ -59,7 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.kernels import KernelSpec
-from costmodel.optimizer.newton_schulz import MATMUL_CLASS, NsSettings, NsWork, full_ns_gemms
+from costmodel.optimizer.newton_schulz import MATMUL_CLASS, NsSettings, NsWork, addmm_copies, full_ns_gemms
 from workloads.comm import DTYPE_BYTES
 from workloads.inventory import TensorSpec
 
@@ -136,7 +138,15 @@ def newton_schulz_call_kernels(rows: int, cols: int, st: NsSettings) -> tuple[Ke
     casts and the ``3·steps`` GEMMs (what ``calibrate --microbench`` times on this machine)."""
     gemms = [KernelSpec("ns_gemm", "ns_gemm", c, flops=f, tensor_class=MATMUL_CLASS[st.precision])
              for f, c in full_ns_gemms(rows, cols, st)]
-    return (*_local_ns("", rows, cols, st), *gemms)
+    copies = addmm_copy_kernels(addmm_copies(min(rows, cols), max(rows, cols), st), st)
+    return (*_local_ns("", rows, cols, st), *copies, *gemms)
+
+
+def addmm_copy_kernels(copies: tuple[tuple[int, int], ...], st: NsSettings) -> list[KernelSpec]:
+    """The copy kernels of the NS ``addmm`` calls (:func:`~costmodel.optimizer.newton_schulz.addmm_copies`):
+    each reads and writes its elements once in the work dtype (bf16 under 'medium', else fp32)."""
+    size = DTYPE_BYTES[st.gram_dtype]
+    return [KernelSpec("ns_addmm_copy", "memory", count, bytes=2.0 * size * elements) for elements, count in copies]
 
 
 # kernels of the Muon step outside the orthogonalisation (the reference backend times the rest as
@@ -217,6 +227,7 @@ def muon_tensor_kernels(tensor: TensorSpec, work: NsWork, st: NsSettings, grad_b
         k.append(KernelSpec(f"{prefix}scale", "memory", 2, bytes=8.0 * local))
     if split:
         k.append(KernelSpec("qkv_cat", "memory", 1, bytes=8.0 * n))
+    k += addmm_copy_kernels(work.addmm_copies, st)
     k += [KernelSpec("ns_gemm", "ns_gemm", c, flops=f, tensor_class=MATMUL_CLASS[st.precision]) for f, c in work.gemms]
     k.append(KernelSpec("param_update", "memory", 1, bytes=12.0 * n))
     k.append(KernelSpec("main_to_model_copy", "memory", 1, bytes=float(COPY_BYTES_PER_ELEMENT * n)))

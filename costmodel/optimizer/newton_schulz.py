@@ -69,6 +69,7 @@ class NsWork:
     gemms: tuple[tuple[float, int], ...]  # (FLOPs of one GEMM, times it runs)
     matrix_numel: int  # elements of the matrices NS reads/writes (casts, normalisation)
     calls: tuple[CollectiveCall, ...]
+    addmm_copies: tuple[tuple[int, int], ...] = ()  # (elements of one addmm's self -> output copy, times)
 
 
 def full_ns_gemms(rows: int, cols: int, st: NsSettings) -> tuple[tuple[float, int], ...]:
@@ -79,6 +80,22 @@ def full_ns_gemms(rows: int, cols: int, st: NsSettings) -> tuple[tuple[float, in
     if not st.cubic:
         out.append((float((1 if st.syrk else 2) * m ** 3), st.steps))
     return tuple(out)
+
+
+def addmm_copies(m: int, n: int, st: NsSettings) -> tuple[tuple[int, int], ...]:
+    """The copies ATen's out-of-place ``addmm`` makes before its GEMM, per NS call on an ``m×n``
+    working matrix (``m ≤ n``; distributed: ``n`` is the local columns): ((elements, count), ...).
+
+    ``torch.addmm(C, A, B, beta=β)`` with β ≠ 0 into a new output first copies ``C`` into it, then
+    runs the GEMM accumulating onto it: one extra copy kernel per call. Measured here with
+    ``torch.profiler`` (an ``aten::copy_`` nested under every ``aten::addmm`` of the reference's
+    NS; a ``TorchDispatchMode`` does not see it); on CUDA, ``addmm_out_cuda_impl``
+    (``aten/src/ATen/native/cuda/Blas.cpp``) copies ``self`` into ``result`` likewise when β ≠ 0
+    outside the cuBLASLt bias-epilogue path (a 1-D bias), which a 2-D ``self`` never takes. Per
+    step: ``B = addmm(A, A, A)`` copies the m×m Gram (absent with SYRK, which computes B itself,
+    and with cubic5, which has no B) and ``X = addmm(X, B, X)`` copies X (m×n)."""
+    out = [] if st.cubic or st.syrk else [(m * m, st.steps)]
+    return (*out, (m * n, st.steps))
 
 
 def distributed_ns_gemms(r: int, s: int, t: int, st: NsSettings) -> tuple[tuple[float, int], ...]:
@@ -105,6 +122,7 @@ def _oriented(rows: int, cols: int, shard_dim: int) -> tuple[int, int]:
 def _tensor_work(comps: tuple[tuple[int, int], ...], local: tuple[tuple[int, int], ...], shard_dim: int | None,
                  shards: int, group: str | None, st: NsSettings) -> NsWork:
     gemms: list[tuple[float, int]] = []
+    copies: list[tuple[int, int]] = []
     calls: list[CollectiveCall] = []
     flops = 0.0
     numel = 0
@@ -113,11 +131,13 @@ def _tensor_work(comps: tuple[tuple[int, int], ...], local: tuple[tuple[int, int
         if not sharded or st.tp_mode == "blockwise":
             rr, cc = (rows, cols) if not sharded else (lrows, lcols)
             gemms += full_ns_gemms(rr, cc, st)
+            copies += addmm_copies(min(rr, cc), max(rr, cc), st)
             flops += newton_schulz_flops(rr, cc, st.steps, st.syrk, st.cubic)
             numel += rr * cc
         elif st.tp_mode == "duplicated":
             calls.append(CollectiveCall("all_gather", group, shards, "fp32", 4 * rows * cols, 1, "ns_gather"))  # type: ignore[arg-type]
             gemms += full_ns_gemms(rows, cols, st)
+            copies += addmm_copies(min(rows, cols), max(rows, cols), st)
             flops += newton_schulz_flops(rows, cols, st.steps, st.syrk, st.cubic)
             numel += rows * cols
         elif st.tp_mode == "distributed":
@@ -126,11 +146,12 @@ def _tensor_work(comps: tuple[tuple[int, int], ...], local: tuple[tuple[int, int
             calls.append(CollectiveCall("all_reduce", group, shards, st.gram_dtype,  # type: ignore[arg-type]
                                         r * r * DTYPE_BYTES[st.gram_dtype], st.steps, "ns_gram"))
             gemms += distributed_ns_gemms(r, s, shards, st)
+            copies += addmm_copies(r, s // shards, st)
             flops += distributed_ns_flops(r, s, shards, st)
             numel += lrows * lcols
         else:
             raise ValueError(f"unknown tp_mode {st.tp_mode!r}")
-    return NsWork(flops=flops, gemms=tuple(gemms), matrix_numel=numel, calls=tuple(calls))
+    return NsWork(flops=flops, gemms=tuple(gemms), matrix_numel=numel, calls=tuple(calls), addmm_copies=tuple(copies))
 
 
 def tensor_ns_work(tensor: TensorSpec, st: NsSettings) -> NsWork:
