@@ -61,7 +61,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.kernels import KernelSpec
-from costmodel.optimizer.newton_schulz import MATMUL_CLASS, NsSettings, NsWork, addmm_copies, full_ns_gemms
+from costmodel.optimizer.newton_schulz import (
+    MATMUL_CLASS,
+    NsSettings,
+    NsWork,
+    addmm_copies,
+    full_ns_gemms,
+)
 from workloads.comm import DTYPE_BYTES
 from workloads.inventory import TensorSpec
 
