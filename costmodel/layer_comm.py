@@ -40,11 +40,8 @@ from costmodel.layer_costs import (
     bf16_shape,
     collective_s,
     hide_under_host,
-    host_slack_s,
-    layer_ops,
-    layer_parts,
-    ops_time,
 )
+from costmodel.layer_template import layer_compute_s
 from costmodel.moe_dispatch import allgather_dispatch_calls, dispatch_cost
 from costmodel.tp_overlap import tp_pass_exposed_s
 from topologies.groups import GroupShape
@@ -122,10 +119,7 @@ def layer_compute(scenario: Scenario, shape: RankShape, kind: str) -> LayerCompu
     if hit is not None and hit[0] is model and hit[1] is system:
         return hit[2]
     recompute = "none" if kind.endswith(":norc") else p.recompute
-    ops = layer_ops(model, bf16_shape(kind, shape), base, recompute, modules)
-    f, b, fa, ba = ops_time(ops, system, capture, base)
-    slack_f, slack_b = host_slack_s(ops, system, capture, base)
-    out = LayerCompute(f, b, fa, ba, layer_parts(ops, system), slack_f, slack_b)
+    out = LayerCompute(*layer_compute_s(model, system, bf16_shape(kind, key_shape), base, recompute, modules, capture))
     if len(_COMPUTE) > _COMPUTE_LIMIT:
         _COMPUTE.clear()
     _COMPUTE[key] = (model, system, out)

@@ -90,31 +90,41 @@ def rank_shape(scenario: Scenario) -> RankShape:
 
 
 def pass_stream(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
-                kind: str = "dense", framework_s: float = 0.0, times_s: tuple[float, ...] | None = None) -> StreamCost:
+                kind: str = "dense", framework_s: float = 0.0, times_s: tuple[float, ...] | None = None,
+                captured_ops: tuple[bool, ...] | None = None) -> StreamCost:
     """GPU and host-issue seconds of one pass (forward or backward) of one layer of ``kind``.
 
     Uncaptured kernels cost ``kernel_issue_s`` each on the host, captured ones none; each graph
     replay costs one issue; ``framework_s`` is the pass's framework host time beyond the launches
     (:func:`framework_host_s`). The pass takes ``max(Σ GPU, Σ issue)`` (:mod:`costmodel.kernels`).
-    ``times_s``: each operation's :func:`operation_time_s` when the caller has them already.
+    ``times_s``: each operation's :func:`operation_time_s` when the caller has them already;
+    ``captured_ops``: each operation's ``capture.captures(o, kind)`` likewise.
     """
     gpu = launches = captured = 0.0
     if times_s is None:
         times_s = tuple(operation_time_s(o, system) for o in ops)
-    for o, t in zip(ops, times_s, strict=True):
+    if captured_ops is None:
+        captured_ops = captured_flags(ops, capture, kind)
+    for o, t, c in zip(ops, times_s, captured_ops, strict=True):
         gpu += t
         launches += o.kernels
-        if capture.captures(o, kind):
+        if c:
             captured += o.kernels
     issued = launches - captured + capture.graphs_per_pass(kind)
     return StreamCost(gpu, issued * system.efficiency.kernel_issue_s + framework_s, launches, captured)
+
+
+def captured_flags(ops: tuple[Operation, ...], capture: GraphCapture, kind: str) -> tuple[bool, ...]:
+    """Whether each of ``ops`` (of a layer of ``kind``) is replayed from a CUDA graph."""
+    return tuple(capture.captures(o, kind) for o in ops)
 
 
 TRANSFORMER_KINDS = ("dense", "moe", "mtp")
 
 
 def framework_host_s(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
-                     kind: str = "dense") -> tuple[float, float]:
+                     kind: str = "dense",
+                     captured_ops: tuple[tuple[bool, ...], tuple[bool, ...]] | None = None) -> tuple[float, float]:
     """(forward, backward) host seconds of the framework's Python for one transformer layer of one
     micro-batch, beyond its kernel launches: Megatron-Core's module hierarchy, Transformer Engine's
     module logic and the autograd bookkeeping (``EfficiencyFactors.layer_host_s`` per pass), plus
@@ -124,29 +134,34 @@ def framework_host_s(ops: LayerOps, system: SystemSpec, capture: GraphCapture = 
     that work's share of the forward kernels (full recompute: one more forward); kernels replayed
     from a CUDA graph skip their Python, so each pass keeps only its uncaptured kernels' share.
     Embedding and output blocks count none (their host time is their kernels' issue time).
+    ``captured_ops``: (forward, backward) :func:`captured_flags` when the caller has them already.
     """
     if kind not in TRANSFORMER_KINDS:
         return 0.0, 0.0
     eff = system.efficiency
     per_pass = eff.layer_host_s + (eff.moe_host_s if kind == "moe" else 0.0)
+    if captured_ops is None:
+        captured_ops = (captured_flags(ops.forward, capture, kind), captured_flags(ops.backward, capture, kind))
 
-    def eager(part: tuple[Operation, ...]) -> float:
-        return sum(o.kernels for o in part if not capture.captures(o, kind))
+    def eager(part: tuple[tuple[Operation, bool], ...]) -> float:
+        return sum(o.kernels for o, c in part if not c)
 
     fwd_kernels = sum(o.kernels for o in ops.forward)
     if fwd_kernels <= 0:
         return 0.0, 0.0
-    recomputed = tuple(o for o in ops.backward if o.name.startswith("recompute."))
-    own = tuple(o for o in ops.backward if not o.name.startswith("recompute."))
-    own_kernels = sum(o.kernels for o in own)
-    fwd = per_pass * eager(ops.forward) / fwd_kernels
+    backward = tuple(zip(ops.backward, captured_ops[1], strict=True))
+    recomputed = tuple(oc for oc in backward if oc[0].name.startswith("recompute."))
+    own = tuple(oc for oc in backward if not oc[0].name.startswith("recompute."))
+    own_kernels = sum(o.kernels for o, _ in own)
+    fwd = per_pass * eager(tuple(zip(ops.forward, captured_ops[0], strict=True))) / fwd_kernels
     bwd = per_pass * (eager(own) / own_kernels if own_kernels else 0.0) + per_pass * eager(recomputed) / fwd_kernels
     return fwd, bwd
 
 
 def pass_windows(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
                  kind: str = "dense", framework_s: float = 0.0,
-                 times_s: tuple[float, ...] | None = None) -> tuple[float, float]:
+                 times_s: tuple[float, ...] | None = None,
+                 captured_ops: tuple[bool, ...] | None = None) -> tuple[float, float]:
     """(seconds, host slack seconds) of one pass on the compute stream: :func:`pass_stream` per
     window between host synchronisations. An operation marked ``host_sync`` (the dispatcher's token
     counts copied to the host) ends a window: the host waits ``host_sync_s`` for the GPU to drain and
@@ -154,17 +169,20 @@ def pass_windows(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphC
     ``max(Σ GPU, Σ issue)`` on its own. Captured (CUDA-graph) work never syncs: Megatron cannot
     capture a host synchronisation. ``framework_s`` (:func:`framework_host_s`) is shared by the
     windows in proportion to their launches; the slack is what the GPU waits for the host.
-    ``times_s``: each operation's :func:`operation_time_s` when the caller has them already."""
+    ``times_s``: each operation's :func:`operation_time_s` when the caller has them already;
+    ``captured_ops``: their :func:`captured_flags` likewise."""
     if times_s is None:
         times_s = tuple(operation_time_s(o, system) for o in ops)
-    cuts = [i for i, o in enumerate(ops) if o.host_sync and i > 0 and not capture.captures(o, kind)]
+    if captured_ops is None:
+        captured_ops = captured_flags(ops, capture, kind)
+    cuts = [i for i, o in enumerate(ops) if o.host_sync and i > 0 and not captured_ops[i]]
     bounds = list(zip([0, *cuts], [*cuts, len(ops)], strict=True))
     launches = sum(o.kernels for o in ops) or 1.0
     total = slack = 0.0
     for a, b in bounds:
         window = ops[a:b]
         share = framework_s * sum(o.kernels for o in window) / launches
-        st = pass_stream(window, system, capture, kind, share, times_s[a:b])
+        st = pass_stream(window, system, capture, kind, share, times_s[a:b], captured_ops[a:b])
         total += st.time_s
         slack += max(0.0, st.issue_s - st.gpu_s)
     return total + system.efficiency.host_sync_s * len(cuts), slack
@@ -248,12 +266,17 @@ MLP_SIDE_MODULES = frozenset({"moe", "moe_act", "shared_experts"})
 def layer_parts(ops: LayerOps, system: SystemSpec) -> LayerParts:
     """The :class:`LayerParts` of a layer's operations (GEMMs and experts without recomputed work;
     the two sides of the MoE block with it)."""
+    return parts_of(ops, op_times_s(ops, system))
+
+
+def parts_of(ops: LayerOps, times_s: tuple[tuple[float, ...], tuple[float, ...]]) -> LayerParts:
+    """:func:`layer_parts` from the (forward, backward) GPU seconds of each operation."""
     gemm: dict[str, float] = {}
     shared = [0.0, 0.0]
     mlp = [0.0, 0.0]
     attn = [0.0, 0.0]
     wgrad = 0.0
-    for i, (seq, times) in enumerate(zip((ops.forward, ops.backward), op_times_s(ops, system), strict=True)):
+    for i, (seq, times) in enumerate(zip((ops.forward, ops.backward), times_s, strict=True)):
         for o, t in zip(seq, times, strict=True):
             if o.module in MLP_SIDE_MODULES:
                 mlp[i] += t

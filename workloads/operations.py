@@ -86,7 +86,7 @@ settings; each our reading of Megatron-Core / Transformer Engine, marked assumpt
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from topologies.hardware import TENSOR_CORE_CLASS
@@ -142,6 +142,32 @@ class Operation:
     groups: int = 1  # grouped GEMM: number of experts sharing the total M
     kernels: float = 1.0  # kernel launches per micro-batch (fractional when amortised over micro-batches)
     host_sync: bool = False  # the host waits for the GPU before issuing this operation (D2H of token counts)
+    # a cast including weights cast once per step: (input elements, weight elements, launches per
+    # micro-batch before the weights', bytes per element); see :func:`weight_cast_operation`.
+    # Not compared: it only records how ``bytes`` and ``kernels`` were derived.
+    weight_cast: tuple[int, int, int, float] | None = field(default=None, compare=False, repr=False)
+
+
+def weight_cast_operation(name: str, module: str, cast: tuple[int, int, int, float], microbatches: int,
+                          phase: Phase = "fwd") -> Operation:
+    """The quantisation cast of a GEMM's input and weights for one micro-batch: ``cast`` is (input
+    elements, weight elements, launches per micro-batch, bytes per element). The weights are cast
+    once per step (TE caches them across micro-batches), so each micro-batch moves
+    ``(input + weights / micro-batches) x bytes per element`` in ``launches x (1 + 1 / micro-batches)``
+    kernels. The one place of the formula: the layer caches re-price only these operations when
+    the micro-batch count changes (:mod:`costmodel.layer_template`)."""
+    act, weights, casts, bytes_per_element = cast
+    per_step = 1 / max(microbatches, 1)
+    return Operation(name, "quantize", phase, module, 0.0, (act + weights * per_step) * bytes_per_element,
+                     kernels=casts * (1 + per_step), weight_cast=cast)
+
+
+def recast_operation(op: Operation, microbatches: int) -> Operation:
+    """``op`` (a weight cast, :func:`weight_cast_operation`, or its recomputed copy) for a step of
+    ``microbatches`` micro-batches; any other operation unchanged."""
+    if op.weight_cast is None:
+        return op
+    return weight_cast_operation(op.name, op.module, op.weight_cast, microbatches, op.phase)
 
 
 @dataclass(frozen=True)
@@ -249,10 +275,9 @@ class _Builder:
             self.bwd.append(Operation(name + ".grad_accumulate", "elementwise", "bwd", module, 0.0,
                                       k * n * groups * (ACT_BYTES + 4 + 4), kernels=groups))
         if low:
-            per_step = 1 / max(self.shape.microbatches, 1)
             casts = CAST_KERNELS[self.shape.precision] * groups
-            self.fwd.append(Operation(name + ".cast", "quantize", "fwd", module, 0.0,
-                                      (m * k + k * n * groups * per_step) * self.cast, kernels=casts * (1 + per_step)))
+            self.fwd.append(weight_cast_operation(name + ".cast", module, (m * k, k * n * groups, casts, self.cast),
+                                                  self.shape.microbatches))
             self.bwd.append(Operation(name + ".cast_grad", "quantize", "bwd", module, 0.0, m * n * self.cast,
                                       kernels=casts))
         if bias and self.bias:
@@ -301,7 +326,7 @@ class _Builder:
         elif recompute == "selective":
             replay = [o for o in self.fwd if o.module in modules]
         extra = tuple(Operation("recompute." + o.name, o.kind, "bwd", o.module, o.flops, o.bytes, o.tensor_class,
-                                o.m, o.n, o.k, o.groups, o.kernels) for o in replay)
+                                o.m, o.n, o.k, o.groups, o.kernels, weight_cast=o.weight_cast) for o in replay)
         return LayerOps(forward=tuple(self.fwd), backward=extra + tuple(self.bwd))
 
 
