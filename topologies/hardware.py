@@ -74,6 +74,9 @@ class PeakFlops(_Strict):
         return float(value)
 
 
+_SUPPORTED: dict[int, tuple[PeakFlops, tuple[Precision, ...]]] = {}
+
+
 class GpuSpec(_Strict):
     """One GPU: dense peaks (FLOP/s), usable HBM (bytes), HBM bandwidth (bytes/s), SM count."""
 
@@ -100,9 +103,17 @@ class GpuSpec(_Strict):
         """The training precisions this GPU's tensor cores support (see ``precisions``)."""
         if self.precisions is not None:
             return self.precisions
-        peaks, block_scaled = self.peak_flops_per_s, (Precision.MXFP8, Precision.NVFP4)
-        return tuple(x for x in Precision if getattr(peaks, x.tensor_core_class) is not None
-                     and (x not in block_scaled or peaks.fp4 is not None))
+        peaks = self.peak_flops_per_s
+        hit = _SUPPORTED.get(id(peaks))  # checked by every scenario's validation (the planner: per layout)
+        if hit is not None and hit[0] is peaks:
+            return hit[1]
+        block_scaled = (Precision.MXFP8, Precision.NVFP4)
+        out = tuple(x for x in Precision if getattr(peaks, x.tensor_core_class) is not None
+                    and (x not in block_scaled or peaks.fp4 is not None))
+        if len(_SUPPORTED) > 1000:
+            _SUPPORTED.clear()
+        _SUPPORTED[id(peaks)] = (peaks, out)  # the entry holds ``peaks`` (frozen), so its id stays unique
+        return out
 
 
 class NvlinkSpec(_Strict):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from topologies.inputs import UserInputError
@@ -101,6 +102,19 @@ def layout_layer_counts(layout: str, num_layers: int, pp: int, vpp: int, mtp_lay
 
 def virtual_stage_layer_counts(num_layers: int, pp: int, vpp: int, split: PipelineSplit | StageSplit = "auto",
                                mtp_layers: int = 0) -> list[int]:
+    """Layers per virtual stage, indexed ``chunk * pp + stage`` (length pp*vpp); see
+    :func:`_stage_layer_counts` (memoised here: every scenario's validation asks)."""
+    return list(_cached_counts(num_layers, pp, vpp, split, mtp_layers))
+
+
+@lru_cache(maxsize=4096)
+def _cached_counts(num_layers: int, pp: int, vpp: int, split: PipelineSplit | StageSplit,
+                   mtp_layers: int) -> tuple[int, ...]:
+    return tuple(_stage_layer_counts(num_layers, pp, vpp, split, mtp_layers))
+
+
+def _stage_layer_counts(num_layers: int, pp: int, vpp: int, split: PipelineSplit | StageSplit = "auto",
+                        mtp_layers: int = 0) -> list[int]:
     """Layers per virtual stage, indexed ``chunk * pp + stage`` (length pp*vpp).
 
     ``split``: a :class:`StageSplit` (layout, account-for flags, then its mode) or a mode: ``even``
