@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from costmodel.comm_exposure import (
     EpOverlap,
@@ -45,6 +45,7 @@ from costmodel.layer_template import layer_compute_s
 from costmodel.moe_dispatch import allgather_dispatch_calls, dispatch_cost
 from costmodel.tp_overlap import tp_pass_exposed_s
 from topologies.groups import GroupShape
+from topologies.identity_memo import IdentityMemo
 from workloads.operations import ACT_BYTES, RankShape
 
 if TYPE_CHECKING:
@@ -96,8 +97,7 @@ class LayerCompute:
 
 
 MOE_OPS_KINDS = ("moe", "mtp")  # kinds whose operations may read ep, etp and the dispatcher (the MoE block)
-_COMPUTE: dict[tuple[Any, ...], tuple[Any, Any, LayerCompute]] = {}
-_COMPUTE_LIMIT = 50_000
+_COMPUTE: IdentityMemo[LayerCompute] = IdentityMemo(50_000)
 
 
 def layer_compute(scenario: Scenario, shape: RankShape, kind: str) -> LayerCompute:
@@ -106,24 +106,21 @@ def layer_compute(scenario: Scenario, shape: RankShape, kind: str) -> LayerCompu
     Memoised on what the operations and their prices depend on (model, system, rank shape, kind,
     recompute, capture), not on the communication group shapes; only the MoE block
     (:func:`workloads.operations._moe_mlp`) reads the rank shape's ep, etp and dispatcher, so layers
-    without one share their compute across expert layouts. Model and system are keyed by identity and the
-    entry holds them, so their ids stay unique.
+    without one share their compute across expert layouts. Model and system are keyed by identity
+    (:class:`~topologies.identity_memo.IdentityMemo`).
     """
     p, model, system = scenario.par, scenario.model, scenario.system
     capture = GraphCapture.of(scenario.runtime)
     modules = tuple(p.recompute_modules)
     base = base_kind(kind)
     key_shape = shape if base in MOE_OPS_KINDS else replace(shape, ep=1, etp=1, moe_dispatcher="flex")
-    key = (id(model), id(system), key_shape, kind, p.recompute, modules, capture)
-    hit = _COMPUTE.get(key)
-    if hit is not None and hit[0] is model and hit[1] is system:
-        return hit[2]
+    key = (key_shape, kind, p.recompute, modules, capture)
+    hit = _COMPUTE.get(key, model, system)
+    if hit is not None:
+        return hit
     recompute = "none" if kind.endswith(":norc") else p.recompute
     out = LayerCompute(*layer_compute_s(model, system, bf16_shape(kind, key_shape), base, recompute, modules, capture))
-    if len(_COMPUTE) > _COMPUTE_LIMIT:
-        _COMPUTE.clear()
-    _COMPUTE[key] = (model, system, out)
-    return out
+    return _COMPUTE.put(out, key, model, system)
 
 
 def _tp_pairs(scenario: Scenario, kind: str) -> tuple[str, ...]:

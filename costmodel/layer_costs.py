@@ -22,6 +22,7 @@ from costmodel.kernels import StreamCost
 from topologies.collectives import collective_cost
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
+from topologies.identity_memo import IdentityMemo
 from workloads.operations import (
     KernelOptions,
     LayerOps,
@@ -293,8 +294,8 @@ def parts_of(ops: LayerOps, times_s: tuple[tuple[float, ...], tuple[float, ...]]
     return LayerParts(gemm, (shared[0], shared[1]), wgrad, (mlp[0], mlp[1]), (attn[0], attn[1]))
 
 
-COLL_CACHE: dict[tuple, tuple[SystemSpec, tuple[float, float, str]]] = {}
 CACHE_LIMIT = 20000
+COLL_CACHE: IdentityMemo[tuple[float, float, str]] = IdentityMemo(CACHE_LIMIT)  # keyed by the system's identity
 NO_COMM = (0.0, 0.0, "nvlink")
 
 
@@ -305,19 +306,16 @@ def collective_s(op: str, size: float, shape: GroupShape, system: SystemSpec) ->
     """
     if shape.size <= 1 or size <= 0:
         return NO_COMM
-    key = (op, size, shape, id(system))
-    hit = COLL_CACHE.get(key)
-    if hit is not None and hit[0] is system:
-        return hit[1]
+    key = (op, size, shape)
+    hit = COLL_CACHE.get(key, system)
+    if hit is not None:
+        return hit
     cost = collective_cost(op, size, shape, system)
     nvl_Bps = system.nvlink.gpu_bandwidth_Bps
     net_Bps = system.scale_out.nic_bandwidth_Bps * system.scale_out.nics_per_gpu
     link = "network" if cost.network_bytes_per_gpu / net_Bps > cost.nvlink_bytes_per_gpu / nvl_Bps else "nvlink"
     out = (cost.time_s, min(cost.latency_s, cost.time_s), link)
-    if len(COLL_CACHE) > CACHE_LIMIT:
-        COLL_CACHE.clear()
-    COLL_CACHE[key] = (system, out)  # the entry keeps ``system`` alive, so its id stays unique
-    return out
+    return COLL_CACHE.put(out, key, system)
 
 
 def domain_link(shape: GroupShape) -> str:

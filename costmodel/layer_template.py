@@ -27,6 +27,7 @@ from costmodel.layer_costs import (
     parts_of,
     pass_windows,
 )
+from topologies.identity_memo import IdentityMemo
 from workloads.operations import LayerOps, RankShape, recast_operation
 
 if TYPE_CHECKING:
@@ -53,19 +54,18 @@ class LayerTemplate:
     attention_s: tuple[float, float]  # attention-core GPU seconds (casts are never attention)
 
 
-_TEMPLATES: dict[tuple[Any, ...], tuple[Any, Any, LayerTemplate]] = {}
-_LIMIT = 20_000
+_TEMPLATES: IdentityMemo[LayerTemplate] = IdentityMemo(20_000)  # model and system keyed by identity
 
 
 def _template(model: ModelSpec, system: SystemSpec, shape: RankShape, kind: str, recompute: str,
               modules: tuple[str, ...], capture: GraphCapture) -> LayerTemplate:
     """The :class:`LayerTemplate` of a layer of ``kind`` at ``shape`` with one micro-batch per step
-    (memoised; model and system keyed by identity, the entry holds them)."""
+    (memoised; model and system keyed by identity)."""
     one = replace(shape, microbatches=1)
-    key = (id(model), id(system), one, kind, recompute, modules, capture)
-    hit = _TEMPLATES.get(key)
-    if hit is not None and hit[0] is model and hit[1] is system:
-        return hit[2]
+    key = (one, kind, recompute, modules, capture)
+    hit = _TEMPLATES.get(key, model, system)
+    if hit is not None:
+        return hit
     ops = layer_ops(model, one, kind, recompute, modules)
     times = op_times_s(ops, system)
     casts_f = tuple(i for i, o in enumerate(ops.forward) if o.weight_cast is not None)
@@ -73,11 +73,7 @@ def _template(model: ModelSpec, system: SystemSpec, shape: RankShape, kind: str,
     fa = sum(t for o, t in zip(ops.forward, times[0], strict=True) if o.kind == "attention")
     ba = sum(t for o, t in zip(ops.backward, times[1], strict=True) if o.kind == "attention")
     captured = (captured_flags(ops.forward, capture, kind), captured_flags(ops.backward, capture, kind))
-    out = LayerTemplate(ops, times, captured, casts_f, casts_b, (fa, ba))
-    if len(_TEMPLATES) > _LIMIT:
-        _TEMPLATES.clear()
-    _TEMPLATES[key] = (model, system, out)
-    return out
+    return _TEMPLATES.put(LayerTemplate(ops, times, captured, casts_f, casts_b, (fa, ba)), key, model, system)
 
 
 def _recast(ops: tuple[Any, ...], times: tuple[float, ...], at: tuple[int, ...], microbatches: int,

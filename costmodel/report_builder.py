@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from costmodel.report import Breakdown, MemoryReport, OptimizerReport, StepReport, TimelineEvent
+from topologies.identity_memo import IdentityMemo
 from workloads.flops import model_flops_per_token
 
 if TYPE_CHECKING:
@@ -17,19 +18,14 @@ if TYPE_CHECKING:
     from workloads.scenario import Scenario
 
 
-_MEMORY_CACHE: dict[tuple, tuple[Any, Any, tuple[MemoryReport | None, list[str]]]] = {}
+_MEMORY_CACHE: IdentityMemo[tuple[MemoryReport | None, list[str]]] = IdentityMemo(4096)  # model, system by identity
 
 
 def memory_report(scenario: Scenario) -> tuple[MemoryReport | None, list[str]]:
     """The per-GPU memory of ``scenario`` (memoised per scenario: the planner asks many times)."""
-    key = (scenario.config, id(scenario.model), id(scenario.system))
-    hit = _MEMORY_CACHE.get(key)
-    if hit is not None and hit[0] is scenario.model and hit[1] is scenario.system:
-        return hit[2][0], list(hit[2][1])
-    out = _memory_report(scenario)
-    if len(_MEMORY_CACHE) > 4096:
-        _MEMORY_CACHE.clear()
-    _MEMORY_CACHE[key] = (scenario.model, scenario.system, out)
+    out = _MEMORY_CACHE.get(scenario.config, scenario.model, scenario.system)
+    if out is None:
+        out = _MEMORY_CACHE.put(_memory_report(scenario), scenario.config, scenario.model, scenario.system)
     return out[0], list(out[1])
 
 

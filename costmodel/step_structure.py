@@ -65,13 +65,13 @@ from costmodel.optimizer.kernel_sequence import grad_prescale_kernels
 from costmodel.optimizer.plan_types import Bucket, OptimizerPlan
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
+from topologies.identity_memo import IdentityMemo
 from workloads.operations import ACT_BYTES
 
 if TYPE_CHECKING:
-    from workloads.models import ModelSpec
     from workloads.scenario import Scenario
 
-_KIND_CACHE: dict[tuple, tuple[ModelSpec, SystemSpec, tuple]] = {}  # layer_cache_key + overlap -> costs
+_KIND_CACHE: IdentityMemo[tuple] = IdentityMemo(CACHE_LIMIT)  # layer_cache_key + overlap -> costs (model, system by identity)
 
 
 @dataclass(frozen=True)
@@ -276,8 +276,8 @@ def _prescale_s(b: Bucket, system: SystemSpec) -> float:
     return sum(k.count * kernel_gpu_s(k, system) for k in grad_prescale_kernels(1, b.numel, b.grad_bytes // b.numel))
 
 
-_STAGE_CACHE_LIMIT = 2048  # entries keep their plans alive: bounded like the planner's plan cache
-_STAGE_CACHE: dict[tuple, tuple[OptimizerPlan, SystemSpec, tuple[tuple[BucketCost, ...], float, float]]] = {}
+# plan and system keyed by identity; entries keep their plans alive: bounded like the planner's plan cache
+_STAGE_CACHE: IdentityMemo[tuple[tuple[BucketCost, ...], float, float]] = IdentityMemo(2048)
 
 
 def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placement,  # noqa: ANN001
@@ -288,18 +288,15 @@ def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placem
     system = scenario.system
     shapes = tuple(placement.shapes[g] for g in ("dp", "expert_dp", "dp_instance", "dp_across", "expert_dp_instance",
                                                  "expert_dp_across"))
-    key = (id(plan), stage, shapes, id(system), overlap)
-    hit = _STAGE_CACHE.get(key)
-    if hit is not None and hit[0] is plan and hit[1] is system:
-        return hit[2]
+    key = (stage, shapes, overlap)
+    hit = _STAGE_CACHE.get(key, plan, system)
+    if hit is not None:
+        return hit
     sp = next((x for x in plan.stages if x.stage == stage), None)
     crit = max(sp.ranks, key=lambda r: r.total_s) if sp and sp.ranks else None
     out = (_stage_buckets(plan, stage, scenario, placement, overlap),
            (crit.total_s - crit.tp_comm_s) if crit else 0.0, crit.tp_comm_s if crit else 0.0)
-    if len(_STAGE_CACHE) > _STAGE_CACHE_LIMIT:
-        _STAGE_CACHE.clear()
-    _STAGE_CACHE[key] = (plan, system, out)  # identity-checked: the entry keeps plan and system alive
-    return out
+    return _STAGE_CACHE.put(out, key, plan, system)
 
 
 def _embedding_grad(plan: OptimizerPlan, stage: int, scenario: Scenario, placement) -> tuple[float, float, str]:  # noqa: ANN001
@@ -350,14 +347,9 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     per_kind: dict[str, tuple[float, float, tuple[CommBlock, ...], tuple[CommBlock, ...]]] = {}
     for kind in sorted({k for kinds in items for k in kinds}):
         key = (*layer_cache_key(scenario, shape, kind, shapes), overlap)
-        hit = _KIND_CACHE.get(key)
-        if hit is not None and hit[0] is model and hit[1] is system:
-            per_kind[kind] = hit[2]
-            continue
-        per_kind[kind] = layer_kind_costs(scenario, shape, kind, shapes, overlap)
-        if len(_KIND_CACHE) > CACHE_LIMIT:
-            _KIND_CACHE.clear()
-        _KIND_CACHE[key] = (model, system, per_kind[kind])  # identity-checked: ids cannot be reused
+        hit = _KIND_CACHE.get(key, model, system)
+        per_kind[kind] = hit if hit is not None else _KIND_CACHE.put(
+            layer_kind_costs(scenario, shape, kind, shapes, overlap), key, model, system)
     if p.fsdp > 0:
         add_fsdp_blocks(scenario, placement, per_kind, overlap)
     add_offload_blocks(scenario, per_kind, overlap)

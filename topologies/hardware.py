@@ -13,7 +13,7 @@ measured values, and are overridden per system by a calibration profile.
 from __future__ import annotations
 
 from enum import StrEnum
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -74,7 +74,13 @@ class PeakFlops(_Strict):
         return float(value)
 
 
-_SUPPORTED: dict[int, tuple[PeakFlops, tuple[Precision, ...]]] = {}
+@lru_cache(maxsize=64)
+def _supported_by(peaks: PeakFlops) -> tuple[Precision, ...]:
+    """The training precisions tensor cores of these peaks support: those whose tensor-core class has
+    a peak; the block-scaled ones (MXFP8, NVFP4) only with an FP4 peak (Blackwell)."""
+    block_scaled = (Precision.MXFP8, Precision.NVFP4)
+    return tuple(x for x in Precision if getattr(peaks, x.tensor_core_class) is not None
+                 and (x not in block_scaled or peaks.fp4 is not None))
 
 
 class GpuSpec(_Strict):
@@ -103,17 +109,7 @@ class GpuSpec(_Strict):
         """The training precisions this GPU's tensor cores support (see ``precisions``)."""
         if self.precisions is not None:
             return self.precisions
-        peaks = self.peak_flops_per_s
-        hit = _SUPPORTED.get(id(peaks))  # checked by every scenario's validation (the planner: per layout)
-        if hit is not None and hit[0] is peaks:
-            return hit[1]
-        block_scaled = (Precision.MXFP8, Precision.NVFP4)
-        out = tuple(x for x in Precision if getattr(peaks, x.tensor_core_class) is not None
-                    and (x not in block_scaled or peaks.fp4 is not None))
-        if len(_SUPPORTED) > 1000:
-            _SUPPORTED.clear()
-        _SUPPORTED[id(peaks)] = (peaks, out)  # the entry holds ``peaks`` (frozen), so its id stays unique
-        return out
+        return _supported_by(self.peak_flops_per_s)  # every scenario's validation asks (the planner: per layout)
 
 
 class NvlinkSpec(_Strict):

@@ -59,6 +59,7 @@ from functools import cached_property, lru_cache
 
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
+from topologies.identity_memo import IdentityMemo
 from topologies.inputs import UserInputError
 from topologies.layout import FabricLayout, fabric_layout
 
@@ -338,28 +339,21 @@ def place_job(system: SystemSpec, gpus: int, tp: int = 1, cp: int = 1, ep: int =
                         tp_pp_dp=tp_pp_dp)
 
 
-_PLACEMENTS: dict[tuple, tuple[SystemSpec, JobPlacement]] = {}
-_PLACEMENTS_LIMIT = 20_000
+_PLACEMENTS: IdentityMemo[JobPlacement] = IdentityMemo(20_000)  # the system keyed by identity
 
 
 def placement_for(scenario) -> JobPlacement:  # noqa: ANN001 - avoids importing workloads here
     """Placement of a resolved scenario (workloads.scenario.Scenario).
 
-    Memoised on what it depends on (the system by identity, held by the entry so that its id stays
-    unique): the placement is immutable, and sharing it keeps its group shapes computed once (the
+    Memoised on what it depends on (the system by identity): the placement is immutable, and sharing it keeps its group shapes computed once (the
     planner asks for the placement of tens of thousands of layouts, several times each)."""
     p, cfg = scenario.par, scenario.config.placement
     instances = scenario.optimizer.num_distributed_optimizer_instances
     system = scenario.system
-    key = (id(system), scenario.gpus, p.tp, p.cp, p.ep, p.expert_tp, p.pp, cfg.gpus_per_domain,
-           cfg.use_tp_pp_dp_mapping, instances)
-    hit = _PLACEMENTS.get(key)
-    if hit is not None and hit[0] is system:
-        return hit[1]
+    key = (scenario.gpus, p.tp, p.cp, p.ep, p.expert_tp, p.pp, cfg.gpus_per_domain, cfg.use_tp_pp_dp_mapping, instances)
+    hit = _PLACEMENTS.get(key, system)
+    if hit is not None:
+        return hit
     job = place_job(system, scenario.gpus, tp=p.tp, cp=p.cp, ep=p.ep, etp=p.expert_tp, pp=p.pp,
                     gpus_per_domain=cfg.gpus_per_domain, tp_pp_dp=cfg.use_tp_pp_dp_mapping)
-    job = job if instances == 1 else replace(job, instances=instances)
-    if len(_PLACEMENTS) > _PLACEMENTS_LIMIT:
-        _PLACEMENTS.clear()
-    _PLACEMENTS[key] = (system, job)
-    return job
+    return _PLACEMENTS.put(job if instances == 1 else replace(job, instances=instances), key, system)

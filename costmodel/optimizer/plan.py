@@ -24,6 +24,7 @@ from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer, rank_wo
 from costmodel.optimizer.summary import optimizer_report
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
+from topologies.identity_memo import IdentityMemo
 from workloads.comm import CollectiveCall
 from workloads.fp8_params import (
     fp8_gather_active,
@@ -177,8 +178,8 @@ def _fsdp_stage(b: StageBuilder, buffers: list, strategy: str) -> None:
             b.step_whole(buf, everything, np.full(len(buf.numel), -1, dtype=np.int64))
 
 
-_BUFFERS: dict[tuple, tuple[Inventory, list[_Buffer]]] = {}
 _BUFFERS_SIZE = 4096
+_BUFFERS: IdentityMemo[list[_Buffer]] = IdentityMemo(_BUFFERS_SIZE)  # the inventory by identity
 
 
 def _stage_buffers(inv: Inventory, s: int, kind: str, fp8_of: Callable[[TensorSpec, int | None], bool] | None,
@@ -187,18 +188,15 @@ def _stage_buffers(inv: Inventory, s: int, kind: str, fp8_of: Callable[[TensorSp
     inventory (identity, held), the stage, the optimizer kind and the FP8 parameters (``fp8_key``:
     the BF16 layers ``fp8_of`` keeps, None without FP8 parameters): the plans of one layout's
     optimizer choices (layout, load balance, TP mode) share them. Their arrays are made read-only."""
-    key = (id(inv), s, kind, fp8_key)
-    hit = _BUFFERS.get(key)
-    if hit is not None and hit[0] is inv:
-        return hit[1]
+    key = (s, kind, fp8_key)
+    hit = _BUFFERS.get(key, inv)
+    if hit is not None:
+        return hit
     buffers = [buf for c in range(inv.vpp) for buf in chunk_buffers(inv.chunk_runs(s, c), c, kind, fp8_of)]
     for buf in buffers:
         for a in (buf.numel, buf.cost, buf.muon, buf.position, buf.tid, buf.shared):
             a.setflags(write=False)
-    if len(_BUFFERS) > _BUFFERS_SIZE:
-        _BUFFERS.clear()
-    _BUFFERS[key] = (inv, buffers)
-    return buffers
+    return _BUFFERS.put(buffers, key, inv)
 
 
 def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings,  # noqa: ANN001

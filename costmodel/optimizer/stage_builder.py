@@ -47,6 +47,7 @@ from costmodel.optimizer.plan_types import (
 )
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
+from topologies.identity_memo import IdentityMemo
 from workloads.comm import CollectiveCall, merge_calls
 from workloads.inventory import TensorSpec
 
@@ -71,7 +72,7 @@ class Grid:
         return (self.dp if group == "dp" else self.expert_dp) // self.instances
 
 
-_MUON_KERNELS: dict[tuple, tuple[SystemSpec | None, tuple[float, float, float, float]]] = {}
+_MUON_KERNELS: IdentityMemo[tuple[float, float, float, float]] = IdentityMemo(4096)  # the system by identity
 
 
 class Timer:
@@ -105,16 +106,13 @@ class Timer:
                      shape_key: tuple) -> tuple[float, float, float, float]:
         """(NS GEMM GPU s, other GPU s, launches, NS GEMM launches) of one Muon tensor's kernel sequence,
         memoised across plans per (tensor shape and sharding, NS settings, gradient size, system)."""
-        key = (shape_key, st, grad_bytes, id(self.system))
-        hit = _MUON_KERNELS.get(key)
-        if hit is not None and hit[0] is self.system:
-            return hit[1]
+        key = (shape_key, st, grad_bytes)
+        hit = _MUON_KERNELS.get(key, self.system)
+        if hit is not None:
+            return hit
         kernels = ks.muon_tensor_kernels(t, work, st, grad_bytes)
         out = (*self.kernels_s(kernels), ks.kernel_count(kernels), ks.kernel_count(kernels, "ns_gemm"))
-        if len(_MUON_KERNELS) > 4096:
-            _MUON_KERNELS.clear()
-        _MUON_KERNELS[key] = (self.system, out)  # the entry keeps the system alive: its id stays unique
-        return out
+        return _MUON_KERNELS.put(out, key, self.system)
 
     def floored_s(self, launches: np.ndarray | float, num_bytes: np.ndarray | float) -> np.ndarray:
         """GPU seconds of ``launches`` kernels sharing ``num_bytes`` bytes: max(memory, launches·kernel_min_s)."""

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from topologies.identity_memo import IdentityMemo
+
 if TYPE_CHECKING:
     from workloads.scenario import Scenario
 
-_KIND_COSTS: dict[tuple[Any, ...], tuple[Any, Any, dict[str, tuple[float, float]]]] = {}
-_ITEMS: dict[tuple[Any, ...], tuple[Any, tuple[tuple[tuple[str, int], ...], ...]]] = {}
 _CACHE_LIMIT = 50_000
+_KIND_COSTS: IdentityMemo[dict[str, tuple[float, float]]] = IdentityMemo(_CACHE_LIMIT)  # model, system by identity
+_ITEMS: IdentityMemo[tuple[tuple[tuple[str, int], ...], ...]] = IdentityMemo(_CACHE_LIMIT)  # the model by identity
 
 
 def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kinds: set[str]) -> dict[str, tuple[float, float]]:
@@ -35,12 +37,9 @@ def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kinds: s
 
     model, system = scenario.model, scenario.system
     key = lc.layer_cache_key(scenario, shape, "", shapes)  # every kind's key but the kind
-    hit = _KIND_COSTS.get(key)
-    if hit is None or hit[0] is not model or hit[1] is not system:
-        if len(_KIND_COSTS) > _CACHE_LIMIT:
-            _KIND_COSTS.clear()
-        hit = _KIND_COSTS[key] = (model, system, {})  # holding the objects keeps their ids unique
-    times = hit[2]
+    times = _KIND_COSTS.get(key, model, system)
+    if times is None:
+        times = _KIND_COSTS.put({}, key, model, system)
     for kind in kinds - times.keys():
         f, b, cf, cb = layer_kind_costs(scenario, shape, kind, shapes, True)
         times[kind] = (f + sum(c.exposed_s for c in cf), b + sum(c.exposed_s for c in cb))
@@ -52,38 +51,33 @@ def _chunk_kinds(scenario: Scenario) -> tuple[tuple[tuple[str, int], ...], ...]:
     from costmodel import step_structure as ss
 
     p, model = scenario.par, scenario.model
-    key = (id(model), p.pp, p.vpp, p.stage_split, scenario.runtime.bf16_layers,
+    key = (p.pp, p.vpp, p.stage_split, scenario.runtime.bf16_layers,
            scenario.precision.tensor_core_class != "bf16", p.recompute, p.recompute_method,
            p.recompute_num_layers)  # BF16 and not-recomputed layers are their own kinds
-    hit = _ITEMS.get(key)
-    if hit is not None and hit[0] is model:
-        return hit[1]
+    hit = _ITEMS.get(key, model)
+    if hit is not None:
+        return hit
     counted = []
     for kinds in ss._chunk_items(scenario):
         counts: dict[str, int] = {}
         for k in kinds:
             counts[k] = counts.get(k, 0) + 1
         counted.append(tuple(counts.items()))
-    out = tuple(counted)
-    _ITEMS[key] = (model, out)
-    return out
+    return _ITEMS.put(tuple(counted), key, model)
 
 
-_DISTINCT: dict[int, tuple[Any, tuple[Any, ...], tuple[int, ...]]] = {}
+_DISTINCT: IdentityMemo[tuple[tuple[Any, ...], tuple[int, ...]]] = IdentityMemo(_CACHE_LIMIT)
 
 
 def _distinct_chunks(items: tuple[tuple[tuple[str, int], ...], ...]) -> tuple[tuple[Any, ...], tuple[int, ...]]:
     """(the distinct chunks of ``items``, each virtual stage's index among them), memoised on the
     identity of ``items`` (held by :func:`_chunk_kinds`'s cache; the entry holds it too)."""
-    hit = _DISTINCT.get(id(items))
-    if hit is not None and hit[0] is items:
-        return hit[1], hit[2]
+    hit = _DISTINCT.get((), items)
+    if hit is not None:
+        return hit
     position: dict[tuple[tuple[str, int], ...], int] = {}
     index = tuple(position.setdefault(chunk, len(position)) for chunk in items)
-    if len(_DISTINCT) > _CACHE_LIMIT:
-        _DISTINCT.clear()
-    _DISTINCT[id(items)] = (items, tuple(position), index)
-    return tuple(position), index
+    return _DISTINCT.put((tuple(position), index), (), items)
 
 
 def fast_pipeline_bound_s(scenario: Scenario) -> float:
