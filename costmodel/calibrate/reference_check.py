@@ -254,11 +254,16 @@ def reference_rank_kernels(model: ModelSpec, config: Mapping[str, Any], rank: in
     """The cost model's kernels of rank ``rank``'s optimizer step in the reference run ``config``
     (``extra.config``): Muon per owned item, AdamW per shard, the reference's clones."""
     from costmodel.optimizer import plan_from_inventory
+
+    inventory, spec, grid = reference_plan(model, config)
+    return _rank_kernels(inventory, spec, plan_from_inventory(inventory, spec, grid).stages[0], config, rank)
+
+
+def _rank_kernels(inventory: Any, spec: Any, plan: Any, config: Mapping[str, Any], rank: int) -> RankKernels:
+    """:func:`reference_rank_kernels` from the run's inventory, optimizer spec and stage plan."""
     from costmodel.optimizer.kernel_sequence import muon_tensor_kernels
     from costmodel.optimizer.newton_schulz import NsSettings, tensor_ns_work
 
-    inventory, spec, grid = reference_plan(model, config)
-    plan = plan_from_inventory(inventory, spec, grid).stages[0]
     items = _items(inventory)
     st = NsSettings.from_spec(spec)
     grad_bytes = 4 if config.get("grad_dtype", "fp32") == "fp32" else 2
@@ -275,7 +280,7 @@ def reference_rank_kernels(model: ModelSpec, config: Mapping[str, Any], rank: in
 
 def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: ModelSpec) -> ReferenceCheck:
     """Compare a reference run with the cost model's plan at this machine's measured rates."""
-    from costmodel.optimizer import expected_rank_collectives
+    from costmodel.optimizer import expected_rank_collectives, plan_from_inventory
     from costmodel.optimizer.kernel_sequence import orthogonalize_kernels
 
     config = run_config(run)
@@ -297,6 +302,7 @@ def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: Model
             diffs.append(CollectiveDiff(rank, tuple(c for c in want if c not in issued),
                                         tuple(c for c in issued if c not in want)))
     items = _items(inventory)
+    plan = plan_from_inventory(inventory, spec, grid).stages[0]
     dtype = MATMUL_DTYPE[spec.matmul_precision]
     phases_by_rank = extra.get("phase_times_s_by_rank") or {"0": run.phase_times_s or {}}
     cpu_by_rank = extra.get("phase_cpu_s_by_rank") or {}
@@ -309,7 +315,7 @@ def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: Model
         measured = _rank_key(phases_by_rank, rank)
         if measured is None:
             continue
-        rk = reference_rank_kernels(model, config, rank)
+        rk = _rank_kernels(inventory, spec, plan, config, rank)
         names, works, muon = rk.names, rk.works, rk.muon
         flops = sum(w.flops for w in works)
         if _rank_key(flops_by_rank, rank) is not None:
