@@ -12,8 +12,10 @@ agree):
 
   * with ``ep_comm_overlap`` (Megatron ``--overlap-moe-expert-parallel-comm``) the merged
     forward-backward steps of 1F1B run one micro-batch's layer forward beside the other's layer
-    backward, each all-to-all under one compute part of the other micro-batch (Megatron-Core's
-    combined 1F1B layer schedule, our reading): forward dispatch under the backward MoE MLP,
+    backward, each all-to-all under one compute part of the other micro-batch (Megatron-Core
+    0.15/0.16 ``TransformerLayerSchedulePlan.run``: comm stream ``combine_bwd | dispatch_fwd ->
+    dispatch_bwd | combine_fwd`` beside compute ``attn_fwd | mlp_bwd -> mlp_bwd_dw -> mlp_fwd |
+    attn_bwd``, one CUDA event per micro-batch): forward dispatch under the backward MoE MLP,
     forward combine under the backward attention side, backward combine under the forward
     attention side, backward dispatch under the forward MoE MLP. With ``delay_wgrad_compute`` the
     expert weight-gradient GEMMs leave the backward MLP part and run under the backward dispatch.
