@@ -18,7 +18,9 @@ measures the real machine that the reference backend runs on, it is never on the
   eager-PyTorch cost of one operator call (Python and the ATen dispatcher: the path that also issues
   GPU kernels), ``memory_Bps`` the element-wise memory bandwidth with every rank busy.
 * **Newton–Schulz**: a 5-step quintic NS (Emerging-Optimizers' ``newton_schulz`` expressions) on a
-  few shapes, each call on the next of 8 input matrices, timed the same way, fitted as ``time = GEMM
+  few shapes, each call on the next of a pool of distinct input matrices of :data:`NS_POOL_BYTES`
+  (twice the 4 MiB L2: every call reads an input no recent call touched, as every tensor of an
+  optimizer step is a different one), timed the same way, fitted as ``time = GEMM
   time / efficiency + other kernels + call_overhead_s``: the GEMM time from the matmul fit (each GEMM
   on its path), the normalisation and cast kernels from the element-wise fit
   (:func:`costmodel.optimizer.kernel_sequence.newton_schulz_call_kernels`); the machine's NS GEMM
@@ -28,6 +30,15 @@ measures the real machine that the reference backend runs on, it is never on the
   more than the bare matmul up to 16k outputs and ≈0.28 ns more per output element on large ones,
   84 us at 256×1024: 1 thread, thread CPU time, quiet machine), so the
   efficiency (< 1, dividing the per-call setup too) absorbs it; the fit is not yet shaped for that.
+  NS times are thread CPU time (the measure the reference check compares). A step visits its
+  tensors in model order, and an NS call after one of another shape costs more than in a block of
+  equal calls: the GEMM code paths and primitives of the new shape and the temporaries of the new
+  size are not in the caches (in the reference step, each call against itself repeated at once:
+  +40 to +730 us per call after another shape, +5 to +30 us after the same shape;
+  ``benchmarks/bench_ns_shape_change.py``). :func:`measure_ns_shape_change` times each shape after
+  a call of another shape and after one of its own, alternating; the median over the shapes of the
+  difference is ``NewtonSchulzFit.shape_change_s``, charged once per change of shape in a rank's
+  NS calls.
 * **Collectives**: 2 gloo processes (forked, one thread each) time all_reduce, all_gather,
   reduce_scatter and broadcast at several sizes (nccl-tests size convention, fp32) and fit
   ``time = alpha_s + size_bytes / beta_Bps`` per op. Loopback times are bimodal on a shared
@@ -68,7 +79,8 @@ GEMM_SIZES = (4, 8, 12, 16, 20, 24, 32, 64, 128, 256, 512, 768)  # both sides of
 # busy shared core inflates one point by tens of percent, not 2x).
 SMALL_PATH_MIN_STEP = 2.0
 NS_SHAPES = ((32, 64), (64, 128), (128, 128), (64, 192), (128, 512), (256, 1024))
-NS_POOL = 8  # distinct input matrices per shape, used in turn (an optimizer never repeats one)
+NS_POOL_BYTES = 8 * 2 ** 20  # fp32 inputs per NS shape: twice the L2 (an optimizer never repeats a tensor)
+NS_POOL_MAX = 1024  # at most this many distinct inputs per shape (the small ones)
 NS_COEFFICIENTS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
                    (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012))  # quintic, as the project's default
 ELEMENTWISE_SIZES = (16, 4096, 65536, 524288, 2097152)
@@ -116,24 +128,26 @@ def fit_gemm_paths(points: Sequence[tuple[float, float]], min_step: float = SMAL
     return fit_linear_time(flops, times), None
 
 
-def _timing_samples(fn: Callable[[], object], min_time_s: float, min_reps: int, max_reps: int) -> list[float]:
-    """Seconds per call of ``fn`` after one warm-up: at least ``min_reps`` calls and ``min_time_s``
-    seconds, at most ``max_reps`` calls."""
+def _timing_samples(fn: Callable[[], object], min_time_s: float, min_reps: int, max_reps: int,
+                    clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Seconds per call of ``fn`` by ``clock`` after one warm-up: at least ``min_reps`` calls and
+    ``min_time_s`` seconds of wall time, at most ``max_reps`` calls."""
     fn()  # warm-up
     samples: list[float] = []
     start = time.perf_counter()
     while len(samples) < min_reps or time.perf_counter() - start < min_time_s:
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        samples.append(time.perf_counter() - t0)
+        samples.append(clock() - t0)
         if len(samples) >= max_reps:
             break
     return samples
 
 
-def _time_call(fn: Callable[[], object], min_time_s: float, min_reps: int = 3) -> float:
+def _time_call(fn: Callable[[], object], min_time_s: float, min_reps: int = 3,
+               clock: Callable[[], float] = time.perf_counter) -> float:
     """Median seconds per call over at least ``min_reps`` calls and ``min_time_s`` seconds."""
-    return statistics.median(_timing_samples(fn, min_time_s, min_reps, max_reps=200))
+    return statistics.median(_timing_samples(fn, min_time_s, min_reps, max_reps=200, clock=clock))
 
 
 def measure_gemm(dtype: str = "bf16", sizes: Sequence[int] = GEMM_SIZES, threads: int = 1,
@@ -156,19 +170,19 @@ def measure_gemm(dtype: str = "bf16", sizes: Sequence[int] = GEMM_SIZES, threads
         torch.set_num_threads(previous)
 
 
-def measure_newton_schulz(dtype: str = "bf16", shapes: Sequence[tuple[int, int]] = NS_SHAPES,
-                          min_time_s: float = 0.05) -> list[tuple[tuple[int, int], float]]:
-    """Seconds of one 5-step quintic Newton-Schulz call per shape (fp32 in and out, ``dtype`` matmuls).
+def ns_pool_size(rows: int, cols: int, pool_bytes: int = NS_POOL_BYTES) -> int:
+    """Distinct fp32 inputs of one NS shape in the microbenchmark's pool: ``pool_bytes`` of them
+    (at least 2, at most :data:`NS_POOL_MAX`)."""
+    return max(2, min(NS_POOL_MAX, pool_bytes // (4 * rows * cols)))
 
-    The same operations as Muon's orthogonalisation: transpose to wide, Frobenius normalisation,
-    cast, per step ``A = X·Xᵀ``, ``B = bA + cA·A``, ``X = aX + B·X`` (addmm), cast back.
-    """
+
+def _ns_function(dtype: str) -> Callable[[Any], Any]:
+    """Emerging-Optimizers 0.3.0 ``muon_utils.newton_schulz`` (5 quintic steps) in ``dtype`` matmuls."""
     import torch
 
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-    gen = torch.Generator().manual_seed(1)
 
-    def ns(g: torch.Tensor) -> torch.Tensor:  # Emerging-Optimizers 0.3.0 muon_utils.newton_schulz
+    def ns(g: torch.Tensor) -> torch.Tensor:
         x = g.mT if g.shape[0] > g.shape[1] else g
         x = torch.nn.functional.normalize(x, p=2, dim=(-2, -1), eps=1e-7).to(torch_dtype)  # type: ignore[arg-type]
         for a, b, c in NS_COEFFICIENTS:
@@ -177,15 +191,73 @@ def measure_newton_schulz(dtype: str = "bf16", shapes: Sequence[tuple[int, int]]
         x = x.to(torch.float32)
         return x.mT if g.shape[0] > g.shape[1] else x
 
-    out = []
-    for rows, cols in shapes:
-        pool = itertools.cycle([torch.randn(rows, cols, generator=gen) for _ in range(NS_POOL)])
+    return ns
 
-        def call(pool: Iterator[torch.Tensor] = pool) -> object:
-            return ns(next(pool))
 
-        out.append(((rows, cols), _time_call(call, min_time_s)))
-    return out
+def _ns_calls(dtype: str, shapes: Sequence[tuple[int, int]], pool_bytes: int) -> list[Callable[[], object]]:
+    """One NS call per shape, each on the next input of its shape's pool (:func:`ns_pool_size`)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    ns = _ns_function(dtype)
+    pools = [itertools.cycle([torch.randn(rows, cols, generator=gen) for _ in range(ns_pool_size(rows, cols, pool_bytes))])
+             for rows, cols in shapes]
+    return [partial(lambda pool: ns(next(pool)), pool) for pool in pools]
+
+
+def measure_newton_schulz(dtype: str = "bf16", shapes: Sequence[tuple[int, int]] = NS_SHAPES,
+                          min_time_s: float = 0.05, pool_bytes: int = NS_POOL_BYTES,
+                          ) -> list[tuple[tuple[int, int], float]]:
+    """Seconds of one 5-step quintic Newton-Schulz call per shape (fp32 in and out, ``dtype`` matmuls).
+
+    The same operations as Muon's orthogonalisation: transpose to wide, Frobenius normalisation,
+    cast, per step ``A = X·Xᵀ``, ``B = bA + cA·A``, ``X = aX + B·X`` (addmm), cast back. Each shape
+    is timed in a block of calls (median), each call on the next input of its shape's pool
+    (:func:`ns_pool_size`). Times are the thread's CPU time, as the reference's phases are compared
+    (a call of milliseconds is often preempted on a shared machine, and its wall time then counts
+    the other process's slice; the 0.4 us the clock costs is nothing beside a call of 60 us or more).
+    """
+    calls = _ns_calls(dtype, shapes, pool_bytes)
+    return [(shape, _time_call(call, min_time_s, clock=time.thread_time)) for shape, call in zip(shapes, calls, strict=True)]
+
+
+def measure_ns_shape_change(dtype: str = "bf16", shapes: Sequence[tuple[int, int]] = NS_SHAPES,
+                            min_time_s: float = 0.05, min_rounds: int = 20, pool_bytes: int = NS_POOL_BYTES,
+                            ) -> list[tuple[tuple[int, int], float, float]]:
+    """(shape, seconds after a call of another shape, seconds after a call of the same shape) of one
+    NS call per shape (thread CPU time, medians).
+
+    Rounds alternate, so that both are timed under the same load: each round calls every shape
+    once in turn (each call follows one of another shape), then every shape twice in a row (the
+    second call follows one of its own); at least ``min_rounds`` rounds and ``min_time_s`` per shape.
+    """
+    calls = _ns_calls(dtype, shapes, pool_bytes)
+    for call in calls:  # warm-up
+        call()
+    other: list[list[float]] = [[] for _ in shapes]
+    same: list[list[float]] = [[] for _ in shapes]
+
+    def timed(call: Callable[[], object]) -> float:
+        t0 = time.thread_time()
+        call()
+        return time.thread_time() - t0
+
+    start = time.perf_counter()
+    while len(other[0]) < min_rounds or time.perf_counter() - start < min_time_s * len(shapes):
+        for k, call in enumerate(calls):
+            other[k].append(timed(call))
+        for k, call in enumerate(calls):
+            call()
+            same[k].append(timed(call))
+        if len(other[0]) >= 400:
+            break
+    return [(shape, statistics.median(o), statistics.median(m)) for shape, o, m in zip(shapes, other, same, strict=True)]
+
+
+def fit_shape_change_s(points: Sequence[tuple[Any, float, float]]) -> float:
+    """Seconds an NS call costs more after a call of another shape than after one of its own: the
+    median over the shapes of (after another − after the same), at least 0."""
+    return max(0.0, statistics.median(o - m for _, o, m in points))
 
 
 def ns_gemm_flops(rows: int, cols: int, steps: int = 5) -> list[tuple[float, int]]:
@@ -272,7 +344,7 @@ def _worker(rank: int, world: int, port: int, out_path: str, sizes: Sequence[int
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        results: dict[str, list[tuple[Any, float]]] = {}
+        results: dict[str, list[tuple[Any, ...]]] = {}
         for dtype in ("bf16", "fp32"):
             points = []
             for n in gemm_sizes:
@@ -290,6 +362,12 @@ def _worker(rank: int, world: int, port: int, out_path: str, sizes: Sequence[int
                 dist.all_reduce(worst, op=dist.ReduceOp.MAX)
                 ns_points.append((shape, float(worst[0])))
             results[f"ns_{dtype}"] = ns_points
+            dist.barrier()
+            change = measure_ns_shape_change(dtype, NS_SHAPES, min_time_s)
+            worst = torch.tensor([[o, m] for _, o, m in change])
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            results[f"ns_change_{dtype}"] = [(shape, float(o), float(m))
+                                             for shape, (o, m) in zip(NS_SHAPES, worst.tolist(), strict=True)]
         dist.barrier()
         worst_points = []
         for size, t in measure_elementwise(min_time_s=min_time_s / 2):
@@ -343,12 +421,14 @@ def _worker(rank: int, world: int, port: int, out_path: str, sizes: Sequence[int
 def measure_ranks(world_size: int = 2, sizes: Sequence[int] = COLLECTIVE_SIZES_BYTES,
                   gemm_sizes: Sequence[int] = GEMM_SIZES, min_time_s: float = 0.03,
                   timeout_s: float = 120.0, rank_setup: Callable[[], object] | None = None,
-                  ) -> dict[str, list[tuple[Any, float]]]:
+                  ) -> dict[str, list[tuple[Any, ...]]]:
     """Timings on ``world_size`` forked gloo processes, slowest rank's (each runs ``rank_setup`` first:
     the reference ranks' process settings, e.g. their allocator's).
 
     Keys ``gemm_bf16`` / ``gemm_fp32``: (FLOPs, seconds) of one matmul, all ranks busy at once;
-    keys ``ns_bf16`` / ``ns_fp32``: ([rows, cols], seconds) of one Newton-Schulz call;
+    keys ``ns_bf16`` / ``ns_fp32``: ([rows, cols], seconds) of one Newton-Schulz call, each shape in a
+    block; ``ns_change_bf16`` / ``ns_change_fp32``: ([rows, cols], seconds after a call of another
+    shape, seconds after one of the same shape) (:func:`measure_ns_shape_change`);
     key ``elementwise``: (bytes, seconds) of one element-wise operator call;
     one key per collective op: (size_bytes, seconds), each the 20th percentile of its samples.
     """
@@ -412,6 +492,10 @@ def measure_local(world_size: int = 2, gemm_sizes: Sequence[int] = GEMM_SIZES,
                               gemm_flops_per_s=gemm_rate, gemm_overhead_s=gemm_overhead, gemm_small=gemm_small,
                               dispatch_s=dispatch_s,
                               memory_Bps=memory_Bps, world_size=world_size, collectives=collectives)
-    ns = {dtype: fit_newton_schulz([(tuple(shape), t) for shape, t in timings[f"ns_{dtype}"]], local, dtype)
-          for dtype in gemm_rate}
+    ns = {}
+    for dtype in gemm_rate:
+        blocked = [(tuple(shape), t) for shape, t in timings[f"ns_{dtype}"]]
+        fit = fit_newton_schulz(blocked, local, dtype)
+        change_s = fit_shape_change_s(timings[f"ns_change_{dtype}"])
+        ns[dtype] = fit.model_copy(update={"shape_change_s": change_s})
     return local.model_copy(update={"newton_schulz": ns})

@@ -20,7 +20,10 @@ predicts the same run from its own description of the work:
   ``optimizer`` phase (NS included) minus the same. Each comparison also carries the phase's thread
   CPU time when the run recorded it (on a shared machine a phase's wall time includes the time other
   processes held the core; its CPU time does not) and the FLOP-only prediction (NS FLOPs at the
-  measured peak matmul rate, nothing else) for contrast. The kernel sequence is Megatron's and EO's,
+  measured peak matmul rate, nothing else) for contrast. Each NS call whose previous call in the
+  rank's step (model order, :func:`ns_shape_changes`) had another shape costs
+  ``NewtonSchulzFit.shape_change_s`` more: the microbenchmark times its shapes in blocks of equal
+  calls, a step changes shape between layers and roles. The kernel sequence is Megatron's and EO's,
   plus the one copy per Muon tensor the reference makes and EO does not (without Nesterov,
   ``muon_prepare`` returns ``buf.clone()`` where EO reads the momentum buffer in place:
   :func:`reference_clone_kernels`), counted in the optimizer phase;
@@ -234,6 +237,21 @@ def reference_clone_kernels(muon_numels: list[int], nesterov: bool) -> list[Kern
     return [KernelSpec("reference_momentum_clone", "memory", 1, bytes=8.0 * n) for n in muon_numels]
 
 
+def ns_call_shapes(tensor: Any, st: Any) -> list[tuple[int, int]]:
+    """The (rows, cols) of each Newton-Schulz call of one Muon item, in order: per component (Q, K, V
+    of a split QKV), the local shard, or the whole component under ``duplicated`` TP of a sharded
+    matrix (gathered first)."""
+    if st.tp_mode == "duplicated" and tensor.shard_dim is not None and tensor.shards > 1:
+        return [tuple(c) for c in tensor.muon_components]
+    return [tuple(c) for c in tensor.local_muon_components]
+
+
+def ns_shape_changes(shapes: list[tuple[int, int]]) -> int:
+    """NS calls of a step whose previous call had another shape; the step's first call counts (the
+    phases before the optimizer ran other code)."""
+    return sum(1 for k, shape in enumerate(shapes) if k == 0 or shapes[k - 1] != shape)
+
+
 @dataclass(frozen=True)
 class RankKernels:
     """The kernels the cost model expects of one rank's optimizer step in a reference run."""
@@ -243,6 +261,7 @@ class RankKernels:
     muon: list[tuple[KernelSpec, ...]]  # kernel sequence per Muon item
     adam: tuple[KernelSpec, ...]  # eager AdamW on the rank's element-wise shards (or whole parameters)
     clones: list[KernelSpec]  # the reference's own momentum clone per Muon item
+    ns_shape_changes: int = 0  # NS calls after a call of another shape, in the rank's step order
 
     @property
     def optimizer_kernels(self) -> list[KernelSpec]:
@@ -275,7 +294,9 @@ def _rank_kernels(inventory: Any, spec: Any, plan: Any, config: Mapping[str, Any
             for n, w in zip(names, works, strict=True)]
     adam = _reference_adam_kernels(plan, inventory, rank, names, items, grad_bytes)
     clones = reference_clone_kernels([items[n].local_numel for n in names], nesterov)
-    return RankKernels(names, works, muon, adam, clones)
+    order = {name: k for k, name in enumerate(items)}  # definition order: the reference's update order
+    shapes = [shape for n in sorted(names, key=order.__getitem__) for shape in ns_call_shapes(items[n], st)]
+    return RankKernels(names, works, muon, adam, clones, ns_shape_changes(shapes))
 
 
 def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: ModelSpec) -> ReferenceCheck:
@@ -326,11 +347,12 @@ def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: Model
         cpu = _rank_key(cpu_by_rank, rank) or {}
         faults = _rank_key(faults_by_rank, rank) or {}
         if works and measured.get("newton_schulz"):
-            ns_s = local.kernels_time_s([k for ks in muon for k in orthogonalize_kernels(ks)], calls, dtype)
+            ns_s = local.kernels_time_s([k for ks in muon for k in orthogonalize_kernels(ks)], calls, dtype,
+                                        rk.ns_shape_changes)
             phases.append(PhaseComparison("newton_schulz", rank, measured["newton_schulz"] - comm, ns_s, flop_only,
                                           cpu.get("newton_schulz"), faults.get("newton_schulz")))
         if measured.get("optimizer"):
-            opt_s = local.kernels_time_s(rk.optimizer_kernels, calls, dtype)
+            opt_s = local.kernels_time_s(rk.optimizer_kernels, calls, dtype, rk.ns_shape_changes)
             phases.append(PhaseComparison("optimizer", rank, measured["optimizer"] - comm, opt_s, flop_only,
                                           cpu.get("optimizer"), faults.get("optimizer")))
         if measured.get("grad_reduce"):
