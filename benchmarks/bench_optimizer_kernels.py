@@ -77,7 +77,7 @@ def main() -> None:
                 print(f"  rank {p.rank} {p.phase:13s} wall {p.measured_s * 1e3:8.1f} ms  CPU {cpu * 1e3:8.1f} ms  "
                       f"kernel model {p.predicted_s * 1e3:8.1f} ms ({p.error_pct:+6.1f} % wall, {p.cpu_error_pct:+6.1f} % CPU)"
                       f"  FLOP-only {(p.flop_only_s or 0) * 1e3:7.1f} ms ({p.flop_only_error_pct:+6.1f} % wall)"
-                      f"  page faults {p.measured_faults or 0:.0f}")
+                      f"  page faults {p.measured_faults or 0:.0f}  preemptions {p.measured_preemptions or 0:.0f}")
                 for kind, value in (("wall", p.error_pct), ("cpu", p.cpu_error_pct), ("flop-only", p.flop_only_error_pct)):
                     errors.setdefault((label, p.phase, kind), []).append(value)
     print("\nmedian error over ranks and repeats (kernel model vs wall / CPU time; FLOP-only vs wall):")

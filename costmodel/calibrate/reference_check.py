@@ -65,6 +65,7 @@ class PhaseComparison:
     flop_only_s: float | None = None  # NS FLOPs / measured peak matmul rate: the model without kernels
     measured_cpu_s: float | None = None  # the phase's thread CPU time (immune to other processes on the cores)
     measured_faults: float | None = None  # the phase's minor page faults per step (reference.allocator)
+    measured_preemptions: float | None = None  # the phase's involuntary context switches per step (other load)
 
     @property
     def cpu_error_pct(self) -> float:
@@ -138,6 +139,7 @@ class ReferenceCheck:
             cpu = (f"; CPU time {p.measured_cpu_s * 1e3:.3f} ms, error {p.cpu_error_pct:+.1f} %"
                    if p.measured_cpu_s is not None else "")
             cpu += f"; {p.measured_faults:.0f} page faults" if p.measured_faults else ""
+            cpu += f"; {p.measured_preemptions:.0f} preemptions" if p.measured_preemptions else ""
             lines.append(f"rank {p.rank} {p.phase}: measured {p.measured_s * 1e3:.3f} ms, predicted "
                          f"{p.predicted_s * 1e3:.3f} ms, error {p.error_pct:+.1f} %{goal}{cpu}{flop}")
         lines += [f"note: {n}" for n in self.notes]
@@ -154,6 +156,7 @@ class ReferenceCheck:
             "phases": [{"phase": p.phase, "rank": p.rank, "measured_s": p.measured_s, "predicted_s": p.predicted_s,
                         "error_pct": p.error_pct, "measured_cpu_s": p.measured_cpu_s, "cpu_error_pct": p.cpu_error_pct,
                         "flop_only_s": p.flop_only_s, "measured_faults": p.measured_faults,
+                        "measured_preemptions": p.measured_preemptions,
                         "flop_only_error_pct": p.flop_only_error_pct} for p in self.phases],
             "notes": self.notes,
         }
@@ -328,6 +331,7 @@ def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: Model
     phases_by_rank = extra.get("phase_times_s_by_rank") or {"0": run.phase_times_s or {}}
     cpu_by_rank = extra.get("phase_cpu_s_by_rank") or {}
     faults_by_rank = extra.get("phase_minor_faults_by_rank") or {}
+    preempt_by_rank = extra.get("phase_preemptions_by_rank") or {}
     flops_by_rank = extra.get("ns_flops_per_step_by_rank") or {}
     phases: list[PhaseComparison] = []
     ns_flops: dict[int, tuple[float, float]] = {}
@@ -346,15 +350,17 @@ def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: Model
         comm = measured.get("ns_comm", 0.0)
         cpu = _rank_key(cpu_by_rank, rank) or {}
         faults = _rank_key(faults_by_rank, rank) or {}
+        preempts = _rank_key(preempt_by_rank, rank) or {}
         if works and measured.get("newton_schulz"):
             ns_s = local.kernels_time_s([k for ks in muon for k in orthogonalize_kernels(ks)], calls, dtype,
                                         rk.ns_shape_changes)
             phases.append(PhaseComparison("newton_schulz", rank, measured["newton_schulz"] - comm, ns_s, flop_only,
-                                          cpu.get("newton_schulz"), faults.get("newton_schulz")))
+                                          cpu.get("newton_schulz"), faults.get("newton_schulz"),
+                                          preempts.get("newton_schulz")))
         if measured.get("optimizer"):
             opt_s = local.kernels_time_s(rk.optimizer_kernels, calls, dtype, rk.ns_shape_changes)
             phases.append(PhaseComparison("optimizer", rank, measured["optimizer"] - comm, opt_s, flop_only,
-                                          cpu.get("optimizer"), faults.get("optimizer")))
+                                          cpu.get("optimizer"), faults.get("optimizer"), preempts.get("optimizer")))
         if measured.get("grad_reduce"):
             reduce_calls = [c for c in expected[rank] if c.phase == "grad_reduce"]
             times = [local.collective_time_s(c.op, c.bytes) for c in reduce_calls]
