@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from cli.reference_host import measure_reference_host
 from costmodel.calibrate.microbench import measure_local
 from costmodel.calibrate.profile import LocalMeasurements, load_profile
 from costmodel.calibrate.reference_check import check_reference_run
@@ -40,7 +41,7 @@ def local_measurements(path: str | None) -> LocalMeasurements:
             raise SystemExit(f"{path} has no local measurements; write one with 'muonsim calibrate --microbench'")
         return local
     print(f"load before microbench: {load_average()}")
-    local = measure_local(rank_setup=keep_freed_memory)  # the reference ranks' default allocator
+    local = measure_reference_host(measure_local(rank_setup=keep_freed_memory))  # the ranks' default allocator
     print(f"load after microbench:  {load_average()}")
     return local
 
@@ -61,7 +62,9 @@ def main() -> None:
               f"{local.gemm_overhead_s.get('bf16', 0.0) * 1e6:.1f} us/call, dispatch {(local.dispatch_s or 0) * 1e6:.2f} "
               f"us/op, element-wise {(local.memory_Bps or 0) / 1e9:.0f} GB/s"
               + (f", NS GEMM efficiency {ns.efficiency:.2f}, {ns.call_overhead_s * 1e6:.0f} us/call, "
-                 f"{ns.shape_change_s * 1e6:.0f} us/shape change" if ns else ""))
+                 f"{ns.shape_change_s * 1e6:.0f} us/shape change" if ns else "")
+              + f"; reference host layers {(local.muon_update_host_s or 0) * 1e6:.0f} us/tensor + "
+                f"{(local.muon_orthogonalize_host_s or 0) * 1e6:.0f} us/NS call")
         keeps = {"on": (True,), "off": (False,), "both": (False, True)}[args.keep_freed_memory]
         for preset, keep in ((p, k) for p in args.presets.split(",") for k in keeps):
             before = load_average()

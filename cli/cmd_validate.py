@@ -395,6 +395,7 @@ def _print_release_residuals(report: Any) -> None:
 
 
 def _microbench(out: Path, name: str | None, json_out: bool) -> None:
+    from cli.reference_host import measure_reference_host
     from costmodel.calibrate.microbench import measure_local
     from costmodel.calibrate.profile import CalibrationProfile
     from reference.allocator import keep_freed_memory
@@ -402,6 +403,7 @@ def _microbench(out: Path, name: str | None, json_out: bool) -> None:
     # measured with the reference ranks' default allocator setting (keep freed memory, no page faults)
     local = measure_local(progress=None if json_out else (lambda m: print(m, file=sys.stderr, flush=True)),
                           rank_setup=keep_freed_memory)
+    local = measure_reference_host(local)  # the reference's Python per Muon tensor (reference/host_probe.py)
     profile = CalibrationProfile(name=name or out.stem, fitted_on=f"microbenchmarks on {local.machine}", local=local)
     write_text_atomically(out, profile.to_yaml())
     if json_out:

@@ -58,24 +58,58 @@ def test_local_pricing_charges_each_shape_change():
     assert local.kernels_time_s([copy], ns_calls=3) == pytest.approx(2 * (2e-6 + 1e-4) + 3 * 2e-5)
 
 
-def test_reference_check_adds_the_shape_changes_to_both_phases(tmp_path):
-    """A real 1-rank ``tiny`` run: raising shape_change_s by 1 ms raises the predicted NS and optimizer
-    phases by exactly 11 ms (the hand count)."""
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):  # noqa: ANN201
+    """A real 1-rank ``tiny`` run (one step), loaded as a MeasuredRun."""
     pytest.importorskip("torch")
     from reference.api import run_reference
-    from reference.workload import load_shapes
-
-    path = tmp_path / "run.json"
-    run_reference({"world_size": 1, "shapes": "tiny", "steps": 1, "check": False}).write_json(path)
     from workloads.loaders import load_runs
 
+    path = tmp_path_factory.mktemp("tiny") / "run.json"
+    run_reference({"world_size": 1, "shapes": "tiny", "steps": 1, "check": False}).write_json(path)
     (run,) = load_runs(path)
-    base = LocalMeasurements(gemm_flops_per_s={"bf16": 4e11, "fp32": 1e11}, dispatch_s=2e-6, memory_Bps=2e10,
-                             newton_schulz={"bf16": NewtonSchulzFit(efficiency=0.8, call_overhead_s=0.0)})
-    more = base.model_copy(update={"newton_schulz": {"bf16": NewtonSchulzFit(efficiency=0.8, call_overhead_s=0.0,
+    return run
+
+
+BASE = LocalMeasurements(gemm_flops_per_s={"bf16": 4e11, "fp32": 1e11}, dispatch_s=2e-6, memory_Bps=2e10,
+                         newton_schulz={"bf16": NewtonSchulzFit(efficiency=0.8, call_overhead_s=0.0)})
+
+
+def _predicted(run, local: LocalMeasurements) -> dict[str, float]:  # noqa: ANN001
+    from reference.workload import load_shapes
+
+    return {p.phase: p.predicted_s for p in check_reference_run(run, local, load_shapes("tiny")).phases if p.rank == 0}
+
+
+def test_reference_check_adds_the_shape_changes_to_both_phases(tiny_run):
+    """Raising shape_change_s by 1 ms raises the predicted NS and optimizer phases by exactly 11 ms
+    (the hand count)."""
+    more = BASE.model_copy(update={"newton_schulz": {"bf16": NewtonSchulzFit(efficiency=0.8, call_overhead_s=0.0,
                                                                              shape_change_s=1e-3)}})
-    model = load_shapes("tiny")
-    before = {p.phase: p.predicted_s for p in check_reference_run(run, base, model).phases if p.rank == 0}
-    after = {p.phase: p.predicted_s for p in check_reference_run(run, more, model).phases if p.rank == 0}
+    before, after = _predicted(tiny_run, BASE), _predicted(tiny_run, more)
     for phase in ("newton_schulz", "optimizer"):
         assert after[phase] - before[phase] == pytest.approx(TINY_CHANGES * 1e-3)
+
+
+def test_reference_check_adds_the_host_layers_per_call_and_per_tensor(tiny_run):
+    """2 ms per orthogonaliser call and 1 ms per Muon tensor update: the 19 NS calls of the hand
+    sequence add 38 ms to the NS phase; the optimizer phase adds those and 15 tensors x 1 ms."""
+    assert len(TINY_NS_CALLS) == 19
+    more = BASE.model_copy(update={"muon_orthogonalize_host_s": 2e-3, "muon_update_host_s": 1e-3})
+    before, after = _predicted(tiny_run, BASE), _predicted(tiny_run, more)
+    assert after["newton_schulz"] - before["newton_schulz"] == pytest.approx(19 * 2e-3)
+    assert after["optimizer"] - before["optimizer"] == pytest.approx(19 * 2e-3 + 15 * 1e-3)
+
+
+def test_host_probe_times_the_reference_update_of_the_tiny_router():
+    """The probe is the smallest plain Muon matrix of ``tiny``: the 4-expert router, 4 x 64; measuring
+    it gives the two host quantities (>= 0; the machine decides their values)."""
+    pytest.importorskip("torch")
+    from cli.reference_host import measure_reference_host
+    from reference.host_probe import muon_probe
+
+    probe = muon_probe()
+    assert probe.shape == (4, 64) and probe.name.endswith("router.weight")
+    local = measure_reference_host(BASE)
+    assert local.muon_update_host_s is not None and local.muon_update_host_s >= 0
+    assert local.muon_orthogonalize_host_s is not None and local.muon_orthogonalize_host_s >= 0

@@ -54,7 +54,6 @@ import json
 import os
 import platform
 import socket
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -62,44 +61,39 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from costmodel.calibrate.microbench_ns import (  # noqa: F401 - re-exported: the NS part of the microbenchmarks
+    NS_COEFFICIENTS,
+    NS_POOL_BYTES,
+    NS_POOL_MAX,
+    NS_SHAPES,
+    fit_newton_schulz,
+    fit_shape_change_s,
+    measure_cpu_s,
+    measure_newton_schulz,
+    measure_ns_shape_change,
+    newton_schulz_replica,
+    ns_gemm_flops,
+    ns_pool_size,
+)
 from costmodel.calibrate.profile import (
     CollectiveFit,
     LocalMeasurements,
-    NewtonSchulzFit,
     SmallGemmPath,
 )
-from costmodel.optimizer.kernel_sequence import newton_schulz_call_kernels
-from costmodel.optimizer.newton_schulz import NsSettings
+from costmodel.calibrate.timing import fit_linear_time  # noqa: F401 - re-exported
+from costmodel.calibrate.timing import time_call as _time_call
+from costmodel.calibrate.timing import timing_samples as _timing_samples
 
 GEMM_SIZES = (4, 8, 12, 16, 20, 24, 32, 64, 128, 256, 512, 768)  # both sides of bf16's 16³ small-GEMM threshold
 # A single affine path (time = a + b·FLOPs, a, b ≥ 0) grows at most in proportion to the FLOPs between two
 # sizes; a time step of more than this many times the FLOP ratio is a change of code path, not noise (a
 # busy shared core inflates one point by tens of percent, not 2x).
 SMALL_PATH_MIN_STEP = 2.0
-NS_SHAPES = ((32, 64), (64, 128), (128, 128), (64, 192), (128, 512), (256, 1024))
-NS_POOL_BYTES = 8 * 2 ** 20  # fp32 inputs per NS shape: twice the L2 (an optimizer never repeats a tensor)
-NS_POOL_MAX = 1024  # at most this many distinct inputs per shape (the small ones)
-NS_COEFFICIENTS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
-                   (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012))  # quintic, as the project's default
 ELEMENTWISE_SIZES = (16, 4096, 65536, 524288, 2097152)
 ELEMENTWISE_POOL_BYTES = 128 * 2 ** 20  # per operand pool: larger than the last-level cache
 ELEMENTWISE_BYTES_PER_ELEMENT = {"add_": 12, "lerp_": 12, "mul": 8, "to_bf16": 6, "copy_": 8, "norm": 4, "div": 8}
 COLLECTIVE_SIZES_BYTES = (4096, 65536, 262144, 1048576, 4194304)
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-
-
-def fit_linear_time(sizes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
-    """Fit ``time = intercept + slope · size`` minimising relative error; returns (intercept, slope) ≥ 0."""
-    x = np.asarray(sizes, dtype=float)
-    t = np.asarray(times_s, dtype=float)
-    a = np.stack([np.ones_like(x), x], axis=1) / t[:, None]  # rows scaled by 1/t: relative residuals
-    coef, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    intercept, slope = float(coef[0]), float(coef[1])
-    if intercept < 0:  # refit through the origin
-        intercept, slope = 0.0, float(np.sum(x / t) / np.sum((x / t) ** 2))
-    return intercept, max(slope, 1e-30)
 
 
 def fit_gemm_paths(points: Sequence[tuple[float, float]], min_step: float = SMALL_PATH_MIN_STEP,
@@ -128,28 +122,6 @@ def fit_gemm_paths(points: Sequence[tuple[float, float]], min_step: float = SMAL
     return fit_linear_time(flops, times), None
 
 
-def _timing_samples(fn: Callable[[], object], min_time_s: float, min_reps: int, max_reps: int,
-                    clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Seconds per call of ``fn`` by ``clock`` after one warm-up: at least ``min_reps`` calls and
-    ``min_time_s`` seconds of wall time, at most ``max_reps`` calls."""
-    fn()  # warm-up
-    samples: list[float] = []
-    start = time.perf_counter()
-    while len(samples) < min_reps or time.perf_counter() - start < min_time_s:
-        t0 = clock()
-        fn()
-        samples.append(clock() - t0)
-        if len(samples) >= max_reps:
-            break
-    return samples
-
-
-def _time_call(fn: Callable[[], object], min_time_s: float, min_reps: int = 3,
-               clock: Callable[[], float] = time.perf_counter) -> float:
-    """Median seconds per call over at least ``min_reps`` calls and ``min_time_s`` seconds."""
-    return statistics.median(_timing_samples(fn, min_time_s, min_reps, max_reps=200, clock=clock))
-
-
 def measure_gemm(dtype: str = "bf16", sizes: Sequence[int] = GEMM_SIZES, threads: int = 1,
                  min_time_s: float = 0.05) -> list[tuple[float, float]]:
     """(FLOPs, seconds) of one square matmul per size, with ``threads`` torch threads."""
@@ -168,102 +140,6 @@ def measure_gemm(dtype: str = "bf16", sizes: Sequence[int] = GEMM_SIZES, threads
         return out
     finally:
         torch.set_num_threads(previous)
-
-
-def ns_pool_size(rows: int, cols: int, pool_bytes: int = NS_POOL_BYTES) -> int:
-    """Distinct fp32 inputs of one NS shape in the microbenchmark's pool: ``pool_bytes`` of them
-    (at least 2, at most :data:`NS_POOL_MAX`)."""
-    return max(2, min(NS_POOL_MAX, pool_bytes // (4 * rows * cols)))
-
-
-def _ns_function(dtype: str) -> Callable[[Any], Any]:
-    """Emerging-Optimizers 0.3.0 ``muon_utils.newton_schulz`` (5 quintic steps) in ``dtype`` matmuls."""
-    import torch
-
-    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-
-    def ns(g: torch.Tensor) -> torch.Tensor:
-        x = g.mT if g.shape[0] > g.shape[1] else g
-        x = torch.nn.functional.normalize(x, p=2, dim=(-2, -1), eps=1e-7).to(torch_dtype)  # type: ignore[arg-type]
-        for a, b, c in NS_COEFFICIENTS:
-            gram = x @ x.mT
-            x = torch.addmm(x, torch.addmm(gram, gram, gram, alpha=c, beta=b), x, alpha=1.0, beta=a)
-        x = x.to(torch.float32)
-        return x.mT if g.shape[0] > g.shape[1] else x
-
-    return ns
-
-
-def _ns_calls(dtype: str, shapes: Sequence[tuple[int, int]], pool_bytes: int) -> list[Callable[[], object]]:
-    """One NS call per shape, each on the next input of its shape's pool (:func:`ns_pool_size`)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(1)
-    ns = _ns_function(dtype)
-    pools = [itertools.cycle([torch.randn(rows, cols, generator=gen) for _ in range(ns_pool_size(rows, cols, pool_bytes))])
-             for rows, cols in shapes]
-    return [partial(lambda pool: ns(next(pool)), pool) for pool in pools]
-
-
-def measure_newton_schulz(dtype: str = "bf16", shapes: Sequence[tuple[int, int]] = NS_SHAPES,
-                          min_time_s: float = 0.05, pool_bytes: int = NS_POOL_BYTES,
-                          ) -> list[tuple[tuple[int, int], float]]:
-    """Seconds of one 5-step quintic Newton-Schulz call per shape (fp32 in and out, ``dtype`` matmuls).
-
-    The same operations as Muon's orthogonalisation: transpose to wide, Frobenius normalisation,
-    cast, per step ``A = X·Xᵀ``, ``B = bA + cA·A``, ``X = aX + B·X`` (addmm), cast back. Each shape
-    is timed in a block of calls (median), each call on the next input of its shape's pool
-    (:func:`ns_pool_size`). Times are the thread's CPU time, as the reference's phases are compared
-    (a call of milliseconds is often preempted on a shared machine, and its wall time then counts
-    the other process's slice; the 0.4 us the clock costs is nothing beside a call of 60 us or more).
-    """
-    calls = _ns_calls(dtype, shapes, pool_bytes)
-    return [(shape, _time_call(call, min_time_s, clock=time.thread_time)) for shape, call in zip(shapes, calls, strict=True)]
-
-
-def measure_ns_shape_change(dtype: str = "bf16", shapes: Sequence[tuple[int, int]] = NS_SHAPES,
-                            min_time_s: float = 0.05, min_rounds: int = 20, pool_bytes: int = NS_POOL_BYTES,
-                            ) -> list[tuple[tuple[int, int], float, float]]:
-    """(shape, seconds after a call of another shape, seconds after a call of the same shape) of one
-    NS call per shape (thread CPU time, medians).
-
-    Rounds alternate, so that both are timed under the same load: each round calls every shape
-    once in turn (each call follows one of another shape), then every shape twice in a row (the
-    second call follows one of its own); at least ``min_rounds`` rounds and ``min_time_s`` per shape.
-    """
-    calls = _ns_calls(dtype, shapes, pool_bytes)
-    for call in calls:  # warm-up
-        call()
-    other: list[list[float]] = [[] for _ in shapes]
-    same: list[list[float]] = [[] for _ in shapes]
-
-    def timed(call: Callable[[], object]) -> float:
-        t0 = time.thread_time()
-        call()
-        return time.thread_time() - t0
-
-    start = time.perf_counter()
-    while len(other[0]) < min_rounds or time.perf_counter() - start < min_time_s * len(shapes):
-        for k, call in enumerate(calls):
-            other[k].append(timed(call))
-        for k, call in enumerate(calls):
-            call()
-            same[k].append(timed(call))
-        if len(other[0]) >= 400:
-            break
-    return [(shape, statistics.median(o), statistics.median(m)) for shape, o, m in zip(shapes, other, same, strict=True)]
-
-
-def fit_shape_change_s(points: Sequence[tuple[Any, float, float]]) -> float:
-    """Seconds an NS call costs more after a call of another shape than after one of its own: the
-    median over the shapes of (after another − after the same), at least 0."""
-    return max(0.0, statistics.median(o - m for _, o, m in points))
-
-
-def ns_gemm_flops(rows: int, cols: int, steps: int = 5) -> list[tuple[float, int]]:
-    """(FLOPs, count) of the GEMMs of one NS call (m = min, n = max): X·Xᵀ 2m²n, A·A 2m³, B·X 2m²n."""
-    m, n = min(rows, cols), max(rows, cols)
-    return [(2.0 * m * m * n, steps), (2.0 * m ** 3, steps), (2.0 * m * m * n, steps)]
 
 
 def measure_elementwise(sizes: Sequence[int] = ELEMENTWISE_SIZES, min_time_s: float = 0.02,
@@ -305,20 +181,6 @@ def _elementwise_call(name: str, x: Any, y: Any) -> Callable[[], object]:
 def _time_low(fn: Callable[[], object], min_time_s: float, min_reps: int = 20) -> float:
     """20th-percentile seconds per call: the undisturbed time of a short call on a shared machine."""
     return _low_quantile(_timing_samples(fn, min_time_s, min_reps, max_reps=5000))
-
-
-def fit_newton_schulz(points: Sequence[tuple[tuple[int, int], float]], local: LocalMeasurements,
-                      dtype: str = "bf16") -> NewtonSchulzFit:
-    """NS GEMM efficiency and per-call host cost from NS timings, with the machine's GEMM and
-    element-wise fits in ``local`` pricing the call's kernels (each GEMM on its code path)."""
-    st = NsSettings(steps=5, cubic=False, precision=dtype, syrk=False, tp_mode="duplicated")
-    gemm_s, rest_s = [], []
-    for shape, t in points:
-        kernels = newton_schulz_call_kernels(*shape, st)
-        gemm_s.append(sum(k.count * local.gemm_time_s(k.flops, dtype) for k in kernels if k.kind == "ns_gemm"))
-        rest_s.append(t - local.kernels_time_s([k for k in kernels if k.kind != "ns_gemm"]))
-    intercept, slope = fit_linear_time(gemm_s, rest_s)
-    return NewtonSchulzFit(efficiency=min(1.5, 1.0 / slope), call_overhead_s=intercept)
 
 
 def _low_quantile(samples: Sequence[float], q: float = 0.2) -> float:

@@ -142,6 +142,10 @@ class LocalMeasurements(BaseModel):
     memory_Bps: float | None = Field(None, gt=0, description="bytes per second of element-wise operators on large "
                                      "tensors (all ranks busy)")
     newton_schulz: dict[str, NewtonSchulzFit] = Field(default_factory=dict, description="5-step quintic NS per dtype")
+    muon_update_host_s: float | None = Field(None, ge=0, description="host seconds of the reference's update of one "
+                                             "Muon tensor beyond its kernels and its orthogonaliser call (cli.reference_host)")
+    muon_orthogonalize_host_s: float | None = Field(None, ge=0, description="host seconds of one reference "
+                                                    "orthogonaliser call beyond the microbenchmark's NS and the scale kernels")
     world_size: int = Field(2, gt=1)
     collectives: dict[str, CollectiveFit] = Field(default_factory=dict, description="gloo α-β per op")
 

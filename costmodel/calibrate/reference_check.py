@@ -23,7 +23,10 @@ predicts the same run from its own description of the work:
   measured peak matmul rate, nothing else) for contrast. Each NS call whose previous call in the
   rank's step (model order, :func:`ns_shape_changes`) had another shape costs
   ``NewtonSchulzFit.shape_change_s`` more: the microbenchmark times its shapes in blocks of equal
-  calls, a step changes shape between layers and roles. The kernel sequence is Megatron's and EO's,
+  calls, a step changes shape between layers and roles. The reference's Python around the kernels
+  (``update_param``, the orthogonaliser's layers), measured on a tiny matrix by ``calibrate
+  --microbench`` (``LocalMeasurements.muon_update_host_s`` per Muon tensor,
+  ``muon_orthogonalize_host_s`` per NS call), is added when the profile has it. The kernel sequence is Megatron's and EO's,
   plus the one copy per Muon tensor the reference makes and EO does not (without Nesterov,
   ``muon_prepare`` returns ``buf.clone()`` where EO reads the momentum buffer in place:
   :func:`reference_clone_kernels`), counted in the optimizer phase;
@@ -351,14 +354,16 @@ def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: Model
         cpu = _rank_key(cpu_by_rank, rank) or {}
         faults = _rank_key(faults_by_rank, rank) or {}
         preempts = _rank_key(preempt_by_rank, rank) or {}
+        ortho_host_s = calls * (local.muon_orthogonalize_host_s or 0.0)
+        update_host_s = len(names) * (local.muon_update_host_s or 0.0)
         if works and measured.get("newton_schulz"):
             ns_s = local.kernels_time_s([k for ks in muon for k in orthogonalize_kernels(ks)], calls, dtype,
-                                        rk.ns_shape_changes)
+                                        rk.ns_shape_changes) + ortho_host_s
             phases.append(PhaseComparison("newton_schulz", rank, measured["newton_schulz"] - comm, ns_s, flop_only,
                                           cpu.get("newton_schulz"), faults.get("newton_schulz"),
                                           preempts.get("newton_schulz")))
         if measured.get("optimizer"):
-            opt_s = local.kernels_time_s(rk.optimizer_kernels, calls, dtype, rk.ns_shape_changes)
+            opt_s = local.kernels_time_s(rk.optimizer_kernels, calls, dtype, rk.ns_shape_changes) + ortho_host_s + update_host_s
             phases.append(PhaseComparison("optimizer", rank, measured["optimizer"] - comm, opt_s, flop_only,
                                           cpu.get("optimizer"), faults.get("optimizer"), preempts.get("optimizer")))
         if measured.get("grad_reduce"):
