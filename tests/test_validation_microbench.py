@@ -101,6 +101,9 @@ def test_microbench_cli_writes_a_local_profile(run_cli, tmp_path):
     assert local.dispatch_s is not None and 0 < local.dispatch_s < 1e-3
     assert local.memory_Bps is not None and local.memory_Bps > 1e8
     assert "GFLOP/s" in result.stdout
+    assert local.newton_schulz["bf16"].shape_change_s >= 0
+    assert local.muon_update_host_s is not None and local.muon_orthogonalize_host_s is not None
+    assert "per change of shape" in result.stdout and "reference host layers" in result.stdout
 
 
 def test_gemm_path_fit_recovers_a_small_matrix_threshold_and_setup():
