@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from cli.reference_host import measure_reference_host
 from costmodel.calibrate.microbench import measure_local
 from costmodel.calibrate.profile import LocalMeasurements, load_profile
 from costmodel.calibrate.reference_check import check_reference_run
@@ -40,7 +41,7 @@ def local_measurements(path: str | None) -> LocalMeasurements:
             raise SystemExit(f"{path} has no local measurements; write one with 'muonsim calibrate --microbench'")
         return local
     print(f"load before microbench: {load_average()}")
-    local = measure_local(rank_setup=keep_freed_memory)  # the reference ranks' default allocator
+    local = measure_reference_host(measure_local(rank_setup=keep_freed_memory))  # the ranks' default allocator
     print(f"load after microbench:  {load_average()}")
     return local
 
@@ -60,7 +61,10 @@ def main() -> None:
         print(f"\nrepeat {rep + 1}: bf16 GEMM {local.gemm_flops_per_s['bf16'] / 1e9:.0f} GFLOP/s + "
               f"{local.gemm_overhead_s.get('bf16', 0.0) * 1e6:.1f} us/call, dispatch {(local.dispatch_s or 0) * 1e6:.2f} "
               f"us/op, element-wise {(local.memory_Bps or 0) / 1e9:.0f} GB/s"
-              + (f", NS GEMM efficiency {ns.efficiency:.2f}, {ns.call_overhead_s * 1e6:.0f} us/call" if ns else ""))
+              + (f", NS GEMM efficiency {ns.efficiency:.2f}, {ns.call_overhead_s * 1e6:.0f} us/call, "
+                 f"{ns.shape_change_s * 1e6:.0f} us/shape change" if ns else "")
+              + f"; reference host layers {(local.muon_update_host_s or 0) * 1e6:.0f} us/tensor + "
+                f"{(local.muon_orthogonalize_host_s or 0) * 1e6:.0f} us/NS call")
         keeps = {"on": (True,), "off": (False,), "both": (False, True)}[args.keep_freed_memory]
         for preset, keep in ((p, k) for p in args.presets.split(",") for k in keeps):
             before = load_average()
@@ -76,7 +80,7 @@ def main() -> None:
                 print(f"  rank {p.rank} {p.phase:13s} wall {p.measured_s * 1e3:8.1f} ms  CPU {cpu * 1e3:8.1f} ms  "
                       f"kernel model {p.predicted_s * 1e3:8.1f} ms ({p.error_pct:+6.1f} % wall, {p.cpu_error_pct:+6.1f} % CPU)"
                       f"  FLOP-only {(p.flop_only_s or 0) * 1e3:7.1f} ms ({p.flop_only_error_pct:+6.1f} % wall)"
-                      f"  page faults {p.measured_faults or 0:.0f}")
+                      f"  page faults {p.measured_faults or 0:.0f}  preemptions {p.measured_preemptions or 0:.0f}")
                 for kind, value in (("wall", p.error_pct), ("cpu", p.cpu_error_pct), ("flop-only", p.flop_only_error_pct)):
                     errors.setdefault((label, p.phase, kind), []).append(value)
     print("\nmedian error over ranks and repeats (kernel model vs wall / CPU time; FLOP-only vs wall):")

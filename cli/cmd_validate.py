@@ -395,6 +395,7 @@ def _print_release_residuals(report: Any) -> None:
 
 
 def _microbench(out: Path, name: str | None, json_out: bool) -> None:
+    from cli.reference_host import measure_reference_host
     from costmodel.calibrate.microbench import measure_local
     from costmodel.calibrate.profile import CalibrationProfile
     from reference.allocator import keep_freed_memory
@@ -402,6 +403,7 @@ def _microbench(out: Path, name: str | None, json_out: bool) -> None:
     # measured with the reference ranks' default allocator setting (keep freed memory, no page faults)
     local = measure_local(progress=None if json_out else (lambda m: print(m, file=sys.stderr, flush=True)),
                           rank_setup=keep_freed_memory)
+    local = measure_reference_host(local)  # the reference's Python per Muon tensor (reference/host_probe.py)
     profile = CalibrationProfile(name=name or out.stem, fitted_on=f"microbenchmarks on {local.machine}", local=local)
     write_text_atomically(out, profile.to_yaml())
     if json_out:
@@ -411,6 +413,12 @@ def _microbench(out: Path, name: str | None, json_out: bool) -> None:
     if local.dispatch_s is not None and local.memory_Bps is not None:
         typer.echo(f"eager PyTorch dispatch {local.dispatch_s * 1e6:.2f} us per operator; element-wise "
                    f"{local.memory_Bps / 1e9:.1f} GB/s")
+    for dtype, ns in local.newton_schulz.items():
+        typer.echo(f"Newton-Schulz ({dtype} matmuls): GEMM efficiency {ns.efficiency:.2f}, {ns.call_overhead_s * 1e6:.0f} us "
+                   f"per call, {ns.shape_change_s * 1e6:.0f} us per change of shape")
+    if local.muon_update_host_s is not None and local.muon_orthogonalize_host_s is not None:
+        typer.echo(f"reference host layers: {local.muon_update_host_s * 1e6:.0f} us per Muon tensor, "
+                   f"{local.muon_orthogonalize_host_s * 1e6:.0f} us per orthogonaliser call")
     for op, fit in local.collectives.items():
         typer.echo(f"gloo {op} ({local.world_size} ranks): alpha {fit.alpha_s * 1e6:.0f} us, "
                    f"beta {fit.beta_Bps / 1e9:.2f} GB/s")

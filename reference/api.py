@@ -174,6 +174,9 @@ def assemble(cfg: RunConfig, outputs: list[RankOutput]) -> RunResult:
                             for k in sorted({k for p in o.phases_cpu_s for k in p})} for o in outputs if o.phases_cpu_s}
     faults_by_rank = {o.rank: {k: statistics.fmean(_timed([p.get(k, 0.0) for p in o.phases_faults]))
                                for k in sorted({k for p in o.phases_faults for k in p})} for o in outputs if o.phases_faults}
+    preempt_by_rank = {o.rank: {k: statistics.fmean(_timed([p.get(k, 0.0) for p in o.phases_preemptions]))
+                                for k in sorted({k for p in o.phases_preemptions for k in p})}
+                       for o in outputs if getattr(o, "phases_preemptions", None)}
     phase_names = sorted({k for p in phases_by_rank.values() for k in p})
     phases = {k: max(p.get(k, 0.0) for p in phases_by_rank.values()) for k in phase_names}
     step_time = max(statistics.fmean(_timed(o.step_times_s)) for o in outputs)
@@ -196,6 +199,7 @@ def assemble(cfg: RunConfig, outputs: list[RankOutput]) -> RunResult:
         "phase_times_s_by_rank": phases_by_rank,
         "phase_cpu_s_by_rank": cpu_by_rank,
         "phase_minor_faults_by_rank": faults_by_rank,
+        "phase_preemptions_by_rank": preempt_by_rank,
         "collective_wall_s": [{"op": k[0], "group": k[1], "bytes": k[2], "dtype": k[3], "phase": k[4],
                                "mean_s": statistics.fmean(v), "calls": len(v)} for k, v in sorted(wall.items())],
         "collectives_by_rank": {r: [c.to_dict() for c in calls] for r, calls in by_rank.items()},

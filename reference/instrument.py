@@ -174,13 +174,21 @@ def minor_faults() -> int:
     return resource.getrusage(_RUSAGE).ru_minflt
 
 
+def thread_counters() -> tuple[int, int]:
+    """(minor page faults, involuntary context switches) of this thread so far, one ``getrusage``."""
+    usage = resource.getrusage(_RUSAGE)
+    return usage.ru_minflt, usage.ru_nivcsw
+
+
 class PhaseClock:
     """Per-step wall time per phase for one rank (seconds, accumulated within a step).
 
     Timed blocks also record this thread's CPU time (``cpu_steps``): on a shared CPU machine a
     block's wall time includes the time other processes held the core, its CPU time does not; and
     its minor page faults (``fault_steps``: pages the allocator had given back to the OS and the block
-    touched again, see :mod:`reference.allocator`).
+    touched again, see :mod:`reference.allocator`) and its preemptions (``preempt_steps``: involuntary
+    context switches; each hands the core to another process, whose data evicts this thread's caches,
+    and the refill counts in its CPU time: a run with many is not a quiet run).
     """
 
     def __init__(self, sync: Callable[[], None] = lambda: None) -> None:
@@ -188,12 +196,14 @@ class PhaseClock:
         self.steps: list[dict[str, float]] = []
         self.cpu_steps: list[dict[str, float]] = []
         self.fault_steps: list[dict[str, float]] = []
+        self.preempt_steps: list[dict[str, float]] = []
 
     def new_step(self) -> None:
         """Start accumulating a new step."""
         self.steps.append(defaultdict(float))
         self.cpu_steps.append(defaultdict(float))
         self.fault_steps.append(defaultdict(float))
+        self.preempt_steps.append(defaultdict(float))
 
     def add(self, phase: str, seconds: float) -> None:
         """Add ``seconds`` to ``phase`` of the current step."""
@@ -203,14 +213,16 @@ class PhaseClock:
     def phase(self, name: str) -> Iterator[None]:
         """Time the block (synchronising the device first and last) into ``name``."""
         self.sync()
-        t, cpu, faults = time.perf_counter(), time.thread_time(), minor_faults()
+        t, cpu, (faults, preempts) = time.perf_counter(), time.thread_time(), thread_counters()
         try:
             yield
         finally:
             self.sync()
             self.add(name, time.perf_counter() - t)
             self.cpu_steps[-1][name] += time.thread_time() - cpu
-            self.fault_steps[-1][name] += minor_faults() - faults
+            faults_now, preempts_now = thread_counters()
+            self.fault_steps[-1][name] += faults_now - faults
+            self.preempt_steps[-1][name] += preempts_now - preempts
 
 
 @dataclass

@@ -62,6 +62,7 @@ class RankOutput:
     buckets: list[dict[str, Any]] = field(default_factory=list)
     phases_cpu_s: list[dict[str, float]] = field(default_factory=list)  # thread CPU seconds of the timed phases
     phases_faults: list[dict[str, float]] = field(default_factory=list)  # minor page faults of the timed phases
+    phases_preemptions: list[dict[str, float]] = field(default_factory=list)  # involuntary context switches
 
 
 def hypers(cfg: RunConfig) -> tuple[MuonHyper, AdamHyper]:
@@ -219,6 +220,7 @@ def train(cfg: RunConfig, coords: GridCoords, groups: dict[str, Group], device: 
                  for tag, layouts in opt.layouts.items() for bl in layouts],
         phases_cpu_s=[dict(p) for p in clock.cpu_steps],
         phases_faults=[dict(p) for p in clock.fault_steps],
+        phases_preemptions=[dict(p) for p in clock.preempt_steps],
     )
 
 

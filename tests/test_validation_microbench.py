@@ -5,10 +5,14 @@ from __future__ import annotations
 import pytest
 
 from costmodel.calibrate.microbench import (
+    NS_POOL_MAX,
     fit_gemm_paths,
     fit_linear_time,
     fit_newton_schulz,
+    fit_shape_change_s,
+    measure_ns_shape_change,
     ns_gemm_flops,
+    ns_pool_size,
 )
 from costmodel.calibrate.profile import (
     CalibrationProfile,
@@ -97,6 +101,9 @@ def test_microbench_cli_writes_a_local_profile(run_cli, tmp_path):
     assert local.dispatch_s is not None and 0 < local.dispatch_s < 1e-3
     assert local.memory_Bps is not None and local.memory_Bps > 1e8
     assert "GFLOP/s" in result.stdout
+    assert local.newton_schulz["bf16"].shape_change_s >= 0
+    assert local.muon_update_host_s is not None and local.muon_orthogonalize_host_s is not None
+    assert "per change of shape" in result.stdout and "reference host layers" in result.stdout
 
 
 def test_gemm_path_fit_recovers_a_small_matrix_threshold_and_setup():
@@ -145,3 +152,32 @@ def test_local_pricing_puts_tiny_newton_schulz_gemms_on_the_small_path():
     st = NsSettings(steps=5, cubic=False, precision="bf16", syrk=False, tp_mode="duplicated")
     kernels = newton_schulz_call_kernels(4, 256, st)
     assert local.kernels_time_s([k for k in kernels if k.kind == "ns_gemm"]) == pytest.approx(gemm_s, rel=1e-9)
+
+
+def test_shape_change_fit_is_the_median_excess_over_a_call_of_the_same_shape():
+    """(after another shape − after the same) per shape: +100, +20, −50 us; the median is +20 us; never below 0."""
+    points = [((32, 64), 5e-4, 4e-4), ((64, 128), 3e-4, 2.8e-4), ((256, 1024), 9e-4, 9.5e-4)]
+    assert fit_shape_change_s(points) == pytest.approx(2e-5)
+    assert fit_shape_change_s([((32, 64), 1e-4, 2e-4)]) == 0.0
+
+
+def test_ns_pool_holds_twice_the_l2_of_distinct_inputs():
+    """8 MiB of fp32 inputs: 8 of 256×1024 (1 MiB each), 32 of 128×512 (256 KiB); 32×64 (8 KiB) would
+    need 1,024, the cap; a matrix larger than the pool still gets 2."""
+    assert ns_pool_size(256, 1024) == 8
+    assert ns_pool_size(128, 512) == 32
+    assert ns_pool_size(32, 64) == 1024 == NS_POOL_MAX
+    assert ns_pool_size(4096, 4096) == 2
+
+
+def test_shape_change_measurement_times_both_orders():
+    """A real (short) run on two tiny shapes: one (shape, after another, after the same) per shape."""
+    pytest.importorskip("torch")
+    points = measure_ns_shape_change("bf16", ((8, 16), (16, 24)), min_time_s=0.001, min_rounds=3, pool_bytes=4096)
+    assert [p[0] for p in points] == [(8, 16), (16, 24)]
+    assert all(other > 0 and same > 0 for _, other, same in points)
+
+
+def test_a_profile_without_shape_change_cost_loads_with_zero():
+    fit = NewtonSchulzFit.model_validate({"efficiency": 0.7, "call_overhead_s": 0.0})
+    assert fit.shape_change_s == 0.0

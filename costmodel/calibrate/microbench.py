@@ -18,7 +18,9 @@ measures the real machine that the reference backend runs on, it is never on the
   eager-PyTorch cost of one operator call (Python and the ATen dispatcher: the path that also issues
   GPU kernels), ``memory_Bps`` the element-wise memory bandwidth with every rank busy.
 * **Newton–Schulz**: a 5-step quintic NS (Emerging-Optimizers' ``newton_schulz`` expressions) on a
-  few shapes, each call on the next of 8 input matrices, timed the same way, fitted as ``time = GEMM
+  few shapes, each call on the next of a pool of distinct input matrices of :data:`NS_POOL_BYTES`
+  (twice the 4 MiB L2: every call reads an input no recent call touched, as every tensor of an
+  optimizer step is a different one), timed the same way, fitted as ``time = GEMM
   time / efficiency + other kernels + call_overhead_s``: the GEMM time from the matmul fit (each GEMM
   on its path), the normalisation and cast kernels from the element-wise fit
   (:func:`costmodel.optimizer.kernel_sequence.newton_schulz_call_kernels`); the machine's NS GEMM
@@ -28,6 +30,15 @@ measures the real machine that the reference backend runs on, it is never on the
   more than the bare matmul up to 16k outputs and ≈0.28 ns more per output element on large ones,
   84 us at 256×1024: 1 thread, thread CPU time, quiet machine), so the
   efficiency (< 1, dividing the per-call setup too) absorbs it; the fit is not yet shaped for that.
+  NS times are thread CPU time (the measure the reference check compares). A step visits its
+  tensors in model order, and an NS call after one of another shape costs more than in a block of
+  equal calls: the GEMM code paths and primitives of the new shape and the temporaries of the new
+  size are not in the caches (in the reference step, each call against itself repeated at once:
+  +40 to +730 us per call after another shape, +5 to +30 us after the same shape;
+  ``benchmarks/bench_ns_shape_change.py``). :func:`measure_ns_shape_change` times each shape after
+  a call of another shape and after one of its own, alternating; the median over the shapes of the
+  difference is ``NewtonSchulzFit.shape_change_s``, charged once per change of shape in a rank's
+  NS calls.
 * **Collectives**: 2 gloo processes (forked, one thread each) time all_reduce, all_gather,
   reduce_scatter and broadcast at several sizes (nccl-tests size convention, fp32) and fit
   ``time = alpha_s + size_bytes / beta_Bps`` per op. Loopback times are bimodal on a shared
@@ -43,7 +54,6 @@ import json
 import os
 import platform
 import socket
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -51,43 +61,39 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from costmodel.calibrate.microbench_ns import (  # noqa: F401 - re-exported: the NS part of the microbenchmarks
+    NS_COEFFICIENTS,
+    NS_POOL_BYTES,
+    NS_POOL_MAX,
+    NS_SHAPES,
+    fit_newton_schulz,
+    fit_shape_change_s,
+    measure_cpu_s,
+    measure_newton_schulz,
+    measure_ns_shape_change,
+    newton_schulz_replica,
+    ns_gemm_flops,
+    ns_pool_size,
+)
 from costmodel.calibrate.profile import (
     CollectiveFit,
     LocalMeasurements,
-    NewtonSchulzFit,
     SmallGemmPath,
 )
-from costmodel.optimizer.kernel_sequence import newton_schulz_call_kernels
-from costmodel.optimizer.newton_schulz import NsSettings
+from costmodel.calibrate.timing import fit_linear_time  # noqa: F401 - re-exported
+from costmodel.calibrate.timing import time_call as _time_call
+from costmodel.calibrate.timing import timing_samples as _timing_samples
 
 GEMM_SIZES = (4, 8, 12, 16, 20, 24, 32, 64, 128, 256, 512, 768)  # both sides of bf16's 16³ small-GEMM threshold
 # A single affine path (time = a + b·FLOPs, a, b ≥ 0) grows at most in proportion to the FLOPs between two
 # sizes; a time step of more than this many times the FLOP ratio is a change of code path, not noise (a
 # busy shared core inflates one point by tens of percent, not 2x).
 SMALL_PATH_MIN_STEP = 2.0
-NS_SHAPES = ((32, 64), (64, 128), (128, 128), (64, 192), (128, 512), (256, 1024))
-NS_POOL = 8  # distinct input matrices per shape, used in turn (an optimizer never repeats one)
-NS_COEFFICIENTS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
-                   (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012))  # quintic, as the project's default
 ELEMENTWISE_SIZES = (16, 4096, 65536, 524288, 2097152)
 ELEMENTWISE_POOL_BYTES = 128 * 2 ** 20  # per operand pool: larger than the last-level cache
 ELEMENTWISE_BYTES_PER_ELEMENT = {"add_": 12, "lerp_": 12, "mul": 8, "to_bf16": 6, "copy_": 8, "norm": 4, "div": 8}
 COLLECTIVE_SIZES_BYTES = (4096, 65536, 262144, 1048576, 4194304)
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-
-
-def fit_linear_time(sizes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
-    """Fit ``time = intercept + slope · size`` minimising relative error; returns (intercept, slope) ≥ 0."""
-    x = np.asarray(sizes, dtype=float)
-    t = np.asarray(times_s, dtype=float)
-    a = np.stack([np.ones_like(x), x], axis=1) / t[:, None]  # rows scaled by 1/t: relative residuals
-    coef, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    intercept, slope = float(coef[0]), float(coef[1])
-    if intercept < 0:  # refit through the origin
-        intercept, slope = 0.0, float(np.sum(x / t) / np.sum((x / t) ** 2))
-    return intercept, max(slope, 1e-30)
 
 
 def fit_gemm_paths(points: Sequence[tuple[float, float]], min_step: float = SMALL_PATH_MIN_STEP,
@@ -116,26 +122,6 @@ def fit_gemm_paths(points: Sequence[tuple[float, float]], min_step: float = SMAL
     return fit_linear_time(flops, times), None
 
 
-def _timing_samples(fn: Callable[[], object], min_time_s: float, min_reps: int, max_reps: int) -> list[float]:
-    """Seconds per call of ``fn`` after one warm-up: at least ``min_reps`` calls and ``min_time_s``
-    seconds, at most ``max_reps`` calls."""
-    fn()  # warm-up
-    samples: list[float] = []
-    start = time.perf_counter()
-    while len(samples) < min_reps or time.perf_counter() - start < min_time_s:
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-        if len(samples) >= max_reps:
-            break
-    return samples
-
-
-def _time_call(fn: Callable[[], object], min_time_s: float, min_reps: int = 3) -> float:
-    """Median seconds per call over at least ``min_reps`` calls and ``min_time_s`` seconds."""
-    return statistics.median(_timing_samples(fn, min_time_s, min_reps, max_reps=200))
-
-
 def measure_gemm(dtype: str = "bf16", sizes: Sequence[int] = GEMM_SIZES, threads: int = 1,
                  min_time_s: float = 0.05) -> list[tuple[float, float]]:
     """(FLOPs, seconds) of one square matmul per size, with ``threads`` torch threads."""
@@ -154,44 +140,6 @@ def measure_gemm(dtype: str = "bf16", sizes: Sequence[int] = GEMM_SIZES, threads
         return out
     finally:
         torch.set_num_threads(previous)
-
-
-def measure_newton_schulz(dtype: str = "bf16", shapes: Sequence[tuple[int, int]] = NS_SHAPES,
-                          min_time_s: float = 0.05) -> list[tuple[tuple[int, int], float]]:
-    """Seconds of one 5-step quintic Newton-Schulz call per shape (fp32 in and out, ``dtype`` matmuls).
-
-    The same operations as Muon's orthogonalisation: transpose to wide, Frobenius normalisation,
-    cast, per step ``A = X·Xᵀ``, ``B = bA + cA·A``, ``X = aX + B·X`` (addmm), cast back.
-    """
-    import torch
-
-    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-    gen = torch.Generator().manual_seed(1)
-
-    def ns(g: torch.Tensor) -> torch.Tensor:  # Emerging-Optimizers 0.3.0 muon_utils.newton_schulz
-        x = g.mT if g.shape[0] > g.shape[1] else g
-        x = torch.nn.functional.normalize(x, p=2, dim=(-2, -1), eps=1e-7).to(torch_dtype)  # type: ignore[arg-type]
-        for a, b, c in NS_COEFFICIENTS:
-            gram = x @ x.mT
-            x = torch.addmm(x, torch.addmm(gram, gram, gram, alpha=c, beta=b), x, alpha=1.0, beta=a)
-        x = x.to(torch.float32)
-        return x.mT if g.shape[0] > g.shape[1] else x
-
-    out = []
-    for rows, cols in shapes:
-        pool = itertools.cycle([torch.randn(rows, cols, generator=gen) for _ in range(NS_POOL)])
-
-        def call(pool: Iterator[torch.Tensor] = pool) -> object:
-            return ns(next(pool))
-
-        out.append(((rows, cols), _time_call(call, min_time_s)))
-    return out
-
-
-def ns_gemm_flops(rows: int, cols: int, steps: int = 5) -> list[tuple[float, int]]:
-    """(FLOPs, count) of the GEMMs of one NS call (m = min, n = max): X·Xᵀ 2m²n, A·A 2m³, B·X 2m²n."""
-    m, n = min(rows, cols), max(rows, cols)
-    return [(2.0 * m * m * n, steps), (2.0 * m ** 3, steps), (2.0 * m * m * n, steps)]
 
 
 def measure_elementwise(sizes: Sequence[int] = ELEMENTWISE_SIZES, min_time_s: float = 0.02,
@@ -235,20 +183,6 @@ def _time_low(fn: Callable[[], object], min_time_s: float, min_reps: int = 20) -
     return _low_quantile(_timing_samples(fn, min_time_s, min_reps, max_reps=5000))
 
 
-def fit_newton_schulz(points: Sequence[tuple[tuple[int, int], float]], local: LocalMeasurements,
-                      dtype: str = "bf16") -> NewtonSchulzFit:
-    """NS GEMM efficiency and per-call host cost from NS timings, with the machine's GEMM and
-    element-wise fits in ``local`` pricing the call's kernels (each GEMM on its code path)."""
-    st = NsSettings(steps=5, cubic=False, precision=dtype, syrk=False, tp_mode="duplicated")
-    gemm_s, rest_s = [], []
-    for shape, t in points:
-        kernels = newton_schulz_call_kernels(*shape, st)
-        gemm_s.append(sum(k.count * local.gemm_time_s(k.flops, dtype) for k in kernels if k.kind == "ns_gemm"))
-        rest_s.append(t - local.kernels_time_s([k for k in kernels if k.kind != "ns_gemm"]))
-    intercept, slope = fit_linear_time(gemm_s, rest_s)
-    return NewtonSchulzFit(efficiency=min(1.5, 1.0 / slope), call_overhead_s=intercept)
-
-
 def _low_quantile(samples: Sequence[float], q: float = 0.2) -> float:
     """The ``q`` quantile of timing samples: the undisturbed time on a shared, time-sliced machine."""
     ordered = sorted(samples)
@@ -272,7 +206,7 @@ def _worker(rank: int, world: int, port: int, out_path: str, sizes: Sequence[int
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        results: dict[str, list[tuple[Any, float]]] = {}
+        results: dict[str, list[tuple[Any, ...]]] = {}
         for dtype in ("bf16", "fp32"):
             points = []
             for n in gemm_sizes:
@@ -290,6 +224,12 @@ def _worker(rank: int, world: int, port: int, out_path: str, sizes: Sequence[int
                 dist.all_reduce(worst, op=dist.ReduceOp.MAX)
                 ns_points.append((shape, float(worst[0])))
             results[f"ns_{dtype}"] = ns_points
+            dist.barrier()
+            change = measure_ns_shape_change(dtype, NS_SHAPES, min_time_s)
+            worst = torch.tensor([[o, m] for _, o, m in change])
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            results[f"ns_change_{dtype}"] = [(shape, float(o), float(m))
+                                             for shape, (o, m) in zip(NS_SHAPES, worst.tolist(), strict=True)]
         dist.barrier()
         worst_points = []
         for size, t in measure_elementwise(min_time_s=min_time_s / 2):
@@ -343,12 +283,14 @@ def _worker(rank: int, world: int, port: int, out_path: str, sizes: Sequence[int
 def measure_ranks(world_size: int = 2, sizes: Sequence[int] = COLLECTIVE_SIZES_BYTES,
                   gemm_sizes: Sequence[int] = GEMM_SIZES, min_time_s: float = 0.03,
                   timeout_s: float = 120.0, rank_setup: Callable[[], object] | None = None,
-                  ) -> dict[str, list[tuple[Any, float]]]:
+                  ) -> dict[str, list[tuple[Any, ...]]]:
     """Timings on ``world_size`` forked gloo processes, slowest rank's (each runs ``rank_setup`` first:
     the reference ranks' process settings, e.g. their allocator's).
 
     Keys ``gemm_bf16`` / ``gemm_fp32``: (FLOPs, seconds) of one matmul, all ranks busy at once;
-    keys ``ns_bf16`` / ``ns_fp32``: ([rows, cols], seconds) of one Newton-Schulz call;
+    keys ``ns_bf16`` / ``ns_fp32``: ([rows, cols], seconds) of one Newton-Schulz call, each shape in a
+    block; ``ns_change_bf16`` / ``ns_change_fp32``: ([rows, cols], seconds after a call of another
+    shape, seconds after one of the same shape) (:func:`measure_ns_shape_change`);
     key ``elementwise``: (bytes, seconds) of one element-wise operator call;
     one key per collective op: (size_bytes, seconds), each the 20th percentile of its samples.
     """
@@ -412,6 +354,10 @@ def measure_local(world_size: int = 2, gemm_sizes: Sequence[int] = GEMM_SIZES,
                               gemm_flops_per_s=gemm_rate, gemm_overhead_s=gemm_overhead, gemm_small=gemm_small,
                               dispatch_s=dispatch_s,
                               memory_Bps=memory_Bps, world_size=world_size, collectives=collectives)
-    ns = {dtype: fit_newton_schulz([(tuple(shape), t) for shape, t in timings[f"ns_{dtype}"]], local, dtype)
-          for dtype in gemm_rate}
+    ns = {}
+    for dtype in gemm_rate:
+        blocked = [(tuple(shape), t) for shape, t in timings[f"ns_{dtype}"]]
+        fit = fit_newton_schulz(blocked, local, dtype)
+        change_s = fit_shape_change_s(timings[f"ns_change_{dtype}"])
+        ns[dtype] = fit.model_copy(update={"shape_change_s": change_s})
     return local.model_copy(update={"newton_schulz": ns})

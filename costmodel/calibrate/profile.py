@@ -106,13 +106,18 @@ class SmallGemmPath(BaseModel):
 class NewtonSchulzFit(BaseModel):
     """Newton-Schulz on this machine: its GEMMs at the measured matmul cost divided by ``efficiency``,
     its other kernels at the measured dispatch and bandwidth, plus ``call_overhead_s`` per call (the
-    host work of one ``newton_schulz`` call that launches no kernel)."""
+    host work of one ``newton_schulz`` call that launches no kernel), plus ``shape_change_s`` for a
+    call whose previous NS call had another shape (its GEMM code paths and primitives and the
+    temporaries of the new size are not in the caches; ``calibrate --microbench`` times its shapes in
+    blocks and in rotation)."""
 
     model_config = ConfigDict(extra="forbid")
 
     efficiency: float = Field(gt=0, le=1.5, description="NS GEMM efficiency relative to plain matmuls of the "
                                                          "same FLOPs (cf. EfficiencyFactors.newton_schulz_gemm)")
     call_overhead_s: float = Field(ge=0, description="host seconds per NS call beyond its kernels")
+    shape_change_s: float = Field(0.0, ge=0, description="seconds more of an NS call after a call of another shape "
+                                                         "than after one of its own")
 
 
 class LocalMeasurements(BaseModel):
@@ -137,6 +142,10 @@ class LocalMeasurements(BaseModel):
     memory_Bps: float | None = Field(None, gt=0, description="bytes per second of element-wise operators on large "
                                      "tensors (all ranks busy)")
     newton_schulz: dict[str, NewtonSchulzFit] = Field(default_factory=dict, description="5-step quintic NS per dtype")
+    muon_update_host_s: float | None = Field(None, ge=0, description="host seconds of the reference's update of one "
+                                             "Muon tensor beyond its kernels and its orthogonaliser call (cli.reference_host)")
+    muon_orthogonalize_host_s: float | None = Field(None, ge=0, description="host seconds of one reference "
+                                                    "orthogonaliser call beyond the microbenchmark's NS and the scale kernels")
     world_size: int = Field(2, gt=1)
     collectives: dict[str, CollectiveFit] = Field(default_factory=dict, description="gloo α-β per op")
 
@@ -168,11 +177,13 @@ class LocalMeasurements(BaseModel):
                                  "re-run 'muonsim calibrate --microbench'")
         return self.dispatch_s + kernel.bytes / self.memory_Bps
 
-    def kernels_time_s(self, kernels: Iterable[KernelSpec], ns_calls: int = 0, dtype: str = "bf16") -> float:
+    def kernels_time_s(self, kernels: Iterable[KernelSpec], ns_calls: int = 0, dtype: str = "bf16",
+                       ns_shape_changes: int = 0) -> float:
         """Seconds of a kernel sequence run eagerly here (host-synchronous: the sum of its kernels),
-        plus the per-call host cost of ``ns_calls`` Newton-Schulz calls."""
+        plus the per-call host cost of ``ns_calls`` Newton-Schulz calls and the cost of
+        ``ns_shape_changes`` of them following a call of another shape."""
         fit = self.newton_schulz.get(dtype)
-        calls_s = ns_calls * fit.call_overhead_s if fit is not None else 0.0
+        calls_s = ns_calls * fit.call_overhead_s + ns_shape_changes * fit.shape_change_s if fit is not None else 0.0
         return sum(k.count * self.kernel_time_s(k) for k in kernels) + calls_s
 
     def collective_time_s(self, op: str, size_bytes: float) -> float | None:

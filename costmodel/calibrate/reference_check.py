@@ -20,7 +20,13 @@ predicts the same run from its own description of the work:
   ``optimizer`` phase (NS included) minus the same. Each comparison also carries the phase's thread
   CPU time when the run recorded it (on a shared machine a phase's wall time includes the time other
   processes held the core; its CPU time does not) and the FLOP-only prediction (NS FLOPs at the
-  measured peak matmul rate, nothing else) for contrast. The kernel sequence is Megatron's and EO's,
+  measured peak matmul rate, nothing else) for contrast. Each NS call whose previous call in the
+  rank's step (model order, :func:`ns_shape_changes`) had another shape costs
+  ``NewtonSchulzFit.shape_change_s`` more: the microbenchmark times its shapes in blocks of equal
+  calls, a step changes shape between layers and roles. The reference's Python around the kernels
+  (``update_param``, the orthogonaliser's layers), measured on a tiny matrix by ``calibrate
+  --microbench`` (``LocalMeasurements.muon_update_host_s`` per Muon tensor,
+  ``muon_orthogonalize_host_s`` per NS call), is added when the profile has it. The kernel sequence is Megatron's and EO's,
   plus the one copy per Muon tensor the reference makes and EO does not (without Nesterov,
   ``muon_prepare`` returns ``buf.clone()`` where EO reads the momentum buffer in place:
   :func:`reference_clone_kernels`), counted in the optimizer phase;
@@ -62,6 +68,7 @@ class PhaseComparison:
     flop_only_s: float | None = None  # NS FLOPs / measured peak matmul rate: the model without kernels
     measured_cpu_s: float | None = None  # the phase's thread CPU time (immune to other processes on the cores)
     measured_faults: float | None = None  # the phase's minor page faults per step (reference.allocator)
+    measured_preemptions: float | None = None  # the phase's involuntary context switches per step (other load)
 
     @property
     def cpu_error_pct(self) -> float:
@@ -135,6 +142,7 @@ class ReferenceCheck:
             cpu = (f"; CPU time {p.measured_cpu_s * 1e3:.3f} ms, error {p.cpu_error_pct:+.1f} %"
                    if p.measured_cpu_s is not None else "")
             cpu += f"; {p.measured_faults:.0f} page faults" if p.measured_faults else ""
+            cpu += f"; {p.measured_preemptions:.0f} preemptions" if p.measured_preemptions else ""
             lines.append(f"rank {p.rank} {p.phase}: measured {p.measured_s * 1e3:.3f} ms, predicted "
                          f"{p.predicted_s * 1e3:.3f} ms, error {p.error_pct:+.1f} %{goal}{cpu}{flop}")
         lines += [f"note: {n}" for n in self.notes]
@@ -151,6 +159,7 @@ class ReferenceCheck:
             "phases": [{"phase": p.phase, "rank": p.rank, "measured_s": p.measured_s, "predicted_s": p.predicted_s,
                         "error_pct": p.error_pct, "measured_cpu_s": p.measured_cpu_s, "cpu_error_pct": p.cpu_error_pct,
                         "flop_only_s": p.flop_only_s, "measured_faults": p.measured_faults,
+                        "measured_preemptions": p.measured_preemptions,
                         "flop_only_error_pct": p.flop_only_error_pct} for p in self.phases],
             "notes": self.notes,
         }
@@ -234,6 +243,21 @@ def reference_clone_kernels(muon_numels: list[int], nesterov: bool) -> list[Kern
     return [KernelSpec("reference_momentum_clone", "memory", 1, bytes=8.0 * n) for n in muon_numels]
 
 
+def ns_call_shapes(tensor: Any, st: Any) -> list[tuple[int, int]]:
+    """The (rows, cols) of each Newton-Schulz call of one Muon item, in order: per component (Q, K, V
+    of a split QKV), the local shard, or the whole component under ``duplicated`` TP of a sharded
+    matrix (gathered first)."""
+    if st.tp_mode == "duplicated" and tensor.shard_dim is not None and tensor.shards > 1:
+        return [tuple(c) for c in tensor.muon_components]
+    return [tuple(c) for c in tensor.local_muon_components]
+
+
+def ns_shape_changes(shapes: list[tuple[int, int]]) -> int:
+    """NS calls of a step whose previous call had another shape; the step's first call counts (the
+    phases before the optimizer ran other code)."""
+    return sum(1 for k, shape in enumerate(shapes) if k == 0 or shapes[k - 1] != shape)
+
+
 @dataclass(frozen=True)
 class RankKernels:
     """The kernels the cost model expects of one rank's optimizer step in a reference run."""
@@ -243,6 +267,7 @@ class RankKernels:
     muon: list[tuple[KernelSpec, ...]]  # kernel sequence per Muon item
     adam: tuple[KernelSpec, ...]  # eager AdamW on the rank's element-wise shards (or whole parameters)
     clones: list[KernelSpec]  # the reference's own momentum clone per Muon item
+    ns_shape_changes: int = 0  # NS calls after a call of another shape, in the rank's step order
 
     @property
     def optimizer_kernels(self) -> list[KernelSpec]:
@@ -275,7 +300,9 @@ def _rank_kernels(inventory: Any, spec: Any, plan: Any, config: Mapping[str, Any
             for n, w in zip(names, works, strict=True)]
     adam = _reference_adam_kernels(plan, inventory, rank, names, items, grad_bytes)
     clones = reference_clone_kernels([items[n].local_numel for n in names], nesterov)
-    return RankKernels(names, works, muon, adam, clones)
+    order = {name: k for k, name in enumerate(items)}  # definition order: the reference's update order
+    shapes = [shape for n in sorted(names, key=order.__getitem__) for shape in ns_call_shapes(items[n], st)]
+    return RankKernels(names, works, muon, adam, clones, ns_shape_changes(shapes))
 
 
 def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: ModelSpec) -> ReferenceCheck:
@@ -307,6 +334,7 @@ def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: Model
     phases_by_rank = extra.get("phase_times_s_by_rank") or {"0": run.phase_times_s or {}}
     cpu_by_rank = extra.get("phase_cpu_s_by_rank") or {}
     faults_by_rank = extra.get("phase_minor_faults_by_rank") or {}
+    preempt_by_rank = extra.get("phase_preemptions_by_rank") or {}
     flops_by_rank = extra.get("ns_flops_per_step_by_rank") or {}
     phases: list[PhaseComparison] = []
     ns_flops: dict[int, tuple[float, float]] = {}
@@ -325,14 +353,19 @@ def check_reference_run(run: MeasuredRun, local: LocalMeasurements, model: Model
         comm = measured.get("ns_comm", 0.0)
         cpu = _rank_key(cpu_by_rank, rank) or {}
         faults = _rank_key(faults_by_rank, rank) or {}
+        preempts = _rank_key(preempt_by_rank, rank) or {}
+        ortho_host_s = calls * (local.muon_orthogonalize_host_s or 0.0)
+        update_host_s = len(names) * (local.muon_update_host_s or 0.0)
         if works and measured.get("newton_schulz"):
-            ns_s = local.kernels_time_s([k for ks in muon for k in orthogonalize_kernels(ks)], calls, dtype)
+            ns_s = local.kernels_time_s([k for ks in muon for k in orthogonalize_kernels(ks)], calls, dtype,
+                                        rk.ns_shape_changes) + ortho_host_s
             phases.append(PhaseComparison("newton_schulz", rank, measured["newton_schulz"] - comm, ns_s, flop_only,
-                                          cpu.get("newton_schulz"), faults.get("newton_schulz")))
+                                          cpu.get("newton_schulz"), faults.get("newton_schulz"),
+                                          preempts.get("newton_schulz")))
         if measured.get("optimizer"):
-            opt_s = local.kernels_time_s(rk.optimizer_kernels, calls, dtype)
+            opt_s = local.kernels_time_s(rk.optimizer_kernels, calls, dtype, rk.ns_shape_changes) + ortho_host_s + update_host_s
             phases.append(PhaseComparison("optimizer", rank, measured["optimizer"] - comm, opt_s, flop_only,
-                                          cpu.get("optimizer"), faults.get("optimizer")))
+                                          cpu.get("optimizer"), faults.get("optimizer"), preempts.get("optimizer")))
         if measured.get("grad_reduce"):
             reduce_calls = [c for c in expected[rank] if c.phase == "grad_reduce"]
             times = [local.collective_time_s(c.op, c.bytes) for c in reduce_calls]
