@@ -117,13 +117,31 @@ def _is_moe(scenario: Scenario, layer: int) -> bool:
     return model.is_moe_layer(min(layer, model.num_layers - 1))
 
 
-def _chunk_bytes(scenario: Scenario, layers: list[int], offload_first: int) -> tuple[float, float, float]:
+LayerBytesMemo = dict[tuple[bool, bool], tuple[float, float, float, float]]
+
+
+def _memo_bytes_of(scenario: Scenario, layer: int, memo: LayerBytesMemo) -> tuple[float, float, float, float]:
+    """:func:`_bytes_of` of ``layer`` (MoE or not as the model says), memoised in ``memo`` (one
+    scenario's) on what it depends on besides the scenario: whether the layer is kept in BF16 and
+    whether it is an MoE layer (a stage's layers come in two or three such classes)."""
+    moe = _is_moe(scenario, layer)
+    key = (layer_in_bf16(scenario, layer), moe)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _bytes_of(scenario, layer, moe)
+    return hit
+
+
+def _chunk_bytes(scenario: Scenario, layers: list[int], offload_first: int,
+                 memo: LayerBytesMemo | None = None) -> tuple[float, float, float]:
     """(resident bytes per micro-batch, extra bytes while recomputing, offloaded bytes per micro-batch)
-    of one virtual chunk's layers; the first ``offload_first`` layers are CPU-offloaded."""
+    of one virtual chunk's layers; the first ``offload_first`` layers are CPU-offloaded (``memo``:
+    the scenario's per-layer bytes so far, :func:`_memo_bytes_of`)."""
     p = scenario.par
+    memo = {} if memo is None else memo
     per_layer, transit = [], 0.0
     for k, i in enumerate(layers):
-        kept, inp, off, full = _bytes_of(scenario, i, _is_moe(scenario, i))
+        kept, inp, off, full = _memo_bytes_of(scenario, i, memo)
         per_layer.append((kept, inp, full))
         if k >= offload_first:  # the first layers' saved tensors are in host memory at the peak
             transit = max(transit, off)  # fine-grained offloading: one layer's copy in transit
@@ -168,9 +186,10 @@ def _stage_activation_bytes(scenario: Scenario, stage: int) -> float:
     chunks = _chunk_layers(scenario, stage)
     offload = rt.cpu_offloading_num_layers if rt.cpu_offloading else 0
     per_chunk, extra = [], 0.0
+    memo: LayerBytesMemo = {}
     for c, layers in enumerate(chunks):
         first = min(offload, len(layers)) if c == 0 else 0
-        resident, recompute_peak, _ = _chunk_bytes(scenario, layers, first)
+        resident, recompute_peak, _ = _chunk_bytes(scenario, layers, first, memo)
         per_chunk.append(resident)
         extra = max(extra, recompute_peak)
     if stage == p.pp - 1:
