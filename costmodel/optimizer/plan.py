@@ -20,7 +20,8 @@ from costmodel.optimizer import layouts as lay
 from costmodel.optimizer.buffers import _Buffer, chunk_buffers
 from costmodel.optimizer.newton_schulz import NsSettings
 from costmodel.optimizer.plan_types import OptimizerPlan, StageOptimizerPlan
-from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer, rank_work
+from costmodel.optimizer.rank_work import rank_work
+from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer
 from costmodel.optimizer.summary import optimizer_report
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec

@@ -47,6 +47,18 @@ class Bucket:
     instances: int = 1  # distributed-optimizer instances: reduce and gather within one, all-reduce across
     averaged: bool = False  # average_in_collective with a scaling factor of 1: the reduction averages, no pre-scaling
 
+    @classmethod
+    def from_fields(cls, values: dict[str, Any], order: int) -> Bucket:
+        """The Bucket of field values ``values`` (every field but ``order``) at position ``order``,
+        built without the frozen ``__init__``'s per-field ``object.__setattr__`` (the same object,
+        faster: a layer-wise expert buffer has dozens of buckets per stage)."""
+        assert cls is Bucket and len(values) == len(_BUCKET_FIELDS) - 1 and "order" not in values \
+            and _BUCKET_FIELDS.issuperset(values)
+        b = object.__new__(cls)
+        b.__dict__.update(values)
+        b.__dict__["order"] = order
+        return b
+
     @property
     def prescaled(self) -> bool:
         """Whether Megatron-Core's ``start_grad_sync`` scales this bucket by its gradient scaling factor
@@ -138,6 +150,7 @@ class RankWork:
 
 
 _RANK_FIELDS = tuple(f.name for f in fields(RankWork))  # in order
+_BUCKET_FIELDS = frozenset(f.name for f in fields(Bucket))
 
 
 KERNEL_PARTS = ("newton_schulz_gemm", "muon_elementwise", "adam_multi_tensor", "adam_param_copy", "grad_norm",

@@ -39,7 +39,6 @@ from costmodel.optimizer.newton_schulz import (
     tp_comm_time_s,
 )
 from costmodel.optimizer.plan_types import (
-    KERNEL_PARTS,
     Bucket,
     RankWork,
     RoleOwnership,
@@ -383,18 +382,22 @@ class StageBuilder:
 
     def finish(self, rank_work: Callable[[StageBuilder], tuple[RankWork, ...]]) -> StageOptimizerPlan:
         self.buckets.sort(key=lambda kb: kb[0])
-        buckets = tuple(Bucket(order=i, **kw) for i, (_, kw) in enumerate(self.buckets))
-        bucket_calls = []
+        buckets = tuple(Bucket.from_fields(kw, order=i) for i, (_, kw) in enumerate(self.buckets))
+        # the buckets' collectives, identical ones counted together (what merge_calls makes of them)
+        counted: dict[tuple, int] = {}
+        key: tuple
         for b in buckets:
             if b.reduce_op is not None:
-                bucket_calls.append(CollectiveCall(b.reduce_op, b.reduce_group, b.group_size, self.grad_dtype,  # type: ignore[arg-type]
-                                                   b.grad_bytes, 1, "grad_reduce"))
+                key = (b.reduce_op, b.reduce_group, b.group_size, self.grad_dtype, b.grad_bytes, "grad_reduce")
+                counted[key] = counted.get(key, 0) + 1
             if b.instances > 1:  # the instances all-reduce each rank's reduced shard
-                bucket_calls.append(CollectiveCall("all_reduce", b.across_group, b.instances, self.grad_dtype,  # type: ignore[arg-type]
-                                                   b.across_bytes, 1, "grad_reduce_across"))
+                key = ("all_reduce", b.across_group, b.instances, self.grad_dtype, b.across_bytes, "grad_reduce_across")
+                counted[key] = counted.get(key, 0) + 1
             if b.gather_op:
-                bucket_calls.append(CollectiveCall(b.gather_op, b.reduce_group, b.group_size, b.param_dtype,  # type: ignore[arg-type]
-                                                   b.param_bytes, b.param_gathers, "param_gather"))
+                key = (b.gather_op, b.reduce_group, b.group_size, b.param_dtype, b.param_bytes, "param_gather")
+                counted[key] = counted.get(key, 0) + b.param_gathers
+        bucket_calls = [CollectiveCall(op, group, size, dtype, nbytes, count, phase)  # type: ignore[arg-type]
+                        for (op, group, size, dtype, nbytes, phase), count in counted.items()]
         bucket_calls += self.extra_calls
         used = sum(b.used_numel for b in buckets)
         padding = sum(b.numel for b in buckets) / used - 1 if used else 0.0
@@ -414,84 +417,3 @@ class StageBuilder:
             stage=self.stage, buckets=buckets, ranks=ranks, collectives=calls, padding_overhead=padding,
             collective_times_s=tuple(self.timer.call_s(c) for c in calls), critical_rank=crit,
             tp=g.tp, etp=g.etp, ep=g.ep, roles=roles, bucket_calls=proto.bucket_calls)
-
-
-def _role_extras(role: _Role, idx: np.ndarray, timer: Timer,
-                 adam_bytes: float = ks.ADAM_BYTES_PER_ELEMENT) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(fused-Adam launches, their GPU s, legacy gather-copy launches, their GPU s) of ranks ``idx`` of a role
-    (``adam_bytes``: HBM bytes per element of the fused Adam kernel)."""
-    col = {name: role.col(name)[idx] for name in ("adam_pieces", "adam_chunks", "adam_numel", "items", "owned")}
-    adam = ks.multi_tensor_launches(col["adam_pieces"], col["adam_chunks"], 4)
-    adam_s = np.where(adam > 0, timer.floored_s(adam, adam_bytes * col["adam_numel"]), 0.0)
-    copies = np.zeros(len(idx))
-    copy_s = np.zeros(len(idx))
-    if role.gather_items:  # legacy: flatten the owned parameters, copy back every other one
-        copies = role.gather_items - col["items"]
-        copy_s = (timer.floored_s(copies, 4.0 * (role.gather_numel - col["owned"]))
-                  + timer.floored_s(1, 4.0 * col["owned"]))
-        copies = copies + 1
-    return adam, adam_s, copies, copy_s
-
-
-def host_adam_s(numel: np.ndarray, grad_bytes: int, system: SystemSpec | None) -> np.ndarray:
-    """Seconds of an AdamW step offloaded to the host (``optimizer_cpu_offload``) on ``numel`` elements:
-    the gradient shard down the host link (``grad_bytes`` each), Adam on the host's memory (the fp32
-    state traffic of the fused kernel, ``ADAM_BYTES_PER_ELEMENT``) and the bf16 parameters back up,
-    one after the other (Megatron's hybrid device optimizer pipelines them per parameter group; not
-    modelled: an upper bound)."""
-    if system is None:
-        return np.zeros(len(numel))
-    link, mem = system.gpu.host_link_Bps, system.gpu.host_memory_Bps
-    return numel * ((grad_bytes + PARAM_BYTES) / link + ks.ADAM_BYTES_PER_ELEMENT / mem)
-
-
-def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
-    """One RankWork per distinct (dense index, expert index) pair of the stage's GPUs (only the
-    slowest one's with ``b.critical_only``).
-
-    A GPU's optimizer step is one eager kernel stream after the gradient-norm synchronisation:
-    per-tensor kernels of both roles, the fused-Adam launches of each role's optimizer, one
-    gradient-norm pass over all its main gradients, and (legacy layout) the gather copies;
-    ``RankWork.total_s`` takes the larger of its GPU time and its host issue time.
-    """
-    g, timer = b.grid, b.timer
-    gpu = np.arange(g.gpus_per_stage)
-    d, e = gpu // g.tp % g.size("dp"), gpu // (g.etp * g.ep) % g.size("expert_dp")  # instances work alike
-    keys, first, counts = np.unique(d * g.expert_dp + e, return_index=True, return_counts=True)
-    dd, ee = d[first], e[first]
-    D, E = b.roles["dp"], b.roles["expert_dp"]  # noqa: N806
-
-    def both(name: str) -> np.ndarray:
-        return D.col(name)[dd] + E.col(name)[ee]
-
-    owned, ns_kernels, copies_per_piece = both("owned"), both("ns_kernels"), len(b.adam.piece_kernels)
-    adam_d, adam_d_s, gather_d, gather_d_s = _role_extras(D, dd, timer, b.adam.fused)
-    adam_e, adam_e_s, gather_e, gather_e_s = _role_extras(E, ee, timer, b.adam.fused)
-    norm_pieces = both("norm_pieces")
-    norm = ks.multi_tensor_launches(norm_pieces, both("norm_chunks"), 1)
-    norm_s = np.where(norm > 0, timer.floored_s(norm, ks.NORM_BYTES_PER_ELEMENT * owned)
-                      + ks.GRAD_NORM_EXTRA * timer.min_s, 0.0)
-    norm = np.where(norm > 0, norm + ks.GRAD_NORM_EXTRA, 0.0)
-    adam_copies = copies_per_piece * both("adam_pieces")
-    parts = {"newton_schulz_gemm": ns_kernels, "muon_elementwise": both("kernels") - ns_kernels - adam_copies,
-             "adam_multi_tensor": adam_d + adam_e, "adam_param_copy": adam_copies, "grad_norm": norm,
-             "gather_copy": gather_d + gather_e}
-    kernels = sum(parts.values())
-    ew_s = both("ew_s") + adam_d_s + adam_e_s + norm_s + gather_d_s + gather_e_s
-    if b.spec.optimizer_cpu_offload:  # AdamW on the host: its GPU kernels give way to the copies and host time
-        ew_s = norm_s + gather_d_s + gather_e_s + host_adam_s(both("adam_numel"), b.gb, timer.system)
-        kernels = kernels - parts["adam_multi_tensor"] - parts["adam_param_copy"]
-        parts["adam_multi_tensor"] = parts["adam_param_copy"] = np.zeros(len(keys))
-    assert tuple(parts) == KERNEL_PARTS
-    ns_s, tp_s, issue_s = both("ns_s"), both("tp_s"), kernels * timer.issue_s
-    total_s = np.maximum(ns_s + ew_s + tp_s, issue_s)  # RankWork.step_s for every GPU class at once
-    keep = slice(None)
-    if b.critical_only:  # the slowest class alone (the first of equals, as max() picks it)
-        at = int(np.argmax(total_s))
-        keep = slice(at, at + 1)
-    ints = [np.asarray(a).astype(np.int64)[keep].tolist() for a in (first, owned, counts, dd, ee, both("muon_items"))]
-    floats = [a[keep].tolist() for a in (both("flops"), ns_s, ew_s, tp_s, issue_s, total_s)]
-    by_part = zip(*[np.asarray(v, dtype=np.float64)[keep].tolist() for v in parts.values()], strict=True)
-    return RankWork.from_rows(  # in RankWork's field order
-        (r, o, fl, ns, ew, tp, m, d, e, iss, part, mt, tot)
-        for r, o, m, d, e, mt, fl, ns, ew, tp, iss, tot, part in zip(*ints, *floats, by_part, strict=True))
