@@ -100,11 +100,9 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
     if b.critical_only:  # the slowest class alone (the first of equals, as max() picks it)
         at = int(np.argmax(total_s))
         keep = slice(at, at + 1)
-    # one conversion per kind of column (rows of Python ints / floats), in RankWork's field order
-    ids = np.stack([first, counts, dd, ee]).astype(np.int64)[:, keep].T.tolist()
-    counted = np.stack([owned, both("muon_items")]).astype(np.int64)[:, keep].T.tolist()
-    floats = np.stack([both("flops"), ns_s, ew_s, tp_s, issue_s, total_s])[:, keep].T.tolist()
-    by_part = np.stack([np.asarray(v, dtype=np.float64) for v in parts.values()])[:, keep].T.tolist()
-    return RankWork.from_rows(
-        (r, o, fl, ns, ew, tp, m, d, e, iss, tuple(part), mt, tot)
-        for (r, m, d, e), (o, mt), (fl, ns, ew, tp, iss, tot), part in zip(ids, counted, floats, by_part, strict=True))
+    # one conversion per kind of column (lists of Python ints / floats), zipped in RankWork's field order
+    r, m, d_idx, e_idx = np.stack([first, counts, dd, ee]).astype(np.int64)[:, keep].tolist()
+    o, mt = np.stack([owned, both("muon_items")]).astype(np.int64)[:, keep].tolist()
+    fl, ns, ew, tp, iss, tot = np.stack([both("flops"), ns_s, ew_s, tp_s, issue_s, total_s])[:, keep].tolist()
+    by_part = zip(*np.stack([np.asarray(v, dtype=np.float64) for v in parts.values()])[:, keep].tolist(), strict=True)
+    return RankWork.from_rows(zip(r, o, fl, ns, ew, tp, m, d_idx, e_idx, iss, by_part, mt, tot, strict=True))

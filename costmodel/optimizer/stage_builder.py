@@ -81,7 +81,7 @@ class Timer:
                  shape_of: Callable[[str], GroupShape] | None) -> None:
         self.system, self.precision, self.shape_of = system, precision, shape_of
         self._ns: dict[NsWork, tuple[float, float]] = {}
-        self._calls: dict[CollectiveCall, float] = {}
+        self._calls: dict[tuple[str, str, int, str, int], float] = {}
         self.s_per_byte = self.min_s = self.issue_s = 0.0
         self.muon_rows: dict[tuple, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}  # see StageBuilder.muon_item
         self.adam_rows: dict[tuple[int, tuple[float, ...]], np.ndarray] = {}  # see StageBuilder.adam_item
@@ -121,7 +121,7 @@ class Timer:
         """Seconds of one ``call`` (nccl-tests size) over its group's placement shape."""
         if self.system is None or call.group_size <= 1:
             return 0.0
-        key = CollectiveCall(call.op, call.group, call.group_size, call.dtype, call.bytes)
+        key = (call.op, call.group, call.group_size, call.dtype, call.bytes)
         if key not in self._calls:
             from topologies.collectives import collective_time_s
 
@@ -189,8 +189,12 @@ class _Role:
         ncol = len(COLUMNS)
         index = ((span * self.size + owner)[:, None] * ncol + np.arange(ncol)).ravel()
         sums = np.bincount(index, weights=values.ravel(), minlength=spans * self.size * ncol)
-        for part in sums.reshape(spans, self.size, ncol):
-            self.acc += part.T
+        if spans == 1:
+            self.acc += sums.reshape(self.size, ncol).T
+            return
+        # acc + span 0 + span 1 + ...: add.accumulate adds in that order, one span after the other
+        steps = np.concatenate([self.acc[None], sums.reshape(spans, self.size, ncol).transpose(0, 2, 1)])
+        self.acc[...] = np.add.accumulate(steps, axis=0)[-1]
 
 
 class StageBuilder:
@@ -216,9 +220,13 @@ class StageBuilder:
             return None
         return self.spec.bucket_size_elements or lay.default_bucket_size(self.grid.dp)
 
-    def add_bucket(self, buf: _Buffer, idx: np.ndarray, numel: int, used: int, reduce_op: str | None,
-                   gather_op: str | None, kind: str) -> None:
-        ready = int(buf.position[idx].max())
+    def add_bucket(self, buf: _Buffer, idx: np.ndarray | None, numel: int, used: int, reduce_op: str | None,
+                   gather_op: str | None, kind: str, ready: int | None = None) -> None:
+        """Bucket of parameters ``buf[idx]`` (``ready``: their last backprop position, when known:
+        ``idx`` is then not read)."""
+        if ready is None:
+            assert idx is not None
+            ready = int(buf.position[idx].max())
         gs = self.grid.size(buf.group)
         per = self.fp8_gather_bytes if buf.fp8 else PARAM_BYTES
         gather_bytes = (used if gather_op == "all_gather_v" else numel) * per
@@ -341,9 +349,14 @@ class StageBuilder:
         spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, self.bucket_size(buf.chunk), strategy,
                                       isolate=buf.shared[sel])
         self._step_spans(buf, sel, spans)
-        for span in spans:
-            self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used, "reduce_scatter", "all_gather",
-                            "layer_wise")
+        firsts = [span.first for span in spans]
+        if spans and firsts[0] == 0 and spans[-1].stop == len(sel) and all(
+                a.stop == b.first for a, b in zip(spans[:-1], spans[1:], strict=True)):  # a partition of sel
+            readies = np.maximum.reduceat(buf.position[sel], firsts).tolist()  # each span's last position
+        else:
+            readies = [int(buf.position[sel[span.first:span.stop]].max()) for span in spans]
+        for span, ready in zip(spans, readies, strict=True):
+            self.add_bucket(buf, None, span.numel, span.used, "reduce_scatter", "all_gather", "layer_wise", ready)
 
     def _step_spans(self, buf: _Buffer, sel: np.ndarray, spans: list[lay.BucketSpan]) -> None:
         """:meth:`step_whole` of every layer-wise span of ``buf[sel]`` (in order, covering ``sel``) by
