@@ -296,6 +296,7 @@ def _prescale_s(b: Bucket, system: SystemSpec) -> float:
 
 # plan and system keyed by identity; entries keep their plans alive: bounded like the planner's plan cache
 _STAGE_CACHE: IdentityMemo[tuple[tuple[BucketCost, ...], float, float]] = IdentityMemo(2048)
+_BUCKET_COSTS: IdentityMemo[tuple[BucketCost, ...]] = IdentityMemo(4096)  # bucket contents; the system by identity
 
 
 def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placement,  # noqa: ANN001
@@ -311,9 +312,16 @@ def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placem
     if hit is not None:
         return hit
     sp = next((x for x in plan.stages if x.stage == stage), None)
-    crit = max(sp.ranks, key=lambda r: r.total_s) if sp and sp.ranks else None
-    out = (_stage_buckets(plan, stage, scenario, placement, overlap),
-           (crit.total_s - crit.tp_comm_s) if crit else 0.0, crit.tp_comm_s if crit else 0.0)
+    crit = sp.ranks[sp.critical_rank] if sp and sp.ranks else None  # the slowest GPU class (first of equals)
+    # the buckets' costs depend on their sizes and groups, not on the stage: stages of a plan (and
+    # plans) with the same buckets share them
+    content = tuple((b.chunk, b.order, b.dp_group, b.group_size, b.numel, b.grad_bytes, b.param_bytes, b.reduce_op,
+                     b.gather_op, b.param_gathers, b.instances, b.averaged) for b in sp.buckets) if sp else ()
+    buckets = _BUCKET_COSTS.get((content, shapes, overlap), system)
+    if buckets is None:
+        buckets = _BUCKET_COSTS.put(_stage_buckets(plan, stage, scenario, placement, overlap),
+                                    (content, shapes, overlap), system)
+    out = (buckets, (crit.total_s - crit.tp_comm_s) if crit else 0.0, crit.tp_comm_s if crit else 0.0)
     return _STAGE_CACHE.put(out, key, plan, system)
 
 

@@ -17,7 +17,7 @@ work, so ``ranks`` holds one :class:`RankWork` per distinct pair (``multiplicity
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Literal
 
@@ -215,8 +215,8 @@ class RoleOwnership:
         if not any(calls):
             return []
         mine = np.bincount(ids[(self.owner == index) | (self.owner < 0)], minlength=len(calls))
-        return [replace(c, count=c.count * int(k)) for k, cs in zip(mine.tolist(), calls, strict=True) if k
-                for c in cs]
+        return [CollectiveCall(c.op, c.group, c.group_size, c.dtype, c.bytes, c.count * k, c.phase)  # replace(c, count=...)
+                for k, cs in zip(mine.tolist(), calls, strict=True) if k for c in cs]
 
 
 @dataclass(frozen=True)
@@ -236,15 +236,16 @@ class StageOptimizerPlan:
 
     @property
     def max_rank_s(self) -> float:
-        return max((r.total_s for r in self.ranks), default=0.0)
+        """Seconds of the slowest GPU's optimizer step (``ranks[critical_rank]``, the slowest class)."""
+        return self.ranks[self.critical_rank].total_s if self.ranks else 0.0
 
-    @property
+    @cached_property
     def mean_rank_s(self) -> float:
         """Mean over the GPUs of the stage (each rank class weighted by its multiplicity)."""
-        gpus = sum(r.multiplicity for r in self.ranks)
+        gpus = self.gpus
         return sum(r.total_s * r.multiplicity for r in self.ranks) / gpus if gpus else 0.0
 
-    @property
+    @cached_property
     def gpus(self) -> int:
         return sum(r.multiplicity for r in self.ranks)
 
