@@ -44,7 +44,7 @@ from workloads.activations import (
     output_activation_bytes,
 )
 from workloads.models import ModelSpec
-from workloads.pipeline_layout import layer_placement
+from workloads.pipeline_layout import StageSplit, layer_placement
 from workloads.weight_memory import layer_in_bf16
 
 if TYPE_CHECKING:
@@ -103,13 +103,18 @@ def loss_activation_bytes(scenario: Scenario) -> float:
 def _chunk_layers(scenario: Scenario, stage: int) -> list[list[int]]:
     """Layer indices of each virtual chunk of ``stage``, forward order (MTP layers on the last chunk)."""
     p, model = scenario.par, scenario.model
-    chunks: list[list[int]] = [[] for _ in range(p.vpp)]
-    for i, (s, chunk) in enumerate(layer_placement(model.num_layers, p.pp, p.vpp, p.stage_split, model.mtp_layers)):
-        if s == stage:
-            chunks[chunk].append(i)
-    if stage == p.pp - 1:
-        chunks[p.vpp - 1].extend(model.num_layers + j for j in range(model.mtp_layers))
-    return chunks
+    return [list(c) for c in _stage_chunk_layers(model.num_layers, p.pp, p.vpp, p.stage_split, model.mtp_layers)[stage]]
+
+
+@lru_cache(maxsize=1024)
+def _stage_chunk_layers(num_layers: int, pp: int, vpp: int, split: StageSplit,
+                        mtp_layers: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """:func:`_chunk_layers` of every stage at once (one pass over the layer placement, memoised)."""
+    chunks: list[list[list[int]]] = [[[] for _ in range(vpp)] for _ in range(pp)]
+    for i, (s, chunk) in enumerate(layer_placement(num_layers, pp, vpp, split, mtp_layers)):
+        chunks[s][chunk].append(i)
+    chunks[pp - 1][vpp - 1].extend(num_layers + j for j in range(mtp_layers))
+    return tuple(tuple(tuple(c) for c in stage) for stage in chunks)
 
 
 def _is_moe(scenario: Scenario, layer: int) -> bool:
