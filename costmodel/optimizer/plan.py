@@ -51,7 +51,7 @@ def cached_inventory(scenario) -> Inventory:  # noqa: ANN001 - workloads.scenari
 
 def clear_caches() -> None:
     """Forget every memoised plan, inventory, layer-wise layout and Newton–Schulz work (cold timings)."""
-    from costmodel.optimizer import newton_schulz, stage_builder
+    from costmodel.optimizer import buffers, newton_schulz, stage_builder
     from workloads.inventory import clear_inventory_cache
 
     _CACHE.clear()
@@ -59,6 +59,7 @@ def clear_caches() -> None:
     stage_builder._MUON_KERNELS.clear()
     clear_inventory_cache()
     lay.clear_memo()
+    buffers.clear_memo()
     newton_schulz._tensor_work.cache_clear()
 
 
