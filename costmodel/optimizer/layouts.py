@@ -328,12 +328,14 @@ def _layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size
     out = []
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown load balance {strategy!r}; valid: {', '.join(STRATEGIES)}")
+    # integer costs summing below 2^53: every load stays an exact integer (what _small_lpt_span's memo needs)
+    exact = bool(np.all(cost >= 0)) and bool(np.all(cost == np.floor(cost))) and float(cost.sum()) < EXACT_LIMIT
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         if d == 1:  # one shard: every item on it, loads irrelevant
             out.append(_single_shard_span(lo, hi, sizes[lo:hi], costs[lo:hi], strategy))
             continue
         if strategy == "lpt" and (hi - lo) * d < BATCH_WORK:  # a small chunk: plain lists
-            out.append(_small_lpt_span(lo, hi, sizes[lo:hi], costs[lo:hi], d, load))
+            out.append(_small_lpt_span(lo, hi, sizes[lo:hi], costs[lo:hi], d, load, exact))
             continue
         loads = np.array(load)
         owner, start, cursors = _assign_chunk(numel[lo:hi], cost[lo:hi], d, loads, strategy)
@@ -348,7 +350,8 @@ _SMALL_CHUNK_MEMO: dict[tuple[tuple[int, ...], tuple[float, ...], tuple[float, .
 _SMALL_CHUNK_MEMO_SIZE = 20_000
 
 
-def _small_lpt_span(lo: int, hi: int, sizes: list[int], costs: list[float], d: int, load: list[float]) -> BucketSpan:
+def _small_lpt_span(lo: int, hi: int, sizes: list[int], costs: list[float], d: int, load: list[float],
+                    exact: bool = False) -> BucketSpan:
     """The bucket of chunk ``lo:hi`` placed by LPT under the 1.3x cap on plain lists
     (:func:`costmodel.optimizer.lpt.lpt_place_small`; what :func:`_assign_chunk` does, without
     numpy's per-call overhead); ``load`` is updated in place.
@@ -356,11 +359,12 @@ def _small_lpt_span(lo: int, hi: int, sizes: list[int], costs: list[float], d: i
     Memoised on (sizes, costs, loads relative to the least loaded shard) while every cost and load
     is an integer and every load stays below 2⁵³: the float additions and comparisons are then exact,
     so the placement depends on the loads only through their differences (the repeated chunks of
-    a buffer of identical expert matrices hit)."""
+    a buffer of identical expert matrices hit). ``exact``: the caller knows it is so (integer costs
+    of the whole buffer summing below 2⁵³, loads starting at 0), else it is checked here."""
     base = min(load)
     key = None
-    if max(load) + sum(costs) < EXACT_LIMIT and all(x.is_integer() for x in load) \
-            and all(float(c).is_integer() for c in costs):
+    if exact or (max(load) + sum(costs) < EXACT_LIMIT and all(x.is_integer() for x in load)
+                 and all(float(c).is_integer() for c in costs)):
         key = (tuple(sizes), tuple(costs), tuple(x - base for x in load))
         hit = _SMALL_CHUNK_MEMO.get(key)
         if hit is not None:

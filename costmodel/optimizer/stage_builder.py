@@ -213,6 +213,7 @@ class StageBuilder:
         self.grad_dtype = "fp32" if self.gb == 4 else "bf16"
         self._buffer_memo: dict[int, tuple[_Buffer, np.ndarray, list[tuple[CollectiveCall, ...]]]] = {}
         self.extra_calls: list[CollectiveCall] = []  # per-step collectives outside the DP buckets
+        self._common: dict[tuple[int, str, bool], tuple[int, dict]] = {}  # see _bucket_common
 
     def bucket_size(self, chunk: int) -> int | None:
         """Elements per bucket; None (one bucket) for pp ranks > 0, chunks > 0, or no overlap."""
@@ -227,16 +228,26 @@ class StageBuilder:
         if ready is None:
             assert idx is not None
             ready = int(buf.position[idx].max())
-        gs = self.grid.size(buf.group)
-        per = self.fp8_gather_bytes if buf.fp8 else PARAM_BYTES
+        per, common = self._bucket_common(buf)
         gather_bytes = (used if gather_op == "all_gather_v" else numel) * per
-        self.buckets.append(((-buf.chunk, ready), dict(
-            stage=self.stage, chunk=buf.chunk, dp_group=buf.group, group_size=gs, numel=numel,
-            grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * per,
-            reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind,
-            param_dtype="fp8" if per == 1 else "bf16", param_gathers=self.fp8_gathers if buf.fp8 else 1,
-            instances=self.grid.instances,
-            averaged=self.spec.average_in_collective and (buf.group == "dp" or gs * self.grid.instances == self.grid.dp))))
+        kw = dict(common)
+        kw.update(numel=numel, grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * per,
+                  reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind)
+        self.buckets.append(((-buf.chunk, ready), kw))
+
+    def _bucket_common(self, buf: _Buffer) -> tuple[int, dict]:
+        """(parameter bytes per element, the Bucket fields every bucket of ``buf`` shares but its order)."""
+        key = (buf.chunk, buf.group, buf.fp8)
+        hit = self._common.get(key)
+        if hit is None:
+            gs = self.grid.size(buf.group)
+            per = self.fp8_gather_bytes if buf.fp8 else PARAM_BYTES
+            hit = self._common[key] = (per, dict(
+                stage=self.stage, chunk=buf.chunk, dp_group=buf.group, group_size=gs,
+                param_dtype="fp8" if per == 1 else "bf16", param_gathers=self.fp8_gathers if buf.fp8 else 1,
+                instances=self.grid.instances,
+                averaged=self.spec.average_in_collective and (buf.group == "dp" or gs * self.grid.instances == self.grid.dp)))
+        return hit
 
     def muon_item(self, t: TensorSpec) -> tuple[np.ndarray, tuple[CollectiveCall, ...]]:
         """(row of :data:`COLUMNS`, TP calls) of stepping one copy of Muon tensor ``t``: its kernel
