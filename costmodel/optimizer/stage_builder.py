@@ -85,6 +85,7 @@ class Timer:
         self.s_per_byte = self.min_s = self.issue_s = 0.0
         self.muon_rows: dict[tuple, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}  # see StageBuilder.muon_item
         self.adam_rows: dict[tuple[int, tuple[float, ...]], np.ndarray] = {}  # see StageBuilder.adam_item
+        self.element_wise_spans: dict[tuple, list[tuple[lay.BucketSpan, np.ndarray]]] = {}  # see StageBuilder.element_wise
         if system is not None:
             from costmodel.compute import memory_time_s
 
@@ -330,25 +331,37 @@ class StageBuilder:
 
     def adam_shards(self, group: str, span: lay.BucketSpan, numel: np.ndarray) -> None:
         """Fused Adam on each rank's equal shard of one padded bucket ``span`` (parameters ``numel``)."""
-        gs, role = self.grid.size(group), self.roles[group]
+        self.roles[group].acc[ADAM_SHARD_COLUMNS] += self._adam_shard_rows(self.grid.size(group), span, numel)
+
+    def _adam_shard_rows(self, gs: int, span: lay.BucketSpan, numel: np.ndarray) -> np.ndarray:
+        """Per-rank values of :data:`ADAM_SHARD_COLUMNS` of :meth:`adam_shards` over ``gs`` ranks."""
         per_rank = lay.shard_param_numel(span, numel, gs).astype(np.float64)
         pieces = ks.element_wise_shard_pieces(span.starts, numel[span.first:span.stop], span.numel, gs)
         chunks = ks.shard_chunks(pieces, per_rank)
         per_kernel = len(self.adam.piece_kernels)
         piece_s = sum((self.timer.floored_s(pieces, b * per_rank) for b in self.adam.piece_kernels), np.zeros(len(pieces)))
-        role.acc[ADAM_SHARD_COLUMNS] += np.stack([per_rank, per_rank, pieces, chunks, pieces, chunks,
-                                                  per_kernel * pieces, piece_s])
+        return np.stack([per_rank, per_rank, pieces, chunks, pieces, chunks, per_kernel * pieces, piece_s])
 
     def element_wise(self, buf: _Buffer, sel: np.ndarray, reduce: bool = True) -> None:
         """AdamW on equal shards of padded DDP buckets (reduce-scatter + all-gather; ``reduce`` False:
-        the gradients arrive reduce-scattered already, Megatron-FSDP optim_grads, so only the gather)."""
+        the gradients arrive reduce-scattered already, Megatron-FSDP optim_grads, so only the gather).
+
+        The buckets and their per-rank Adam values depend on the parameters' sizes, which are
+        shared-embedding, the group size and the bucket size only: memoised per plan on those (the
+        equal chunks of a plan's stages share them; the values are added in the same order)."""
         if len(sel) == 0:
             return
-        gs = self.grid.size(buf.group)
-        numel = buf.numel[sel]
-        for span in lay.ddp_buckets(numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=True,
-                                    isolate=buf.shared[sel]):
-            self.adam_shards(buf.group, span, numel)
+        gs, bucket_size = self.grid.size(buf.group), self.bucket_size(buf.chunk)
+        numel, isolate = buf.numel[sel], buf.shared[sel]
+        key = (numel.tobytes(), isolate.tobytes(), gs, bucket_size, self.adam.piece_kernels)
+        spans = self.timer.element_wise_spans.get(key)
+        if spans is None:
+            spans = self.timer.element_wise_spans[key] = [
+                (span, self._adam_shard_rows(gs, span, numel))
+                for span in lay.ddp_buckets(numel, gs, bucket_size, distributed_optimizer=True, isolate=isolate)]
+        role = self.roles[buf.group]
+        for span, rows in spans:
+            role.acc[ADAM_SHARD_COLUMNS] += rows
             self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used,
                             "reduce_scatter" if reduce else None, "all_gather", "element_wise")
 
