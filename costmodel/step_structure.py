@@ -241,27 +241,45 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
         groups[(b.chunk, b.dp_group)] = groups.get((b.chunk, b.dp_group), 0) + b.numel
     seen: dict[tuple[int, str], int] = {}
     out = []
-    group_shapes = {g: placement.shape(g) for b in sp.buckets for g in (b.reduce_group, b.across_group)
-                    if b.instances > 1 or g == b.reduce_group}
+    group_shapes = {}
+    for dp_group, instances in {(b.dp_group, b.instances) for b in sp.buckets}:  # Bucket.reduce_group, across_group
+        reduce_group = dp_group if instances == 1 else f"{dp_group}_instance"
+        group_shapes[reduce_group] = placement.shape(reduce_group)
+        if instances > 1:
+            group_shapes[f"{dp_group}_across"] = placement.shape(f"{dp_group}_across")
+    times: dict[tuple, tuple[tuple[float, float, str], tuple[float, float, str], float]] = {}
     for b in sorted(sp.buckets, key=lambda x: x.order):
-        shape = group_shapes[b.reduce_group]
-        if shape.size != b.group_size:
-            shape = GroupShape.single_domain(b.group_size) if b.group_size <= shape.ranks_per_domain else shape
-        red = collective_s(b.reduce_op, b.grad_bytes, shape, system) if b.reduce_op else NO_COMM
-        if b.instances > 1:  # then the instances all-reduce each rank's reduced shard
-            across = collective_s("all_reduce", b.across_bytes, group_shapes[b.across_group], system)
-            red = (red[0] + across[0], red[1] + across[1], red[2] if red[0] >= across[0] else across[2])
-        gat = collective_s(b.gather_op, b.param_bytes, shape, system) if b.gather_op else NO_COMM
-        if b.param_gathers > 1:  # MXFP8 on Megatron-FSDP: the rowwise and the columnwise buffer, one after the other
-            gat = (gat[0] * b.param_gathers, gat[1] * b.param_gathers, gat[2])
+        # what the times depend on (the buckets of a buffer of identical matrices are often alike)
+        same = (b.dp_group, b.instances, b.group_size, b.numel, b.grad_bytes, b.reduce_op, b.gather_op,
+                b.param_bytes, b.param_gathers, b.averaged)
+        hit = times.get(same)
+        if hit is None:
+            hit = times[same] = _bucket_times(b, group_shapes, system)
+        red, gat, prescale_s = hit
         key = (b.chunk, b.dp_group)
         seen[key] = seen.get(key, 0) + b.numel
         frac = seen[key] / groups[key] if groups[key] else 1.0
         out.append(BucketCost(b.chunk, b.dp_group, red[0], gat[0], red[2], frac if overlap else 1.0,
                               red[1], gat[1], reduce_bytes=float(b.grad_bytes),
                               gather_bytes=float(b.param_bytes * b.param_gathers) if b.gather_op else 0.0,
-                              prescale_s=_prescale_s(b, system)))
+                              prescale_s=prescale_s))
     return tuple(out)
+
+
+def _bucket_times(b: Bucket, group_shapes: dict[str, GroupShape],
+                  system: SystemSpec) -> tuple[tuple[float, float, str], tuple[float, float, str], float]:
+    """((reduce s, latency s, link), (gather s, latency s, link), pre-scaling s) of bucket ``b``."""
+    shape = group_shapes[b.reduce_group]
+    if shape.size != b.group_size:
+        shape = GroupShape.single_domain(b.group_size) if b.group_size <= shape.ranks_per_domain else shape
+    red = collective_s(b.reduce_op, b.grad_bytes, shape, system) if b.reduce_op else NO_COMM
+    if b.instances > 1:  # then the instances all-reduce each rank's reduced shard
+        across = collective_s("all_reduce", b.across_bytes, group_shapes[b.across_group], system)
+        red = (red[0] + across[0], red[1] + across[1], red[2] if red[0] >= across[0] else across[2])
+    gat = collective_s(b.gather_op, b.param_bytes, shape, system) if b.gather_op else NO_COMM
+    if b.param_gathers > 1:  # MXFP8 on Megatron-FSDP: the rowwise and the columnwise buffer, one after the other
+        gat = (gat[0] * b.param_gathers, gat[1] * b.param_gathers, gat[2])
+    return red, gat, _prescale_s(b, system)
 
 
 def _prescale_s(b: Bucket, system: SystemSpec) -> float:
@@ -278,6 +296,7 @@ def _prescale_s(b: Bucket, system: SystemSpec) -> float:
 
 # plan and system keyed by identity; entries keep their plans alive: bounded like the planner's plan cache
 _STAGE_CACHE: IdentityMemo[tuple[tuple[BucketCost, ...], float, float]] = IdentityMemo(2048)
+_BUCKET_COSTS: IdentityMemo[tuple[BucketCost, ...]] = IdentityMemo(4096)  # bucket contents; the system by identity
 
 
 def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placement,  # noqa: ANN001
@@ -293,9 +312,16 @@ def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placem
     if hit is not None:
         return hit
     sp = next((x for x in plan.stages if x.stage == stage), None)
-    crit = max(sp.ranks, key=lambda r: r.total_s) if sp and sp.ranks else None
-    out = (_stage_buckets(plan, stage, scenario, placement, overlap),
-           (crit.total_s - crit.tp_comm_s) if crit else 0.0, crit.tp_comm_s if crit else 0.0)
+    crit = sp.ranks[sp.critical_rank] if sp and sp.ranks else None  # the slowest GPU class (first of equals)
+    # the buckets' costs depend on their sizes and groups, not on the stage: stages of a plan (and
+    # plans) with the same buckets share them
+    content = tuple((b.chunk, b.order, b.dp_group, b.group_size, b.numel, b.grad_bytes, b.param_bytes, b.reduce_op,
+                     b.gather_op, b.param_gathers, b.instances, b.averaged) for b in sp.buckets) if sp else ()
+    buckets = _BUCKET_COSTS.get((content, shapes, overlap), system)
+    if buckets is None:
+        buckets = _BUCKET_COSTS.put(_stage_buckets(plan, stage, scenario, placement, overlap),
+                                    (content, shapes, overlap), system)
+    out = (buckets, (crit.total_s - crit.tp_comm_s) if crit else 0.0, crit.tp_comm_s if crit else 0.0)
     return _STAGE_CACHE.put(out, key, plan, system)
 
 

@@ -57,3 +57,28 @@ def test_lpt_place_small_path_equals_batched_runs() -> None:
         lpt.BATCH_WORK = saved
     assert all(np.array_equal(a, b) for a, b in zip(small, batched, strict=True))
     assert np.array_equal(loads_a, loads_b)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_item_per_shard_shortcut_equals_heap_walk(seed: int) -> None:
+    """At most d items on equally loaded shards (the dense buffer of a stage on a large dp group):
+    the shortcut that puts item k of the cost order on shard k (lpt._one_per_shard) places, stacks
+    and loads exactly as the heap walk, with or without a cap they exceed."""
+    rng = random.Random(100 + seed)
+    for _ in range(300):
+        d = rng.choice([1, 2, 5, 32, 64, 128])
+        n = rng.randint(1, d)
+        sizes = [rng.choice([64, 100, 4096, 14_680_064]) for _ in range(n)]
+        costs = [rng.choice([1.0, 2.5, 7.0, 3e9, 3e9]) for _ in range(n)]
+        level = rng.choice([0.0, 7.0, 3e9])
+        cap = rng.choice([None, 1.3 * sum(sizes) / d, 100.0])
+        assert lpt._one_per_shard(sizes, costs, [level] * d) is not None
+        expected = _heap_walk(sizes, costs, [level] * d, cap)
+        mine = [level] * d
+        assert lpt.lpt_place_small(sizes, costs, mine, cap) + (mine,) == expected
+        loads = np.full(d, level)
+        owner, start, cursor = lpt.lpt_place(np.array(sizes), np.array(costs), loads, cap)
+        assert (owner.tolist(), start.tolist(), cursor.tolist(), loads.tolist()) == expected
+    # hand case: three items on four shards, costs 1, 3, 2: shards 2, 0, 1 by descending cost
+    assert lpt._one_per_shard([10, 20, 30], [1.0, 3.0, 2.0], [0.0] * 4) == [2, 0, 1]
+    assert lpt._one_per_shard([10, 20], [1.0, 3.0], [0.0, 1.0]) is None  # unequal loads: the walk

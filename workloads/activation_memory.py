@@ -44,7 +44,7 @@ from workloads.activations import (
     output_activation_bytes,
 )
 from workloads.models import ModelSpec
-from workloads.pipeline_layout import layer_placement
+from workloads.pipeline_layout import StageSplit, layer_placement
 from workloads.weight_memory import layer_in_bf16
 
 if TYPE_CHECKING:
@@ -103,13 +103,18 @@ def loss_activation_bytes(scenario: Scenario) -> float:
 def _chunk_layers(scenario: Scenario, stage: int) -> list[list[int]]:
     """Layer indices of each virtual chunk of ``stage``, forward order (MTP layers on the last chunk)."""
     p, model = scenario.par, scenario.model
-    chunks: list[list[int]] = [[] for _ in range(p.vpp)]
-    for i, (s, chunk) in enumerate(layer_placement(model.num_layers, p.pp, p.vpp, p.stage_split, model.mtp_layers)):
-        if s == stage:
-            chunks[chunk].append(i)
-    if stage == p.pp - 1:
-        chunks[p.vpp - 1].extend(model.num_layers + j for j in range(model.mtp_layers))
-    return chunks
+    return [list(c) for c in _stage_chunk_layers(model.num_layers, p.pp, p.vpp, p.stage_split, model.mtp_layers)[stage]]
+
+
+@lru_cache(maxsize=1024)
+def _stage_chunk_layers(num_layers: int, pp: int, vpp: int, split: StageSplit,
+                        mtp_layers: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """:func:`_chunk_layers` of every stage at once (one pass over the layer placement, memoised)."""
+    chunks: list[list[list[int]]] = [[[] for _ in range(vpp)] for _ in range(pp)]
+    for i, (s, chunk) in enumerate(layer_placement(num_layers, pp, vpp, split, mtp_layers)):
+        chunks[s][chunk].append(i)
+    chunks[pp - 1][vpp - 1].extend(num_layers + j for j in range(mtp_layers))
+    return tuple(tuple(tuple(c) for c in stage) for stage in chunks)
 
 
 def _is_moe(scenario: Scenario, layer: int) -> bool:
@@ -117,13 +122,31 @@ def _is_moe(scenario: Scenario, layer: int) -> bool:
     return model.is_moe_layer(min(layer, model.num_layers - 1))
 
 
-def _chunk_bytes(scenario: Scenario, layers: list[int], offload_first: int) -> tuple[float, float, float]:
+LayerBytesMemo = dict[tuple[bool, bool], tuple[float, float, float, float]]
+
+
+def _memo_bytes_of(scenario: Scenario, layer: int, memo: LayerBytesMemo) -> tuple[float, float, float, float]:
+    """:func:`_bytes_of` of ``layer`` (MoE or not as the model says), memoised in ``memo`` (one
+    scenario's) on what it depends on besides the scenario: whether the layer is kept in BF16 and
+    whether it is an MoE layer (a stage's layers come in two or three such classes)."""
+    moe = _is_moe(scenario, layer)
+    key = (layer_in_bf16(scenario, layer), moe)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _bytes_of(scenario, layer, moe)
+    return hit
+
+
+def _chunk_bytes(scenario: Scenario, layers: list[int], offload_first: int,
+                 memo: LayerBytesMemo | None = None) -> tuple[float, float, float]:
     """(resident bytes per micro-batch, extra bytes while recomputing, offloaded bytes per micro-batch)
-    of one virtual chunk's layers; the first ``offload_first`` layers are CPU-offloaded."""
+    of one virtual chunk's layers; the first ``offload_first`` layers are CPU-offloaded (``memo``:
+    the scenario's per-layer bytes so far, :func:`_memo_bytes_of`)."""
     p = scenario.par
+    memo = {} if memo is None else memo
     per_layer, transit = [], 0.0
     for k, i in enumerate(layers):
-        kept, inp, off, full = _bytes_of(scenario, i, _is_moe(scenario, i))
+        kept, inp, off, full = _memo_bytes_of(scenario, i, memo)
         per_layer.append((kept, inp, full))
         if k >= offload_first:  # the first layers' saved tensors are in host memory at the peak
             transit = max(transit, off)  # fine-grained offloading: one layer's copy in transit
@@ -168,9 +191,10 @@ def _stage_activation_bytes(scenario: Scenario, stage: int) -> float:
     chunks = _chunk_layers(scenario, stage)
     offload = rt.cpu_offloading_num_layers if rt.cpu_offloading else 0
     per_chunk, extra = [], 0.0
+    memo: LayerBytesMemo = {}
     for c, layers in enumerate(chunks):
         first = min(offload, len(layers)) if c == 0 else 0
-        resident, recompute_peak, _ = _chunk_bytes(scenario, layers, first)
+        resident, recompute_peak, _ = _chunk_bytes(scenario, layers, first, memo)
         per_chunk.append(resident)
         extra = max(extra, recompute_peak)
     if stage == p.pp - 1:

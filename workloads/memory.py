@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from workloads.activation_memory import stage_activation_bytes
-from workloads.inventory import Inventory, inventory_for
+from workloads.inventory import Inventory, TensorRun, inventory_for
 from workloads.optimizer_memory import (
+    StateBytes,
     adam_state_bytes_per_param,
     counted_optimizer_bytes,
     distributed_optimizer_bytes_per_param,
@@ -42,7 +43,7 @@ from workloads.optimizer_memory import (
     newton_schulz_workspace_bytes,
     optimizer_workspace_bytes,
 )
-from workloads.weight_memory import stage_weights
+from workloads.weight_memory import StageWeights, layer_in_bf16, stage_weights
 
 if TYPE_CHECKING:
     from workloads.scenario import Scenario
@@ -95,12 +96,25 @@ class MemoryBreakdown:
         return self.total_bytes <= self.capacity_bytes * (1.0 - headroom_fraction)
 
 
-def stage_memory(scenario: Scenario, stage: int, inventory: Inventory | None = None) -> MemoryBreakdown:
-    """Memory per GPU on pipeline stage ``stage``, by component, in bytes."""
+StageStateBytes = tuple[StageWeights, StateBytes, float]  # weights, optimizer state, optimizer workspace
+
+
+def stage_memory(scenario: Scenario, stage: int, inventory: Inventory | None = None,
+                 memo: dict[tuple, StageStateBytes] | None = None) -> MemoryBreakdown:
+    """Memory per GPU on pipeline stage ``stage``, by component, in bytes (``memo``: the weight and
+    optimizer bytes of the scenario's stages so far, see :func:`_stage_state_key`)."""
     inv = inventory if inventory is not None else inventory_for(scenario)
     runs = inv.stage_runs(stage)
-    weights = stage_weights(scenario, inv, stage)
-    opt = counted_optimizer_bytes(scenario, ((t, r.count) for r in runs for t in r.templates))
+    key = _stage_state_key(scenario, runs) if memo is not None else None
+    hit = memo.get(key) if memo is not None and key is not None else None
+    if hit is None:
+        weights = stage_weights(scenario, inv, stage)
+        opt = counted_optimizer_bytes(scenario, ((t, r.count) for r in runs for t in r.templates))
+        workspace = optimizer_workspace_bytes(scenario, {id(t): t for r in runs for t in r.templates}.values())
+        hit = (weights, opt, workspace)
+        if memo is not None and key is not None:
+            memo[key] = hit
+    weights, opt, workspace = hit
     return MemoryBreakdown(
         stage=stage,
         params_per_gpu=inv.rank_numel(stage),
@@ -108,16 +122,28 @@ def stage_memory(scenario: Scenario, stage: int, inventory: Inventory | None = N
         weight_buffers_bytes=weights.buffers_bytes,
         gradients_bytes=weights.gradients_bytes,
         optimizer_state_bytes=opt.persistent,
-        optimizer_workspace_bytes=opt.transient + optimizer_workspace_bytes(scenario, {id(t): t for r in runs for t in r.templates}.values()),
+        optimizer_workspace_bytes=opt.transient + workspace,
         activations_bytes=stage_activation_bytes(scenario, stage),
         capacity_bytes=scenario.system.gpu.hbm_bytes,
     )
 
 
+def _stage_state_key(scenario: Scenario, runs: tuple[TensorRun, ...]) -> tuple | None:
+    """What a stage's weight and optimizer bytes depend on within one scenario: per run (in order)
+    its kind, layer count, tensors and which of its layers are kept in BF16 (stages of the same
+    layers hold the same bytes). None with Megatron-FSDP, whose per-layer units are keyed by layer
+    number (such stages are computed afresh)."""
+    if scenario.par.fsdp > 0:
+        return None
+    return tuple((r.kind, r.count, tuple(id(t) for t in r.templates), tuple(layer_in_bf16(scenario, x) for x in r.layers))
+                 for r in runs)
+
+
 def memory_by_stage(scenario: Scenario) -> list[MemoryBreakdown]:
     """Memory per GPU for every pipeline stage, in bytes."""
     inv = inventory_for(scenario)
-    return [stage_memory(scenario, s, inv) for s in range(scenario.par.pp)]
+    memo: dict[tuple, StageStateBytes] = {}
+    return [stage_memory(scenario, s, inv, memo) for s in range(scenario.par.pp)]
 
 
 def memory_breakdown(scenario: Scenario) -> MemoryBreakdown:

@@ -127,8 +127,36 @@ def chunk_buffers(runs: tuple[TensorRun, ...], chunk: int, kind: str, fp8_params
     return [_buffer(chunk, g, f, parts[(g, f)], kind) for g, f in keys if parts[(g, f)]]
 
 
+_Arrays = tuple[tuple[TensorSpec, ...], np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+_ARRAYS: dict[tuple, _Arrays] = {}
+_ARRAYS_SIZE = 4096
+
+
+def clear_memo() -> None:
+    """Forget the memoised per-item arrays."""
+    _ARRAYS.clear()
+
+
 def _buffer(chunk: int, group: str, fp8: bool, parts: list[_Part], kind: str) -> _Buffer:
-    """The buffer of ``parts`` (per-item arrays: one layer's pattern tiled over each part's layers)."""
+    """The buffer of ``parts`` (per-item arrays: one layer's pattern tiled over each part's layers).
+
+    The arrays are memoised on what they depend on: per part its layer count, positions and pattern
+    of tensors (by identity: the entry holds them, so an id cannot be another tensor's); the equal
+    chunks of a plan's stages share them (read-only). Names come from each buffer's own parts."""
+    key = (kind, tuple((len(p.layers), p.position, p.per_layer, tuple((id(t), copies, at) for _, t, copies, at in p.pattern))
+                       for p in parts))
+    hit = _ARRAYS.get(key)
+    if hit is None:
+        if len(_ARRAYS) >= _ARRAYS_SIZE:
+            _ARRAYS.clear()
+        hit = _ARRAYS[key] = _arrays(parts, kind)
+    unique, numel, cost, muon, position, tid, shared = hit
+    return _Buffer(chunk=chunk, group=group, numel=numel, cost=cost, muon=muon, position=position, unique=unique,
+                   tid=tid, shared=shared, fp8=fp8, parts=tuple(parts))
+
+
+def _arrays(parts: list[_Part], kind: str) -> _Arrays:
+    """(distinct tensors, numel, cost, muon, position, tid, shared) of the items of ``parts``, read-only."""
     index: dict[int, int] = {}
     unique: list[TensorSpec] = []
     tids: list[np.ndarray] = []
@@ -150,6 +178,7 @@ def _buffer(chunk: int, group: str, fp8: bool, parts: list[_Part], kind: str) ->
     tid = np.concatenate(tids)
     per = np.array([(t.local_numel, param_cost(t), kind == "muon" and t.optimizer == "muon", t.shared_embedding)
                     for t in unique], dtype=np.float64)
-    return _Buffer(chunk=chunk, group=group, numel=per[tid, 0].astype(np.int64), cost=per[tid, 1],
-                   muon=per[tid, 2] > 0, position=np.concatenate(positions), unique=tuple(unique), tid=tid,
-                   shared=per[tid, 3] > 0, fp8=fp8, parts=tuple(parts))
+    arrays = (per[tid, 0].astype(np.int64), per[tid, 1], per[tid, 2] > 0, np.concatenate(positions), tid, per[tid, 3] > 0)
+    for a in arrays:
+        a.setflags(write=False)
+    return (tuple(unique), *arrays)

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.optimizer.lpt import BATCH_WORK, PARAM_ALIGN, lpt_place, lpt_place_small
+from costmodel.optimizer.lpt import BATCH_WORK, EXACT_LIMIT, PARAM_ALIGN, lpt_place, lpt_place_small
 
 LPT_CAP = 1.3  # a shard stops being an LPT candidate beyond 1.3 × the chunk's mean shard size
 STRATEGIES = ("none", "ping_pong", "lpt")
@@ -256,8 +257,9 @@ _LAYER_WISE_MEMO_SIZE = 512
 
 
 def clear_memo() -> None:
-    """Forget the memoised layer-wise layouts."""
+    """Forget the memoised layer-wise layouts (and chunk placements)."""
     _LAYER_WISE_MEMO.clear()
+    _SMALL_CHUNK_MEMO.clear()
 
 
 def layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size: int | None,
@@ -324,9 +326,16 @@ def _layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size
     bounds = chunk_bounds(sizes, d, bucket_size)
     load = [0.0] * d  # shard loads, persisting across chunks
     out = []
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown load balance {strategy!r}; valid: {', '.join(STRATEGIES)}")
+    # integer costs summing below 2^53: every load stays an exact integer (what _small_lpt_span's memo needs)
+    exact = bool(np.all(cost >= 0)) and bool(np.all(cost == np.floor(cost))) and float(cost.sum()) < EXACT_LIMIT
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-        if strategy == "lpt" and d > 1 and (hi - lo) * d < BATCH_WORK:  # a small chunk: plain lists
-            out.append(_small_lpt_span(lo, hi, sizes[lo:hi], costs[lo:hi], d, load))
+        if d == 1:  # one shard: every item on it, loads irrelevant
+            out.append(_single_shard_span(lo, hi, sizes[lo:hi], costs[lo:hi], strategy))
+            continue
+        if strategy == "lpt" and (hi - lo) * d < BATCH_WORK:  # a small chunk: plain lists
+            out.append(_small_lpt_span(lo, hi, sizes[lo:hi], costs[lo:hi], d, load, exact))
             continue
         loads = np.array(load)
         owner, start, cursors = _assign_chunk(numel[lo:hi], cost[lo:hi], d, loads, strategy)
@@ -336,12 +345,62 @@ def _layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size
     return out
 
 
-def _small_lpt_span(lo: int, hi: int, sizes: list[int], costs: list[float], d: int, load: list[float]) -> BucketSpan:
+_SMALL_CHUNK_MEMO: dict[tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]],
+                        tuple[int, int, np.ndarray, np.ndarray, tuple[float, ...]]] = {}
+_SMALL_CHUNK_MEMO_SIZE = 20_000
+
+
+def _small_lpt_span(lo: int, hi: int, sizes: list[int], costs: list[float], d: int, load: list[float],
+                    exact: bool = False) -> BucketSpan:
     """The bucket of chunk ``lo:hi`` placed by LPT under the 1.3x cap on plain lists
     (:func:`costmodel.optimizer.lpt.lpt_place_small`; what :func:`_assign_chunk` does, without
-    numpy's per-call overhead); ``load`` is updated in place."""
+    numpy's per-call overhead); ``load`` is updated in place.
+
+    Memoised on (sizes, costs, loads relative to the least loaded shard) while every cost and load
+    is an integer and every load stays below 2⁵³: the float additions and comparisons are then exact,
+    so the placement depends on the loads only through their differences (the repeated chunks of
+    a buffer of identical expert matrices hit). ``exact``: the caller knows it is so (integer costs
+    of the whole buffer summing below 2⁵³, loads starting at 0), else it is checked here."""
+    base = min(load)
+    key = None
+    if exact or (max(load) + sum(costs) < EXACT_LIMIT and all(x.is_integer() for x in load)
+                 and all(float(c).is_integer() for c in costs)):
+        key = (tuple(sizes), tuple(costs), tuple(x - base for x in load))
+        hit = _SMALL_CHUNK_MEMO.get(key)
+        if hit is not None:
+            padded_numel, chunk_used, starts, owners, after = hit
+            load[:] = [base + x for x in after]
+            return BucketSpan(lo, hi, padded_numel, chunk_used, starts, owners)
     used = sum(sizes)
     owner, start, cursor = lpt_place_small(sizes, costs, load, LPT_CAP * float(used) / d)
     shard = round_up(max(max(cursor), 1), shard_pad_multiple(d))
-    return BucketSpan(lo, hi, shard * d, used, np.array([o * shard + a for o, a in zip(owner, start, strict=True)],
+    span = BucketSpan(lo, hi, shard * d, used, np.array([o * shard + a for o, a in zip(owner, start, strict=True)],
                                                         dtype=np.int64), np.array(owner, dtype=np.int64))
+    if key is not None:
+        span.starts.setflags(write=False)
+        span.owner.setflags(write=False)  # type: ignore[union-attr]
+        if len(_SMALL_CHUNK_MEMO) >= _SMALL_CHUNK_MEMO_SIZE:
+            _SMALL_CHUNK_MEMO.clear()
+        _SMALL_CHUNK_MEMO[key] = (span.numel, used, span.starts, span.owner, tuple(x - base for x in load))  # type: ignore[assignment]
+    return span
+
+
+def _single_shard_span(lo: int, hi: int, sizes: list[int], costs: list[float], strategy: str) -> BucketSpan:
+    """The bucket of chunk ``lo:hi`` on a single shard (d = 1): every item on shard 0, stacked
+    64-aligned in placement order (``lpt``: descending cost, stable; ``ping_pong``: ascending numel,
+    stable; ``none``: layout order), as :func:`_assign_chunk` places them, on plain lists."""
+    n = len(sizes)
+    if strategy == "lpt":
+        order: Iterable[int] = sorted(range(n), key=lambda i: -costs[i])
+    elif strategy == "ping_pong":
+        order = sorted(range(n), key=sizes.__getitem__)
+    else:
+        order = range(n)
+    start = [0] * n
+    at = end = 0
+    for i in order:
+        start[i] = at
+        end = at + sizes[i]
+        at = -(-end // PARAM_ALIGN) * PARAM_ALIGN
+    shard = round_up(max(end, 1), shard_pad_multiple(1))
+    return BucketSpan(lo, hi, shard, sum(sizes), np.array(start, dtype=np.int64), np.zeros(n, dtype=np.int64))

@@ -122,6 +122,26 @@ class _Shards:
         return shard, starts, fit
 
 
+def _one_per_shard(sizes: list[int], costs: list[float], load: list[float]) -> list[int] | None:
+    """The shard of every item when the greedy provably puts them one per shard, else None.
+
+    With at most ``d`` items, every shard equally loaded, every size and cost positive (and a cost
+    that raises a load: not lost to rounding), item k of the descending-cost order (stable) goes on
+    shard k: the shards before it are more loaded, and if it fits on no empty shard under the cap it
+    fits on no used one either, where the lowest cursor is again the first empty shard's. The
+    caller adds the costs to the loads and stacks each item at start 0."""
+    n, d = len(sizes), len(load)
+    if n == 0 or n > d or min(sizes) <= 0 or min(costs) <= 0:
+        return None
+    level = load[0]
+    if any(x != level for x in load) or not level + min(costs) > level:
+        return None
+    owner = [0] * n
+    for k, i in enumerate(sorted(range(n), key=lambda i: -costs[i])):
+        owner[i] = k
+    return owner
+
+
 def lpt_place_small(sizes: list[int], costs: list[float], load: list[float],
                     cap: float | None) -> tuple[list[int], list[int], list[int]]:
     """:func:`lpt_place` on plain lists, item by item (no batches, no heap): (shard, start within
@@ -134,6 +154,12 @@ def lpt_place_small(sizes: list[int], costs: list[float], load: list[float],
     d = len(load)
     padded, cursor = [0] * d, [0] * d
     owner, start = [0] * len(sizes), [0] * len(sizes)
+    one = _one_per_shard(sizes, costs, load)
+    if one is not None:
+        for i, r in enumerate(one):
+            cursor[r] = sizes[i]
+            load[r] += costs[i]
+        return one, start, cursor
     shards = range(d)
     for i in sorted(range(len(sizes)), key=lambda i: -costs[i]):  # stable: ties in input order
         size = sizes[i]
@@ -153,6 +179,16 @@ def lpt_place(numel: np.ndarray, cost: np.ndarray, loads: np.ndarray,
     """(shard, start within the shard, shard cursors) of every item, by greedy LPT (module
     docstring); ``loads`` (one per shard) is updated in place. ``cap`` None: no cap (every shard fits)."""
     n, d = len(numel), len(loads)
+    if n <= d:  # perhaps one item per shard (_one_per_shard): no walk at all
+        sizes_l = np.asarray(numel, dtype=np.int64).tolist()
+        costs_l = np.asarray(cost, dtype=np.float64).tolist()
+        load = loads.astype(np.float64).tolist()
+        one = _one_per_shard(sizes_l, costs_l, load)
+        if one is not None:
+            cursor = np.zeros(d, dtype=np.int64)
+            cursor[one] = sizes_l
+            loads[one] += costs_l  # one addition per shard
+            return np.array(one, dtype=np.int64), np.zeros(n, dtype=np.int64), cursor
     if n * d < BATCH_WORK:  # no run can be batched: the plain-list walk (same placement)
         load = loads.astype(np.float64).tolist()
         owner_l, start_l, cursor_l = lpt_place_small(np.asarray(numel, dtype=np.int64).tolist(),

@@ -19,8 +19,9 @@ import numpy as np
 from costmodel.optimizer import layouts as lay
 from costmodel.optimizer.buffers import _Buffer, chunk_buffers
 from costmodel.optimizer.newton_schulz import NsSettings
-from costmodel.optimizer.plan_types import OptimizerPlan, StageOptimizerPlan
-from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer, rank_work
+from costmodel.optimizer.plan_types import Bucket, OptimizerPlan, StageOptimizerPlan
+from costmodel.optimizer.rank_work import rank_work
+from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer
 from costmodel.optimizer.summary import optimizer_report
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
@@ -50,7 +51,7 @@ def cached_inventory(scenario) -> Inventory:  # noqa: ANN001 - workloads.scenari
 
 def clear_caches() -> None:
     """Forget every memoised plan, inventory, layer-wise layout and Newton–Schulz work (cold timings)."""
-    from costmodel.optimizer import newton_schulz, stage_builder
+    from costmodel.optimizer import buffers, newton_schulz, stage_builder
     from workloads.inventory import clear_inventory_cache
 
     _CACHE.clear()
@@ -58,6 +59,7 @@ def clear_caches() -> None:
     stage_builder._MUON_KERNELS.clear()
     clear_inventory_cache()
     lay.clear_memo()
+    buffers.clear_memo()
     newton_schulz._tensor_work.cache_clear()
 
 
@@ -295,7 +297,15 @@ def _restaged(plan: StageOptimizerPlan, twin: list[_Buffer], s: int,
     index = {id(buf): i for i, buf in enumerate(twin)}
     roles = tuple(replace(r, name_parts=tuple((_BufferRef(load, index[id(buf)]), idx) for buf, idx in r.name_parts))
                   for r in plan.roles)
-    return replace(plan, stage=s, buckets=tuple(replace(bk, stage=s) for bk in plan.buckets), roles=roles)
+    buckets = tuple(Bucket.from_fields({**_fields_of(bk), "stage": s}, bk.order) for bk in plan.buckets)  # replace(bk, stage=s)
+    return replace(plan, stage=s, buckets=buckets, roles=roles)
+
+
+def _fields_of(bk: Bucket) -> dict:
+    """The field values of ``bk`` but its ``order`` (what :meth:`Bucket.from_fields` takes)."""
+    values = dict(bk.__dict__)
+    del values["order"]
+    return values
 
 
 def _sub_optimizer_order(bufs: list) -> np.ndarray:

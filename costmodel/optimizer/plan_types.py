@@ -17,7 +17,7 @@ work, so ``ranks`` holds one :class:`RankWork` per distinct pair (``multiplicity
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Literal
 
@@ -46,6 +46,18 @@ class Bucket:
     param_gathers: int = 1  # all-gathers of param_bytes each (2: MXFP8 rowwise + columnwise on Megatron-FSDP)
     instances: int = 1  # distributed-optimizer instances: reduce and gather within one, all-reduce across
     averaged: bool = False  # average_in_collective with a scaling factor of 1: the reduction averages, no pre-scaling
+
+    @classmethod
+    def from_fields(cls, values: dict[str, Any], order: int) -> Bucket:
+        """The Bucket of field values ``values`` (every field but ``order``) at position ``order``,
+        built without the frozen ``__init__``'s per-field ``object.__setattr__`` (the same object,
+        faster: a layer-wise expert buffer has dozens of buckets per stage)."""
+        assert cls is Bucket and len(values) == len(_BUCKET_FIELDS) - 1 and "order" not in values \
+            and _BUCKET_FIELDS.issuperset(values)
+        b = object.__new__(cls)
+        b.__dict__.update(values)
+        b.__dict__["order"] = order
+        return b
 
     @property
     def prescaled(self) -> bool:
@@ -138,6 +150,7 @@ class RankWork:
 
 
 _RANK_FIELDS = tuple(f.name for f in fields(RankWork))  # in order
+_BUCKET_FIELDS = frozenset(f.name for f in fields(Bucket))
 
 
 KERNEL_PARTS = ("newton_schulz_gemm", "muon_elementwise", "adam_multi_tensor", "adam_param_copy", "grad_norm",
@@ -202,8 +215,8 @@ class RoleOwnership:
         if not any(calls):
             return []
         mine = np.bincount(ids[(self.owner == index) | (self.owner < 0)], minlength=len(calls))
-        return [replace(c, count=c.count * int(k)) for k, cs in zip(mine.tolist(), calls, strict=True) if k
-                for c in cs]
+        return [CollectiveCall(c.op, c.group, c.group_size, c.dtype, c.bytes, c.count * k, c.phase)  # replace(c, count=...)
+                for k, cs in zip(mine.tolist(), calls, strict=True) if k for c in cs]
 
 
 @dataclass(frozen=True)
@@ -223,15 +236,16 @@ class StageOptimizerPlan:
 
     @property
     def max_rank_s(self) -> float:
-        return max((r.total_s for r in self.ranks), default=0.0)
+        """Seconds of the slowest GPU's optimizer step (``ranks[critical_rank]``, the slowest class)."""
+        return self.ranks[self.critical_rank].total_s if self.ranks else 0.0
 
-    @property
+    @cached_property
     def mean_rank_s(self) -> float:
         """Mean over the GPUs of the stage (each rank class weighted by its multiplicity)."""
-        gpus = sum(r.multiplicity for r in self.ranks)
+        gpus = self.gpus
         return sum(r.total_s * r.multiplicity for r in self.ranks) / gpus if gpus else 0.0
 
-    @property
+    @cached_property
     def gpus(self) -> int:
         return sum(r.multiplicity for r in self.ranks)
 

@@ -39,7 +39,6 @@ from costmodel.optimizer.newton_schulz import (
     tp_comm_time_s,
 )
 from costmodel.optimizer.plan_types import (
-    KERNEL_PARTS,
     Bucket,
     RankWork,
     RoleOwnership,
@@ -82,10 +81,11 @@ class Timer:
                  shape_of: Callable[[str], GroupShape] | None) -> None:
         self.system, self.precision, self.shape_of = system, precision, shape_of
         self._ns: dict[NsWork, tuple[float, float]] = {}
-        self._calls: dict[CollectiveCall, float] = {}
+        self._calls: dict[tuple[str, str, int, str, int], float] = {}
         self.s_per_byte = self.min_s = self.issue_s = 0.0
         self.muon_rows: dict[tuple, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}  # see StageBuilder.muon_item
         self.adam_rows: dict[tuple[int, tuple[float, ...]], np.ndarray] = {}  # see StageBuilder.adam_item
+        self.element_wise_spans: dict[tuple, list[tuple[lay.BucketSpan, np.ndarray]]] = {}  # see StageBuilder.element_wise
         if system is not None:
             from costmodel.compute import memory_time_s
 
@@ -122,7 +122,7 @@ class Timer:
         """Seconds of one ``call`` (nccl-tests size) over its group's placement shape."""
         if self.system is None or call.group_size <= 1:
             return 0.0
-        key = CollectiveCall(call.op, call.group, call.group_size, call.dtype, call.bytes)
+        key = (call.op, call.group, call.group_size, call.dtype, call.bytes)
         if key not in self._calls:
             from topologies.collectives import collective_time_s
 
@@ -190,8 +190,12 @@ class _Role:
         ncol = len(COLUMNS)
         index = ((span * self.size + owner)[:, None] * ncol + np.arange(ncol)).ravel()
         sums = np.bincount(index, weights=values.ravel(), minlength=spans * self.size * ncol)
-        for part in sums.reshape(spans, self.size, ncol):
-            self.acc += part.T
+        if spans == 1:
+            self.acc += sums.reshape(self.size, ncol).T
+            return
+        # acc + span 0 + span 1 + ...: add.accumulate adds in that order, one span after the other
+        steps = np.concatenate([self.acc[None], sums.reshape(spans, self.size, ncol).transpose(0, 2, 1)])
+        self.acc[...] = np.add.accumulate(steps, axis=0)[-1]
 
 
 class StageBuilder:
@@ -210,6 +214,7 @@ class StageBuilder:
         self.grad_dtype = "fp32" if self.gb == 4 else "bf16"
         self._buffer_memo: dict[int, tuple[_Buffer, np.ndarray, list[tuple[CollectiveCall, ...]]]] = {}
         self.extra_calls: list[CollectiveCall] = []  # per-step collectives outside the DP buckets
+        self._common: dict[tuple[int, str, bool], tuple[int, dict]] = {}  # see _bucket_common
 
     def bucket_size(self, chunk: int) -> int | None:
         """Elements per bucket; None (one bucket) for pp ranks > 0, chunks > 0, or no overlap."""
@@ -217,19 +222,33 @@ class StageBuilder:
             return None
         return self.spec.bucket_size_elements or lay.default_bucket_size(self.grid.dp)
 
-    def add_bucket(self, buf: _Buffer, idx: np.ndarray, numel: int, used: int, reduce_op: str | None,
-                   gather_op: str | None, kind: str) -> None:
-        ready = int(buf.position[idx].max())
-        gs = self.grid.size(buf.group)
-        per = self.fp8_gather_bytes if buf.fp8 else PARAM_BYTES
+    def add_bucket(self, buf: _Buffer, idx: np.ndarray | None, numel: int, used: int, reduce_op: str | None,
+                   gather_op: str | None, kind: str, ready: int | None = None) -> None:
+        """Bucket of parameters ``buf[idx]`` (``ready``: their last backprop position, when known:
+        ``idx`` is then not read)."""
+        if ready is None:
+            assert idx is not None
+            ready = int(buf.position[idx].max())
+        per, common = self._bucket_common(buf)
         gather_bytes = (used if gather_op == "all_gather_v" else numel) * per
-        self.buckets.append(((-buf.chunk, ready), dict(
-            stage=self.stage, chunk=buf.chunk, dp_group=buf.group, group_size=gs, numel=numel,
-            grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * per,
-            reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind,
-            param_dtype="fp8" if per == 1 else "bf16", param_gathers=self.fp8_gathers if buf.fp8 else 1,
-            instances=self.grid.instances,
-            averaged=self.spec.average_in_collective and (buf.group == "dp" or gs * self.grid.instances == self.grid.dp))))
+        kw = dict(common)
+        kw.update(numel=numel, grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * per,
+                  reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind)
+        self.buckets.append(((-buf.chunk, ready), kw))
+
+    def _bucket_common(self, buf: _Buffer) -> tuple[int, dict]:
+        """(parameter bytes per element, the Bucket fields every bucket of ``buf`` shares but its order)."""
+        key = (buf.chunk, buf.group, buf.fp8)
+        hit = self._common.get(key)
+        if hit is None:
+            gs = self.grid.size(buf.group)
+            per = self.fp8_gather_bytes if buf.fp8 else PARAM_BYTES
+            hit = self._common[key] = (per, dict(
+                stage=self.stage, chunk=buf.chunk, dp_group=buf.group, group_size=gs,
+                param_dtype="fp8" if per == 1 else "bf16", param_gathers=self.fp8_gathers if buf.fp8 else 1,
+                instances=self.grid.instances,
+                averaged=self.spec.average_in_collective and (buf.group == "dp" or gs * self.grid.instances == self.grid.dp)))
+        return hit
 
     def muon_item(self, t: TensorSpec) -> tuple[np.ndarray, tuple[CollectiveCall, ...]]:
         """(row of :data:`COLUMNS`, TP calls) of stepping one copy of Muon tensor ``t``: its kernel
@@ -312,25 +331,37 @@ class StageBuilder:
 
     def adam_shards(self, group: str, span: lay.BucketSpan, numel: np.ndarray) -> None:
         """Fused Adam on each rank's equal shard of one padded bucket ``span`` (parameters ``numel``)."""
-        gs, role = self.grid.size(group), self.roles[group]
+        self.roles[group].acc[ADAM_SHARD_COLUMNS] += self._adam_shard_rows(self.grid.size(group), span, numel)
+
+    def _adam_shard_rows(self, gs: int, span: lay.BucketSpan, numel: np.ndarray) -> np.ndarray:
+        """Per-rank values of :data:`ADAM_SHARD_COLUMNS` of :meth:`adam_shards` over ``gs`` ranks."""
         per_rank = lay.shard_param_numel(span, numel, gs).astype(np.float64)
         pieces = ks.element_wise_shard_pieces(span.starts, numel[span.first:span.stop], span.numel, gs)
         chunks = ks.shard_chunks(pieces, per_rank)
         per_kernel = len(self.adam.piece_kernels)
         piece_s = sum((self.timer.floored_s(pieces, b * per_rank) for b in self.adam.piece_kernels), np.zeros(len(pieces)))
-        role.acc[ADAM_SHARD_COLUMNS] += np.stack([per_rank, per_rank, pieces, chunks, pieces, chunks,
-                                                  per_kernel * pieces, piece_s])
+        return np.stack([per_rank, per_rank, pieces, chunks, pieces, chunks, per_kernel * pieces, piece_s])
 
     def element_wise(self, buf: _Buffer, sel: np.ndarray, reduce: bool = True) -> None:
         """AdamW on equal shards of padded DDP buckets (reduce-scatter + all-gather; ``reduce`` False:
-        the gradients arrive reduce-scattered already, Megatron-FSDP optim_grads, so only the gather)."""
+        the gradients arrive reduce-scattered already, Megatron-FSDP optim_grads, so only the gather).
+
+        The buckets and their per-rank Adam values depend on the parameters' sizes, which are
+        shared-embedding, the group size and the bucket size only: memoised per plan on those (the
+        equal chunks of a plan's stages share them; the values are added in the same order)."""
         if len(sel) == 0:
             return
-        gs = self.grid.size(buf.group)
-        numel = buf.numel[sel]
-        for span in lay.ddp_buckets(numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=True,
-                                    isolate=buf.shared[sel]):
-            self.adam_shards(buf.group, span, numel)
+        gs, bucket_size = self.grid.size(buf.group), self.bucket_size(buf.chunk)
+        numel, isolate = buf.numel[sel], buf.shared[sel]
+        key = (numel.tobytes(), isolate.tobytes(), gs, bucket_size, self.adam.piece_kernels)
+        spans = self.timer.element_wise_spans.get(key)
+        if spans is None:
+            spans = self.timer.element_wise_spans[key] = [
+                (span, self._adam_shard_rows(gs, span, numel))
+                for span in lay.ddp_buckets(numel, gs, bucket_size, distributed_optimizer=True, isolate=isolate)]
+        role = self.roles[buf.group]
+        for span, rows in spans:
+            role.acc[ADAM_SHARD_COLUMNS] += rows
             self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used,
                             "reduce_scatter" if reduce else None, "all_gather", "element_wise")
 
@@ -342,9 +373,14 @@ class StageBuilder:
         spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, self.bucket_size(buf.chunk), strategy,
                                       isolate=buf.shared[sel])
         self._step_spans(buf, sel, spans)
-        for span in spans:
-            self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used, "reduce_scatter", "all_gather",
-                            "layer_wise")
+        firsts = [span.first for span in spans]
+        if spans and firsts[0] == 0 and spans[-1].stop == len(sel) and all(
+                a.stop == b.first for a, b in zip(spans[:-1], spans[1:], strict=True)):  # a partition of sel
+            readies = np.maximum.reduceat(buf.position[sel], firsts).tolist()  # each span's last position
+        else:
+            readies = [int(buf.position[sel[span.first:span.stop]].max()) for span in spans]
+        for span, ready in zip(spans, readies, strict=True):
+            self.add_bucket(buf, None, span.numel, span.used, "reduce_scatter", "all_gather", "layer_wise", ready)
 
     def _step_spans(self, buf: _Buffer, sel: np.ndarray, spans: list[lay.BucketSpan]) -> None:
         """:meth:`step_whole` of every layer-wise span of ``buf[sel]`` (in order, covering ``sel``) by
@@ -383,18 +419,22 @@ class StageBuilder:
 
     def finish(self, rank_work: Callable[[StageBuilder], tuple[RankWork, ...]]) -> StageOptimizerPlan:
         self.buckets.sort(key=lambda kb: kb[0])
-        buckets = tuple(Bucket(order=i, **kw) for i, (_, kw) in enumerate(self.buckets))
-        bucket_calls = []
+        buckets = tuple(Bucket.from_fields(kw, order=i) for i, (_, kw) in enumerate(self.buckets))
+        # the buckets' collectives, identical ones counted together (what merge_calls makes of them)
+        counted: dict[tuple, int] = {}
+        key: tuple
         for b in buckets:
             if b.reduce_op is not None:
-                bucket_calls.append(CollectiveCall(b.reduce_op, b.reduce_group, b.group_size, self.grad_dtype,  # type: ignore[arg-type]
-                                                   b.grad_bytes, 1, "grad_reduce"))
+                key = (b.reduce_op, b.reduce_group, b.group_size, self.grad_dtype, b.grad_bytes, "grad_reduce")
+                counted[key] = counted.get(key, 0) + 1
             if b.instances > 1:  # the instances all-reduce each rank's reduced shard
-                bucket_calls.append(CollectiveCall("all_reduce", b.across_group, b.instances, self.grad_dtype,  # type: ignore[arg-type]
-                                                   b.across_bytes, 1, "grad_reduce_across"))
+                key = ("all_reduce", b.across_group, b.instances, self.grad_dtype, b.across_bytes, "grad_reduce_across")
+                counted[key] = counted.get(key, 0) + 1
             if b.gather_op:
-                bucket_calls.append(CollectiveCall(b.gather_op, b.reduce_group, b.group_size, b.param_dtype,  # type: ignore[arg-type]
-                                                   b.param_bytes, b.param_gathers, "param_gather"))
+                key = (b.gather_op, b.reduce_group, b.group_size, b.param_dtype, b.param_bytes, "param_gather")
+                counted[key] = counted.get(key, 0) + b.param_gathers
+        bucket_calls = [CollectiveCall(op, group, size, dtype, nbytes, count, phase)  # type: ignore[arg-type]
+                        for (op, group, size, dtype, nbytes, phase), count in counted.items()]
         bucket_calls += self.extra_calls
         used = sum(b.used_numel for b in buckets)
         padding = sum(b.numel for b in buckets) / used - 1 if used else 0.0
@@ -414,84 +454,3 @@ class StageBuilder:
             stage=self.stage, buckets=buckets, ranks=ranks, collectives=calls, padding_overhead=padding,
             collective_times_s=tuple(self.timer.call_s(c) for c in calls), critical_rank=crit,
             tp=g.tp, etp=g.etp, ep=g.ep, roles=roles, bucket_calls=proto.bucket_calls)
-
-
-def _role_extras(role: _Role, idx: np.ndarray, timer: Timer,
-                 adam_bytes: float = ks.ADAM_BYTES_PER_ELEMENT) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(fused-Adam launches, their GPU s, legacy gather-copy launches, their GPU s) of ranks ``idx`` of a role
-    (``adam_bytes``: HBM bytes per element of the fused Adam kernel)."""
-    col = {name: role.col(name)[idx] for name in ("adam_pieces", "adam_chunks", "adam_numel", "items", "owned")}
-    adam = ks.multi_tensor_launches(col["adam_pieces"], col["adam_chunks"], 4)
-    adam_s = np.where(adam > 0, timer.floored_s(adam, adam_bytes * col["adam_numel"]), 0.0)
-    copies = np.zeros(len(idx))
-    copy_s = np.zeros(len(idx))
-    if role.gather_items:  # legacy: flatten the owned parameters, copy back every other one
-        copies = role.gather_items - col["items"]
-        copy_s = (timer.floored_s(copies, 4.0 * (role.gather_numel - col["owned"]))
-                  + timer.floored_s(1, 4.0 * col["owned"]))
-        copies = copies + 1
-    return adam, adam_s, copies, copy_s
-
-
-def host_adam_s(numel: np.ndarray, grad_bytes: int, system: SystemSpec | None) -> np.ndarray:
-    """Seconds of an AdamW step offloaded to the host (``optimizer_cpu_offload``) on ``numel`` elements:
-    the gradient shard down the host link (``grad_bytes`` each), Adam on the host's memory (the fp32
-    state traffic of the fused kernel, ``ADAM_BYTES_PER_ELEMENT``) and the bf16 parameters back up,
-    one after the other (Megatron's hybrid device optimizer pipelines them per parameter group; not
-    modelled: an upper bound)."""
-    if system is None:
-        return np.zeros(len(numel))
-    link, mem = system.gpu.host_link_Bps, system.gpu.host_memory_Bps
-    return numel * ((grad_bytes + PARAM_BYTES) / link + ks.ADAM_BYTES_PER_ELEMENT / mem)
-
-
-def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
-    """One RankWork per distinct (dense index, expert index) pair of the stage's GPUs (only the
-    slowest one's with ``b.critical_only``).
-
-    A GPU's optimizer step is one eager kernel stream after the gradient-norm synchronisation:
-    per-tensor kernels of both roles, the fused-Adam launches of each role's optimizer, one
-    gradient-norm pass over all its main gradients, and (legacy layout) the gather copies;
-    ``RankWork.total_s`` takes the larger of its GPU time and its host issue time.
-    """
-    g, timer = b.grid, b.timer
-    gpu = np.arange(g.gpus_per_stage)
-    d, e = gpu // g.tp % g.size("dp"), gpu // (g.etp * g.ep) % g.size("expert_dp")  # instances work alike
-    keys, first, counts = np.unique(d * g.expert_dp + e, return_index=True, return_counts=True)
-    dd, ee = d[first], e[first]
-    D, E = b.roles["dp"], b.roles["expert_dp"]  # noqa: N806
-
-    def both(name: str) -> np.ndarray:
-        return D.col(name)[dd] + E.col(name)[ee]
-
-    owned, ns_kernels, copies_per_piece = both("owned"), both("ns_kernels"), len(b.adam.piece_kernels)
-    adam_d, adam_d_s, gather_d, gather_d_s = _role_extras(D, dd, timer, b.adam.fused)
-    adam_e, adam_e_s, gather_e, gather_e_s = _role_extras(E, ee, timer, b.adam.fused)
-    norm_pieces = both("norm_pieces")
-    norm = ks.multi_tensor_launches(norm_pieces, both("norm_chunks"), 1)
-    norm_s = np.where(norm > 0, timer.floored_s(norm, ks.NORM_BYTES_PER_ELEMENT * owned)
-                      + ks.GRAD_NORM_EXTRA * timer.min_s, 0.0)
-    norm = np.where(norm > 0, norm + ks.GRAD_NORM_EXTRA, 0.0)
-    adam_copies = copies_per_piece * both("adam_pieces")
-    parts = {"newton_schulz_gemm": ns_kernels, "muon_elementwise": both("kernels") - ns_kernels - adam_copies,
-             "adam_multi_tensor": adam_d + adam_e, "adam_param_copy": adam_copies, "grad_norm": norm,
-             "gather_copy": gather_d + gather_e}
-    kernels = sum(parts.values())
-    ew_s = both("ew_s") + adam_d_s + adam_e_s + norm_s + gather_d_s + gather_e_s
-    if b.spec.optimizer_cpu_offload:  # AdamW on the host: its GPU kernels give way to the copies and host time
-        ew_s = norm_s + gather_d_s + gather_e_s + host_adam_s(both("adam_numel"), b.gb, timer.system)
-        kernels = kernels - parts["adam_multi_tensor"] - parts["adam_param_copy"]
-        parts["adam_multi_tensor"] = parts["adam_param_copy"] = np.zeros(len(keys))
-    assert tuple(parts) == KERNEL_PARTS
-    ns_s, tp_s, issue_s = both("ns_s"), both("tp_s"), kernels * timer.issue_s
-    total_s = np.maximum(ns_s + ew_s + tp_s, issue_s)  # RankWork.step_s for every GPU class at once
-    keep = slice(None)
-    if b.critical_only:  # the slowest class alone (the first of equals, as max() picks it)
-        at = int(np.argmax(total_s))
-        keep = slice(at, at + 1)
-    ints = [np.asarray(a).astype(np.int64)[keep].tolist() for a in (first, owned, counts, dd, ee, both("muon_items"))]
-    floats = [a[keep].tolist() for a in (both("flops"), ns_s, ew_s, tp_s, issue_s, total_s)]
-    by_part = zip(*[np.asarray(v, dtype=np.float64)[keep].tolist() for v in parts.values()], strict=True)
-    return RankWork.from_rows(  # in RankWork's field order
-        (r, o, fl, ns, ew, tp, m, d, e, iss, part, mt, tot)
-        for r, o, m, d, e, mt, fl, ns, ew, tp, iss, tot, part in zip(*ints, *floats, by_part, strict=True))
