@@ -61,7 +61,8 @@ def main() -> None:
         print(f"\nrepeat {rep + 1}: bf16 GEMM {local.gemm_flops_per_s['bf16'] / 1e9:.0f} GFLOP/s + "
               f"{local.gemm_overhead_s.get('bf16', 0.0) * 1e6:.1f} us/call, dispatch {(local.dispatch_s or 0) * 1e6:.2f} "
               f"us/op, element-wise {(local.memory_Bps or 0) / 1e9:.0f} GB/s"
-              + (f", NS GEMM efficiency {ns.efficiency:.2f}, {ns.call_overhead_s * 1e6:.0f} us/call, "
+              + (f", NS GEMM efficiency {ns.efficiency:.2f}, +{ns.gemm_setup_s * 1e6:.1f} us/GEMM, "
+                 f"{ns.call_overhead_s * 1e6:.0f} us/call, "
                  f"{ns.shape_change_s * 1e6:.0f} us/shape change" if ns else "")
               + f"; reference host layers {(local.muon_update_host_s or 0) * 1e6:.0f} us/tensor + "
                 f"{(local.muon_orthogonalize_host_s or 0) * 1e6:.0f} us/NS call")

@@ -414,8 +414,9 @@ def _microbench(out: Path, name: str | None, json_out: bool) -> None:
         typer.echo(f"eager PyTorch dispatch {local.dispatch_s * 1e6:.2f} us per operator; element-wise "
                    f"{local.memory_Bps / 1e9:.1f} GB/s")
     for dtype, ns in local.newton_schulz.items():
-        typer.echo(f"Newton-Schulz ({dtype} matmuls): GEMM efficiency {ns.efficiency:.2f}, {ns.call_overhead_s * 1e6:.0f} us "
-                   f"per call, {ns.shape_change_s * 1e6:.0f} us per change of shape")
+        typer.echo(f"Newton-Schulz ({dtype} matmuls): GEMM efficiency {ns.efficiency:.2f}, {ns.gemm_setup_s * 1e6:.1f} us "
+                   f"setup per GEMM over a matmul's, {ns.call_overhead_s * 1e6:.0f} us per call, "
+                   f"{ns.shape_change_s * 1e6:.0f} us per change of shape")
     if local.muon_update_host_s is not None and local.muon_orthogonalize_host_s is not None:
         typer.echo(f"reference host layers: {local.muon_update_host_s * 1e6:.0f} us per Muon tensor, "
                    f"{local.muon_orthogonalize_host_s * 1e6:.0f} us per orthogonaliser call")

@@ -51,26 +51,57 @@ def _local(**kw) -> LocalMeasurements:  # noqa: ANN003
                              gemm_overhead_s={"bf16": 1e-5}, dispatch_s=2e-6, memory_Bps=1e10, **kw)
 
 
-def test_newton_schulz_fit_recovers_efficiency_and_call_cost():
-    """NS calls timed as GEMMs / 0.8 + their 15 other kernels (norm, clamp_min, divide, two casts and
-    the 10 ``addmm`` copies of self, 5 of the m×m Gram and 5 of the m×n X in bf16, at dispatch +
-    bytes / bandwidth) + 50 us per call: the fit recovers 0.8 and 50 us."""
-    local = _local()
-    shapes = [(32, 64), (64, 192), (128, 512), (256, 1024)]
-    times = []
-    for rows, cols in shapes:
-        gemm = sum((f / 5e11 + 1e-5) * k for f, k in ns_gemm_flops(rows, cols))
-        m = rows * cols
-        copies = 5 * 2 * 2 * rows * rows + 5 * 2 * 2 * rows * cols  # read + write, 2 bytes each
-        other = 15 * 2e-6 + (4 * m + 8 + 8 * m + 6 * m + 6 * m + copies) / 1e10
-        times.append(gemm / 0.8 + other + 5e-5)
+def _ns_time_s(rows: int, cols: int, small_path: bool) -> float:
+    """One NS call by hand on :func:`_local`'s machine with an NS efficiency of 0.8, 8 us of extra setup
+    per main-path GEMM and 50 us per call: 15 GEMMs (10 us setup + 8 us, or the small path's 1 us,
+    + FLOPs at 0.8 x 500 GFLOP/s, or x 4 GFLOP/s) + 15 other kernels (norm, clamp_min, divide, two casts and the 10
+    ``addmm`` copies of self, 5 of the m×m Gram and 5 of the m×n X in bf16, at 2 us + bytes / 10 GB/s)."""
+    setup_s, rate = (1e-6, 4e9) if small_path else (1e-5 + 8e-6, 5e11)
+    gemm = sum((f / (0.8 * rate) + setup_s) * k for f, k in ns_gemm_flops(rows, cols))
+    m = rows * cols
+    copies = 5 * 2 * 2 * rows * rows + 5 * 2 * 2 * rows * cols  # read + write, 2 bytes each
+    other = 15 * 2e-6 + (4 * m + 8 + 8 * m + 6 * m + 6 * m + copies) / 1e10
+    return gemm + other + 5e-5
+
+
+def test_newton_schulz_fit_recovers_efficiency_setup_and_call_cost():
+    """The fit recovers 0.8, 8 us per main-path GEMM and 50 us per call from the calls of
+    :func:`_ns_time_s`; the (4, 64) and (8, 64) calls run every GEMM on the small path (m·n·k ≤ 16³:
+    4·4·64 = 1,024 and 8·8·64 = 4,096 FLOP/2)."""
+    local = _local(gemm_small={"bf16": SmallGemmPath(max_flops=2.0 * 16 ** 3, flops_per_s=4e9, overhead_s=1e-6)})
+    shapes = [(4, 64), (8, 64), (32, 64), (64, 192), (128, 512), (256, 1024)]
+    times = [_ns_time_s(r, c, small_path=r <= 8) for r, c in shapes]
+    # by hand, (4, 64): 15 setups of 1 us, 5·(2·4·4·64 + 2·4³ + 2·4·4·64) = 21,120 FLOPs at 3.2 GFLOP/s,
+    # 15 other kernels at 2 us + 24·256 + 8 bytes of casts and norm + 5·2·2·(16 + 256) = 5,440 bytes of
+    # copies at 10 GB/s, 50 us: 15 + 6.6 + 30 + 1.1592 + 50 = 102.7592 us
+    assert times[0] == pytest.approx(102.7592e-6, rel=1e-6)
     fit = fit_newton_schulz(list(zip(shapes, times, strict=True)), local)
     assert fit.efficiency == pytest.approx(0.8, rel=1e-6)
+    assert fit.gemm_setup_s == pytest.approx(8e-6, rel=1e-6)
     assert fit.call_overhead_s == pytest.approx(5e-5, rel=1e-6)
+    # the model prices the calls as timed: setups on each GEMM's path, FLOPs at 0.8 of the rate
+    priced = local.model_copy(update={"newton_schulz": {"bf16": fit}})
+    st = NsSettings(steps=5, cubic=False, precision="bf16", syrk=False, tp_mode="duplicated")
+    for (rows, cols), t in zip(shapes, times, strict=True):
+        assert priced.kernels_time_s(newton_schulz_call_kernels(rows, cols, st), ns_calls=1) == pytest.approx(t, rel=1e-9)
+
+
+def test_newton_schulz_fit_is_stable_under_noise():
+    """±5 % noise on each timed call moves the fitted efficiency by at most 10 % and the per-call cost
+    and setup by at most a few us: the three columns are separable (the old form, with the setup
+    divided by the efficiency, swung its per-call cost between 0 and 60-70 us from run to run)."""
+    local = _local(gemm_small={"bf16": SmallGemmPath(max_flops=2.0 * 16 ** 3, flops_per_s=4e9, overhead_s=1e-6)})
+    shapes = [(4, 64), (8, 64), (32, 64), (64, 128), (128, 128), (64, 192), (128, 512), (256, 1024)]
+    exact = [_ns_time_s(r, c, small_path=r <= 8) for r, c in shapes]
+    for signs in ((1, -1, 1, -1, 1, -1, 1, -1), (-1, 1, -1, 1, -1, 1, -1, 1), (1, 1, -1, -1, 1, 1, -1, -1)):
+        fit = fit_newton_schulz([(s, t * (1 + 0.05 * k)) for s, t, k in zip(shapes, exact, signs, strict=True)], local)
+        assert fit.efficiency == pytest.approx(0.8, rel=0.1)
+        assert fit.call_overhead_s == pytest.approx(5e-5, abs=1e-5)
+        assert fit.gemm_setup_s == pytest.approx(8e-6, abs=3e-6)
 
 
 def test_local_measurements_times_and_yaml_round_trip(tmp_path):
-    local = _local(newton_schulz={"bf16": NewtonSchulzFit(efficiency=0.8, call_overhead_s=2e-5)},
+    local = _local(newton_schulz={"bf16": NewtonSchulzFit(efficiency=0.8, call_overhead_s=2e-5, gemm_setup_s=3e-6)},
                    collectives={"all_gather": CollectiveFit(alpha_s=5e-5, beta_Bps=5e9)})
     assert local.gemm_time_s(1e9, "bf16") == pytest.approx(1e9 / 5e11 + 1e-5)
     assert local.gemm_time_s(1e9, "fp32") == pytest.approx(1e-2)
@@ -78,7 +109,7 @@ def test_local_measurements_times_and_yaml_round_trip(tmp_path):
     copy = KernelSpec("copy", "memory", 3, bytes=1e6)
     # host-synchronous: the sum of dispatch + execution of every kernel, plus the per-call NS cost
     assert local.kernels_time_s([ns, copy], ns_calls=3) == pytest.approx(
-        2 * (2e-3 + 1e-5) / 0.8 + 3 * (2e-6 + 1e-4) + 3 * 2e-5)
+        2 * (2e-3 / 0.8 + 1e-5 + 3e-6) + 3 * (2e-6 + 1e-4) + 3 * 2e-5)
     assert local.kernels_time_s([KernelSpec("g", "ns_gemm", 2, flops=1e9, tensor_class="fp32")]) == pytest.approx(2e-2)
     assert local.collective_time_s("all_gather_v", 5e9) == pytest.approx(1 + 5e-5)
     assert local.collective_time_s("broadcast", 1.0) is None

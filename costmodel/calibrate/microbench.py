@@ -20,16 +20,20 @@ measures the real machine that the reference backend runs on, it is never on the
 * **Newton–Schulz**: a 5-step quintic NS (Emerging-Optimizers' ``newton_schulz`` expressions) on a
   few shapes, each call on the next of a pool of distinct input matrices of :data:`NS_POOL_BYTES`
   (twice the 4 MiB L2: every call reads an input no recent call touched, as every tensor of an
-  optimizer step is a different one), timed the same way, fitted as ``time = GEMM
-  time / efficiency + other kernels + call_overhead_s``: the GEMM time from the matmul fit (each GEMM
-  on its path), the normalisation and cast kernels from the element-wise fit
+  optimizer step is a different one), timed the same way, plus two shapes whose GEMMs all take
+  the small-matrix path (:data:`NS_SMALL_PATH_SHAPES`), fitted as ``time = GEMM setups + GEMM FLOP
+  time / efficiency + other kernels + call_overhead_s`` (:func:`fit_newton_schulz`): each GEMM's setup
+  from the matmul fit on its path, plus ``gemm_setup_s`` on the main path (oneDNN's ``addmm`` with
+  ``alpha``/``beta`` sets up 4–8 us longer than a bare matmul of the same shape here), its FLOPs at
+  the matmul rate, the normalisation, cast and ``addmm`` copy kernels from the element-wise fit
   (:func:`costmodel.optimizer.kernel_sequence.newton_schulz_call_kernels`); the machine's NS GEMM
   efficiency (as ``EfficiencyFactors.newton_schulz_gemm`` is for GPUs) and the host cost of one
-  call that launches no kernel. That per-call cost fits to 0 here: what an NS call costs beyond its
-  GEMMs priced as plain matmuls grows with the matrix (a bf16 ``addmm`` with ``beta`` costs 5–7 us
-  more than the bare matmul up to 16k outputs and ≈0.28 ns more per output element on large ones,
-  84 us at 256×1024: 1 thread, thread CPU time, quiet machine), so the
-  efficiency (< 1, dividing the per-call setup too) absorbs it; the fit is not yet shaped for that.
+  call that launches no kernel (≈5–25 us here). The earlier form divided the setups by the
+  efficiency: a second per-call constant, so that per-call cost and efficiency traded places from
+  one measurement to the next (0 or 60–75 us) and a tiny call on the small path was charged the
+  per-call cost fitted on the main path (4×64: −24 % to +122 %). The predicted calls of the larger
+  shapes did not move with it: in six measurements back to back each shape's predicted time varies
+  by 15–20 % (standard deviation) in both forms, as the machine's own NS times do.
   NS times are thread CPU time (the measure the reference check compares). A step visits its
   tensors in model order, and an NS call after one of another shape costs more than in a block of
   equal calls: the GEMM code paths and primitives of the new shape and the temporaries of the new
@@ -66,6 +70,7 @@ from costmodel.calibrate.microbench_ns import (  # noqa: F401 - re-exported: the
     NS_POOL_BYTES,
     NS_POOL_MAX,
     NS_SHAPES,
+    NS_SMALL_PATH_SHAPES,
     fit_newton_schulz,
     fit_shape_change_s,
     measure_cpu_s,
@@ -217,7 +222,7 @@ def _worker(rank: int, world: int, port: int, out_path: str, sizes: Sequence[int
                 points.append((flops, float(worst[0])))
             results[f"gemm_{dtype}"] = points
             ns_points = []
-            for shape in NS_SHAPES:
+            for shape in NS_SHAPES + NS_SMALL_PATH_SHAPES:
                 dist.barrier()
                 (_, t), = measure_newton_schulz(dtype, (shape,), min_time_s)
                 worst = torch.tensor([t])
@@ -329,6 +334,12 @@ def measure_local(world_size: int = 2, gemm_sizes: Sequence[int] = GEMM_SIZES,
         progress(f"timing bf16/fp32 matmuls (sizes {', '.join(map(str, gemm_sizes))}) and gloo collectives "
                  f"on {world_size} processes, one thread each")
     timings = measure_ranks(world_size, collective_sizes, gemm_sizes, rank_setup=rank_setup)
+    return local_from_timings(timings, world_size, str(torch.__version__))
+
+
+def local_from_timings(timings: dict[str, list[tuple[Any, ...]]], world_size: int = 2,
+                       torch_version: str = "") -> LocalMeasurements:
+    """The local profile fitted from the timings of :func:`measure_ranks` (seconds per call; see there)."""
     gemm_rate: dict[str, float] = {}
     gemm_overhead: dict[str, float] = {}
     gemm_small: dict[str, SmallGemmPath] = {}
@@ -350,7 +361,7 @@ def measure_local(world_size: int = 2, gemm_sizes: Sequence[int] = GEMM_SIZES,
         else:
             collectives[key] = CollectiveFit(alpha_s=intercept, beta_Bps=1.0 / slope)
     machine = f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cpus"
-    local = LocalMeasurements(machine=machine, torch_version=str(torch.__version__), threads=1,
+    local = LocalMeasurements(machine=machine, torch_version=torch_version, threads=1,
                               gemm_flops_per_s=gemm_rate, gemm_overhead_s=gemm_overhead, gemm_small=gemm_small,
                               dispatch_s=dispatch_s,
                               memory_Bps=memory_Bps, world_size=world_size, collectives=collectives)

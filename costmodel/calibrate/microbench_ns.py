@@ -1,7 +1,8 @@
 """Newton–Schulz microbenchmarks of this machine (see :mod:`costmodel.calibrate.microbench`).
 
 Timed in each rank process of ``calibrate --microbench``: the NS calls of a few shapes in blocks
-(:func:`measure_newton_schulz`, fitted by :func:`fit_newton_schulz`) and after a call of another
+(:func:`measure_newton_schulz` on :data:`NS_SHAPES` and :data:`NS_SMALL_PATH_SHAPES`, fitted by
+:func:`fit_newton_schulz`) and after a call of another
 shape (:func:`measure_ns_shape_change`, :func:`fit_shape_change_s`), each call on the next input of
 a pool of distinct matrices (:func:`ns_pool_size`), in thread CPU time.
 """
@@ -15,12 +16,18 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+import numpy as np
+from scipy.optimize import nnls
+
 from costmodel.calibrate.profile import LocalMeasurements, NewtonSchulzFit
-from costmodel.calibrate.timing import fit_linear_time, time_call
+from costmodel.calibrate.timing import time_call
 from costmodel.optimizer.kernel_sequence import newton_schulz_call_kernels
 from costmodel.optimizer.newton_schulz import NsSettings
 
 NS_SHAPES = ((32, 64), (64, 128), (128, 128), (64, 192), (128, 512), (256, 1024))
+# timed in blocks besides NS_SHAPES for the fit: every GEMM of their NS calls takes torch's small-matrix
+# path (m·n·k ≤ 16³ in bf16), so they measure the per-call cost without the main path's setup
+NS_SMALL_PATH_SHAPES = ((4, 64), (8, 64))
 NS_POOL_BYTES = 8 * 2 ** 20  # fp32 inputs per NS shape: twice the L2 (an optimizer never repeats a tensor)
 NS_POOL_MAX = 1024  # at most this many distinct inputs per shape (the small ones)
 NS_COEFFICIENTS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
@@ -136,13 +143,30 @@ def ns_gemm_flops(rows: int, cols: int, steps: int = 5) -> list[tuple[float, int
 
 def fit_newton_schulz(points: Sequence[tuple[tuple[int, int], float]], local: LocalMeasurements,
                       dtype: str = "bf16") -> NewtonSchulzFit:
-    """NS GEMM efficiency and per-call host cost from NS timings, with the machine's GEMM and
-    element-wise fits in ``local`` pricing the call's kernels (each GEMM on its code path)."""
+    """NS GEMM efficiency, per-call host cost and extra setup per main-path GEMM from NS timings
+    (seconds per call of each shape), the machine's GEMM and element-wise fits in ``local`` pricing
+    the call's kernels.
+
+    Each call's time less its non-GEMM kernels and its GEMMs' setups as plain matmuls (each GEMM on
+    its code path) is fitted as ``call_overhead_s + main-path GEMMs · gemm_setup_s + FLOP time /
+    efficiency`` (the FLOP time at the matmul rate), non-negative least squares on relative errors.
+    The three columns are separable when the shapes include some whose GEMMs all take the small
+    path (:data:`NS_SMALL_PATH_SHAPES`: per-call cost alone), small main-path ones (plus the setups)
+    and large ones (the FLOPs). A setup divided by the efficiency, as before, made a per-call constant
+    of the efficiency, and efficiency and per-call cost traded places from one measurement to the next.
+    """
     st = NsSettings(steps=5, cubic=False, precision=dtype, syrk=False, tp_mode="duplicated")
-    gemm_s, rest_s = [], []
+    rows, rest_s = [], []
     for shape, t in points:
         kernels = newton_schulz_call_kernels(*shape, st)
-        gemm_s.append(sum(k.count * local.gemm_time_s(k.flops, dtype) for k in kernels if k.kind == "ns_gemm"))
-        rest_s.append(t - local.kernels_time_s([k for k in kernels if k.kind != "ns_gemm"]))
-    intercept, slope = fit_linear_time(gemm_s, rest_s)
-    return NewtonSchulzFit(efficiency=min(1.5, 1.0 / slope), call_overhead_s=intercept)
+        gemms = [(k.count, k.flops, *local.gemm_path(k.flops, dtype)) for k in kernels if k.kind == "ns_gemm"]
+        main = sum(count for count, flops, _, _ in gemms if local.gemm_main_path(flops, dtype))
+        rows.append((1.0, float(main), sum(count * flops / rate for count, flops, _, rate in gemms)))
+        setup_s = sum(count * call_s for count, _, call_s, _ in gemms)
+        rest_s.append(t - setup_s - local.kernels_time_s([k for k in kernels if k.kind != "ns_gemm"]))
+    weights = 1.0 / np.asarray([t for _, t in points])  # relative residuals
+    scale = np.asarray(rows).max(axis=0)  # columns of order 1 for nnls
+    coef, _ = nnls(np.asarray(rows) / scale * weights[:, None], np.asarray(rest_s) * weights)
+    call_s, setup_s, slope = coef / scale
+    return NewtonSchulzFit(efficiency=min(1.5, 1.0 / max(slope, 1.0 / 1.5)), call_overhead_s=float(call_s),
+                           gemm_setup_s=float(setup_s))

@@ -104,7 +104,10 @@ class SmallGemmPath(BaseModel):
 
 
 class NewtonSchulzFit(BaseModel):
-    """Newton-Schulz on this machine: its GEMMs at the measured matmul cost divided by ``efficiency``,
+    """Newton-Schulz on this machine: its GEMMs at the measured matmul setup per call (plus
+    ``gemm_setup_s`` for those on the main path: oneDNN's ``addmm`` with ``alpha``/``beta`` sets up
+    longer than a plain matmul, +4 to +8 us here) plus their FLOPs at the measured matmul rate times
+    ``efficiency``,
     its other kernels at the measured dispatch and bandwidth, plus ``call_overhead_s`` per call (the
     host work of one ``newton_schulz`` call that launches no kernel), plus ``shape_change_s`` for a
     call whose previous NS call had another shape (its GEMM code paths and primitives and the
@@ -113,9 +116,11 @@ class NewtonSchulzFit(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    efficiency: float = Field(gt=0, le=1.5, description="NS GEMM efficiency relative to plain matmuls of the "
-                                                         "same FLOPs (cf. EfficiencyFactors.newton_schulz_gemm)")
+    efficiency: float = Field(gt=0, le=1.5, description="NS GEMM FLOP rate relative to plain matmuls' "
+                                                         "(cf. EfficiencyFactors.newton_schulz_gemm)")
     call_overhead_s: float = Field(ge=0, description="host seconds per NS call beyond its kernels")
+    gemm_setup_s: float = Field(0.0, ge=0, description="seconds more per NS GEMM on the main matmul path than a "
+                                                      "plain matmul's setup (addmm with alpha and beta)")
     shape_change_s: float = Field(0.0, ge=0, description="seconds more of an NS call after a call of another shape "
                                                          "than after one of its own")
 
@@ -159,6 +164,11 @@ class LocalMeasurements(BaseModel):
             return small.overhead_s, small.flops_per_s
         return self.gemm_overhead_s.get(dtype, 0.0), self.gemm_flops_per_s[dtype]
 
+    def gemm_main_path(self, flops: float, dtype: str = "bf16") -> bool:
+        """Whether a matmul of ``flops`` FLOPs takes the main code path here (not the small-matrix one)."""
+        small = self.gemm_small.get(dtype)
+        return small is None or flops > small.max_flops
+
     def gemm_time_s(self, flops: float, dtype: str = "bf16") -> float:
         """Seconds for one matmul of ``flops`` FLOPs on this machine: the per-call cost plus the FLOPs at
         the rate of the code path it takes (:meth:`gemm_path`)."""
@@ -166,12 +176,17 @@ class LocalMeasurements(BaseModel):
         return call_s + flops / rate
 
     def kernel_time_s(self, kernel: KernelSpec) -> float:
-        """Seconds of ONE launch of ``kernel`` here: a GEMM at the measured matmul cost (Newton-Schulz
-        GEMMs divided by the NS efficiency), anything else dispatch + bytes / bandwidth."""
+        """Seconds of ONE launch of ``kernel`` here: a GEMM at the measured matmul cost (a Newton-Schulz
+        GEMM's FLOPs at the matmul rate times the NS efficiency, its setup a matmul's plus
+        ``NewtonSchulzFit.gemm_setup_s`` on the main path), anything else dispatch + bytes / bandwidth."""
         if kernel.kind in ("gemm", "ns_gemm"):
             dtype = "bf16" if kernel.tensor_class == "bf16" else "fp32"
             fit = self.newton_schulz.get(dtype) if kernel.kind == "ns_gemm" else None
-            return self.gemm_time_s(kernel.flops, dtype) / (fit.efficiency if fit is not None else 1.0)
+            call_s, rate = self.gemm_path(kernel.flops, dtype)
+            if fit is None:
+                return call_s + kernel.flops / rate
+            setup_s = fit.gemm_setup_s if self.gemm_main_path(kernel.flops, dtype) else 0.0
+            return call_s + setup_s + kernel.flops / (rate * fit.efficiency)
         if self.dispatch_s is None or self.memory_Bps is None:
             raise UserInputError("local profile has no element-wise measurements (dispatch_s, memory_Bps); "
                                  "re-run 'muonsim calibrate --microbench'")
