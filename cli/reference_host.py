@@ -10,7 +10,7 @@ Python the kernel model does not price. Two quantities (``LocalMeasurements``):
 * ``muon_update_host_s``: one ``update_param`` minus its orthogonaliser call minus its kernels
   outside the orthogonalisation (weight decay, momentum, the reference's clone, update, bf16 copy).
 
-The three calls are timed in alternating rounds (thread CPU time, medians), one torch thread as
+The three calls are timed in alternating rounds (thread CPU time, the mean of each round, the median of the rounds), one torch thread as
 the ranks run.
 """
 

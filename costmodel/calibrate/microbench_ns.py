@@ -76,20 +76,24 @@ def measure_newton_schulz(dtype: str = "bf16", shapes: Sequence[tuple[int, int]]
 
     The same operations as Muon's orthogonalisation: transpose to wide, Frobenius normalisation,
     cast, per step ``A = X·Xᵀ``, ``B = bA + cA·A``, ``X = aX + B·X`` (addmm), cast back. Each shape
-    is timed in a block of calls (median), each call on the next input of its shape's pool
+    is timed in a block of calls (their mean, see below), each call on the next input of its shape's pool
     (:func:`ns_pool_size`). Times are the thread's CPU time, as the reference's phases are compared
     (a call of milliseconds is often preempted on a shared machine, and its wall time then counts
     the other process's slice; the 0.4 us the clock costs is nothing beside a call of 60 us or more).
+    The mean, not the median: a phase of the step is the sum of its calls, so its expected time is
+    the calls' mean; CPU time holds no other process's slice, so the mean's tail is the calls' own
+    (cache refills, allocator, the odd slow path: 6-9 % above the median on small shapes).
     """
     calls = _ns_calls(dtype, shapes, pool_bytes)
-    return [(shape, time_call(call, min_time_s, clock=time.thread_time)) for shape, call in zip(shapes, calls, strict=True)]
+    return [(shape, time_call(call, min_time_s, clock=time.thread_time, statistic=statistics.fmean))
+            for shape, call in zip(shapes, calls, strict=True)]
 
 
 def measure_ns_shape_change(dtype: str = "bf16", shapes: Sequence[tuple[int, int]] = NS_SHAPES,
                             min_time_s: float = 0.05, min_rounds: int = 20, pool_bytes: int = NS_POOL_BYTES,
                             ) -> list[tuple[tuple[int, int], float, float]]:
     """(shape, seconds after a call of another shape, seconds after a call of the same shape) of one
-    NS call per shape (thread CPU time, medians).
+    NS call per shape (thread CPU time, means: see :func:`measure_newton_schulz`).
 
     Rounds alternate, so that both are timed under the same load: each round calls every shape
     once in turn (each call follows one of another shape), then every shape twice in a row (the
@@ -115,7 +119,7 @@ def measure_ns_shape_change(dtype: str = "bf16", shapes: Sequence[tuple[int, int
             same[k].append(timed(call))
         if len(other[0]) >= 400:
             break
-    return [(shape, statistics.median(o), statistics.median(m)) for shape, o, m in zip(shapes, other, same, strict=True)]
+    return [(shape, statistics.fmean(o), statistics.fmean(m)) for shape, o, m in zip(shapes, other, same, strict=True)]
 
 
 def fit_shape_change_s(points: Sequence[tuple[Any, float, float]]) -> float:
@@ -125,9 +129,9 @@ def fit_shape_change_s(points: Sequence[tuple[Any, float, float]]) -> float:
 
 
 def measure_cpu_s(fn: Callable[[], object], min_time_s: float = 0.2, min_reps: int = 50) -> float:
-    """Median thread CPU seconds of one call of ``fn`` (after a warm-up; at least ``min_reps`` calls
-    and ``min_time_s`` of wall time)."""
-    return time_call(fn, min_time_s, min_reps, clock=time.thread_time)
+    """Mean thread CPU seconds of one call of ``fn`` (after a warm-up; at least ``min_reps`` calls
+    and ``min_time_s`` of wall time; the mean for the reason :func:`measure_newton_schulz` gives)."""
+    return time_call(fn, min_time_s, min_reps, clock=time.thread_time, statistic=statistics.fmean)
 
 
 def newton_schulz_replica(dtype: str = "bf16") -> Callable[[Any], Any]:

@@ -27,9 +27,11 @@ def timing_samples(fn: Callable[[], object], min_time_s: float, min_reps: int, m
 
 
 def time_call(fn: Callable[[], object], min_time_s: float, min_reps: int = 3,
-               clock: Callable[[], float] = time.perf_counter) -> float:
-    """Median seconds per call over at least ``min_reps`` calls and ``min_time_s`` seconds."""
-    return statistics.median(timing_samples(fn, min_time_s, min_reps, max_reps=200, clock=clock))
+              clock: Callable[[], float] = time.perf_counter,
+              statistic: Callable[[Sequence[float]], float] = statistics.median) -> float:
+    """Seconds per call (``statistic`` of the samples, default the median) over at least ``min_reps``
+    calls and ``min_time_s`` seconds."""
+    return statistic(timing_samples(fn, min_time_s, min_reps, max_reps=200, clock=clock))
 
 
 def fit_linear_time(sizes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
