@@ -47,6 +47,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,7 @@ def to_plain(obj: Any) -> Any:  # noqa: PLR0911
         return to_plain(obj.model_dump())
     if isinstance(obj, dict):
         return {str(k): to_plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, (list, tuple, Sequence)):  # a RankTable (lazy RankWork) is a Sequence: pinned as its list
         if len(obj) > 8 and all(isinstance(x, str) for x in obj):
             return {"strings": len(obj), "digest": _digest("\n".join(obj).encode())}
         return [to_plain(x) for x in obj]

@@ -175,3 +175,26 @@ def test_vectorised_shard_coverage_equals_brute_force() -> None:
         for s, n in zip(span.starts.tolist(), sizes.tolist(), strict=True):
             mask[s:s + n] = 1
         assert lay.shard_param_numel(span, sizes, d).tolist() == mask.reshape(d, -1).sum(axis=1).tolist()
+
+
+def test_rank_table_builds_rank_work_on_read():
+    """A stage's ranks (a RankTable) hold one RankWork per (dense, expert) class of the 4 GPUs (dense
+    index g, expert index g // ep: 4 classes, multiplicity 1), built when read: each equals its
+    column values, the table equals the tuple of them and survives pickling."""
+    import pickle
+
+    from costmodel.optimizer.plan_types import RankTable, RankWork, rank_column
+
+    inv = tiny(ep=2)
+    stage = plan_from_inventory(inv, OptimizerSpec(kind="muon"), Grid(dp=4, expert_dp=2, ep=2)).stages[0]
+    ranks = stage.ranks
+    assert isinstance(ranks, RankTable) and len(ranks) == 4
+    rows = tuple(ranks)
+    assert all(isinstance(r, RankWork) for r in rows) and ranks == rows and rows == ranks
+    assert [(r.rank, r.dense_rank, r.expert_rank, r.multiplicity) for r in rows] == [(g, g, g // 2, 1) for g in range(4)]
+    assert rank_column(ranks, "owned_numel") == [r.owned_numel for r in rows]
+    assert all(isinstance(n, int) for n in rank_column(ranks, "owned_numel"))
+    assert sum(rank_column(ranks, "owned_numel")) > 0
+    assert ranks[-1] is ranks[3] and ranks[1:3] == rows[1:3]
+    assert pickle.loads(pickle.dumps(ranks)) == rows
+    assert stage.gpus == 4

@@ -161,15 +161,21 @@ def lpt_place_small(sizes: list[int], costs: list[float], load: list[float],
             load[r] += costs[i]
         return one, start, cursor
     shards = range(d)
+    top = 0  # max(padded): while it plus an item's size is under the cap, every shard fits
     for i in sorted(range(len(sizes)), key=lambda i: -costs[i]):  # stable: ties in input order
         size = sizes[i]
-        fits = [r for r in shards if padded[r] + size <= cap] if cap is not None else shards
-        # the least-loaded fitting shard; if nothing fits under the cap, the shortest shard
-        r = min(fits, key=lambda r: (load[r], r)) if fits else min(shards, key=cursor.__getitem__)
+        # the least-loaded fitting shard, ties to the lowest (min and index keep the first of equals);
+        # if nothing fits under the cap, the shortest shard
+        if cap is None or top + size <= cap:
+            r = load.index(min(load))
+        else:
+            fits = [r for r in shards if padded[r] + size <= cap]
+            r = min(fits, key=load.__getitem__) if fits else min(shards, key=cursor.__getitem__)
         at = padded[r]
         owner[i], start[i] = r, at
         cursor[r] = at + size
         padded[r] = _aligned(at + size)
+        top = max(top, padded[r])
         load[r] += costs[i]
     return owner, start, cursor
 

@@ -16,7 +16,7 @@ work, so ``ranks`` holds one :class:`RankWork` per distinct pair (``multiplicity
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Literal
@@ -150,6 +150,90 @@ class RankWork:
 
 
 _RANK_FIELDS = tuple(f.name for f in fields(RankWork))  # in order
+
+
+class RankTable(Sequence[RankWork]):
+    """A stage's RankWork classes as columns, each RankWork built when first read (the same values
+    as :meth:`RankWork.from_rows` of the rows): a dense stage of a large model has hundreds of GPU
+    classes, of which a new scenario's report reads one (the critical one) and a few columns.
+
+    ``ints``: rows rank, multiplicity, dense_rank, expert_rank, owned_numel, muon_tensors (int64);
+    ``floats``: rows newton_schulz_flops, newton_schulz_s, elementwise_s, tp_comm_s, issue_s,
+    total_s (float64); ``parts``: launches by part (rows in :data:`KERNEL_PARTS` order, float64);
+    one column per class. Compares equal to the tuple of its RankWork."""
+
+    __slots__ = ("_ints", "_floats", "_parts", "_built", "_columns")
+
+    _INT_ROWS = ("rank", "multiplicity", "dense_rank", "expert_rank", "owned_numel", "muon_tensors")
+    _FLOAT_ROWS = ("newton_schulz_flops", "newton_schulz_s", "elementwise_s", "tp_comm_s", "issue_s", "total_s")
+
+    def __init__(self, ints: np.ndarray, floats: np.ndarray, parts: np.ndarray) -> None:
+        assert ints.shape[0] == len(self._INT_ROWS) and floats.shape[0] == len(self._FLOAT_ROWS)
+        assert ints.shape[1] == floats.shape[1] == parts.shape[1]
+        self._ints, self._floats, self._parts = ints, floats, parts
+        self._built: dict[int, RankWork] = {}
+        self._columns: dict[str, list[Any]] = {}
+
+    def __len__(self) -> int:
+        return int(self._ints.shape[1])
+
+    def column(self, name: str) -> list[Any]:
+        """The values of field ``name`` (an int or float field but ``kernel_parts``) of every class,
+        in order (Python ints / floats: what the RankWork objects hold)."""
+        hit = self._columns.get(name)
+        if hit is None:
+            if name in self._INT_ROWS:
+                hit = self._ints[self._INT_ROWS.index(name)].tolist()
+            else:
+                hit = self._floats[self._FLOAT_ROWS.index(name)].tolist()
+            self._columns[name] = hit
+        return hit
+
+    def _row(self, i: int) -> RankWork:
+        hit = self._built.get(i)
+        if hit is None:
+            r, m, d, e, o, mt = self._ints[:, i].tolist()
+            fl, ns, ew, tp, iss, tot = self._floats[:, i].tolist()
+            hit = RankWork.from_rows([(r, o, fl, ns, ew, tp, m, d, e, iss, tuple(self._parts[:, i].tolist()), mt, tot)])[0]
+            self._built[i] = hit
+        return hit
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]  # int -> RankWork, slice -> tuple
+        if isinstance(i, slice):
+            return tuple(self._row(j) for j in range(*i.indices(len(self))))
+        n = len(self)
+        j = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= j < n:
+            raise IndexError("RankTable index out of range")
+        return self._row(j)
+
+    def __iter__(self) -> Iterator[RankWork]:
+        return (self._row(i) for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RankTable | tuple):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+    def __getstate__(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self._ints, self._floats, self._parts
+
+    def __setstate__(self, state: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        self.__init__(*state)  # type: ignore[misc]
+
+
+def rank_column(ranks: Sequence[RankWork], name: str) -> list[Any]:
+    """Field ``name`` of every RankWork of ``ranks`` (read from the columns of a :class:`RankTable`
+    without building its RankWork objects)."""
+    if isinstance(ranks, RankTable):
+        return ranks.column(name)
+    return [getattr(r, name) for r in ranks]
 _BUCKET_FIELDS = frozenset(f.name for f in fields(Bucket))
 
 
@@ -223,7 +307,7 @@ class RoleOwnership:
 class StageOptimizerPlan:
     stage: int
     buckets: tuple[Bucket, ...]
-    ranks: tuple[RankWork, ...]
+    ranks: tuple[RankWork, ...] | RankTable  # a RankTable from the plan builder (RankWork built when read)
     collectives: tuple[CollectiveCall, ...]  # per GPU per step, merged (see workloads.comm.merge_calls)
     padding_overhead: float = 0.0  # padded / unpadded elements - 1
     collective_times_s: tuple[float, ...] = ()  # seconds of ONE call of each entry of ``collectives``
@@ -243,11 +327,13 @@ class StageOptimizerPlan:
     def mean_rank_s(self) -> float:
         """Mean over the GPUs of the stage (each rank class weighted by its multiplicity)."""
         gpus = self.gpus
-        return sum(r.total_s * r.multiplicity for r in self.ranks) / gpus if gpus else 0.0
+        products = (t * m for t, m in zip(rank_column(self.ranks, "total_s"), rank_column(self.ranks, "multiplicity"),
+                                          strict=True))
+        return sum(products) / gpus if gpus else 0.0
 
     @cached_property
     def gpus(self) -> int:
-        return sum(r.multiplicity for r in self.ranks)
+        return sum(rank_column(self.ranks, "multiplicity"))
 
     @property
     def gather_buckets_forward(self) -> tuple[Bucket, ...]:

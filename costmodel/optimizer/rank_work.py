@@ -12,7 +12,7 @@ import numpy as np
 
 from costmodel.optimizer import kernel_sequence as ks
 from costmodel.optimizer.elementwise import PARAM_BYTES
-from costmodel.optimizer.plan_types import KERNEL_PARTS, RankWork
+from costmodel.optimizer.plan_types import KERNEL_PARTS, RankTable
 from costmodel.optimizer.stage_builder import COLUMNS, StageBuilder, Timer, _Role
 from topologies.hardware import SystemSpec
 
@@ -54,7 +54,7 @@ def host_adam_s(numel: np.ndarray, grad_bytes: int, system: SystemSpec | None) -
     return numel * ((grad_bytes + PARAM_BYTES) / link + ks.ADAM_BYTES_PER_ELEMENT / mem)
 
 
-def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
+def rank_work(b: StageBuilder) -> RankTable:
     """One RankWork per distinct (dense index, expert index) pair of the stage's GPUs (only the
     slowest one's with ``b.critical_only``).
 
@@ -100,9 +100,8 @@ def rank_work(b: StageBuilder) -> tuple[RankWork, ...]:
     if b.critical_only:  # the slowest class alone (the first of equals, as max() picks it)
         at = int(np.argmax(total_s))
         keep = slice(at, at + 1)
-    # one conversion per kind of column (lists of Python ints / floats), zipped in RankWork's field order
-    r, m, d_idx, e_idx = np.stack([first, counts, dd, ee]).astype(np.int64)[:, keep].tolist()
-    o, mt = np.stack([owned, both("muon_items")]).astype(np.int64)[:, keep].tolist()
-    fl, ns, ew, tp, iss, tot = np.stack([both("flops"), ns_s, ew_s, tp_s, issue_s, total_s])[:, keep].tolist()
-    by_part = zip(*np.stack([np.asarray(v, dtype=np.float64) for v in parts.values()])[:, keep].tolist(), strict=True)
-    return RankWork.from_rows(zip(r, o, fl, ns, ew, tp, m, d_idx, e_idx, iss, by_part, mt, tot, strict=True))
+    # the columns as they are: each RankWork is built when first read (RankTable)
+    ints = np.stack([first, counts, dd, ee, owned, both("muon_items")]).astype(np.int64)[:, keep]
+    floats = np.stack([both("flops"), ns_s, ew_s, tp_s, issue_s, total_s])[:, keep]
+    parts_rows = np.stack([np.asarray(v, dtype=np.float64) for v in parts.values()])[:, keep]
+    return RankTable(ints, floats, parts_rows)

@@ -40,7 +40,7 @@ from costmodel.optimizer.newton_schulz import (
 )
 from costmodel.optimizer.plan_types import (
     Bucket,
-    RankWork,
+    RankTable,
     RoleOwnership,
     StageOptimizerPlan,
 )
@@ -417,7 +417,7 @@ class StageBuilder:
         self.extra_calls.append(CollectiveCall("all_reduce", "embd", 2, self.grad_dtype, numel * self.gb, 1,
                                                "embedding_grad"))
 
-    def finish(self, rank_work: Callable[[StageBuilder], tuple[RankWork, ...]]) -> StageOptimizerPlan:
+    def finish(self, rank_work: Callable[[StageBuilder], RankTable]) -> StageOptimizerPlan:
         self.buckets.sort(key=lambda kb: kb[0])
         buckets = tuple(Bucket.from_fields(kw, order=i) for i, (_, kw) in enumerate(self.buckets))
         # the buckets' collectives, identical ones counted together (what merge_calls makes of them)
@@ -448,8 +448,8 @@ class StageBuilder:
         proto = StageOptimizerPlan(stage=self.stage, buckets=buckets, ranks=ranks, collectives=(),
                                    padding_overhead=padding, tp=g.tp, etp=g.etp, ep=g.ep, roles=roles,
                                    bucket_calls=tuple(merge_calls(bucket_calls)))
-        crit = max(range(len(ranks)), key=lambda i: ranks[i].total_s) if ranks else 0
-        calls = tuple(proto.gpu_collectives(ranks[crit].rank)) if ranks else ()
+        crit = max(range(len(ranks)), key=ranks.column("total_s").__getitem__) if len(ranks) else 0
+        calls = tuple(proto.gpu_collectives(ranks[crit].rank)) if len(ranks) else ()
         return StageOptimizerPlan(
             stage=self.stage, buckets=buckets, ranks=ranks, collectives=calls, padding_overhead=padding,
             collective_times_s=tuple(self.timer.call_s(c) for c in calls), critical_rank=crit,

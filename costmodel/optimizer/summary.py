@@ -9,13 +9,15 @@ kernel launches by part, its GPU and host-issue seconds (:mod:`costmodel.optimiz
 
 from __future__ import annotations
 
-from costmodel.optimizer.plan_types import OptimizerPlan, RankWork, StageOptimizerPlan
+from costmodel.optimizer.plan_types import OptimizerPlan, RankWork, StageOptimizerPlan, rank_column
 from costmodel.report import CollectiveOut, OptimizerKernelsOut, OptimizerReport, Stats
 
 
 def per_rank_loads_s(stage: StageOptimizerPlan) -> list[tuple[int, float, int]]:
     """(first GPU, optimizer seconds, multiplicity) of each rank class of ``stage``."""
-    return [(r.rank, r.total_s, r.multiplicity) for r in stage.ranks]
+    ranks = stage.ranks
+    return list(zip(rank_column(ranks, "rank"), rank_column(ranks, "total_s"), rank_column(ranks, "multiplicity"),
+                    strict=True))
 
 
 def imbalance_of(stage: StageOptimizerPlan) -> float:
@@ -38,11 +40,12 @@ def kernels_out(rank: RankWork, stage: StageOptimizerPlan) -> OptimizerKernelsOu
 def optimizer_report(plan: OptimizerPlan, exposed_s: float, hidden_s: float) -> OptimizerReport:
     """Fill :class:`costmodel.report.OptimizerReport` from ``plan`` and the engine's exposed/hidden seconds."""
     crit = plan.critical_stage
-    loads = [r.total_s for r in crit.ranks] or [0.0]
+    loads = rank_column(crit.ranks, "total_s") or [0.0]
     mean = crit.mean_rank_s
     gpus = sum(s.gpus for s in plan.stages)
-    flops_total = sum(r.newton_schulz_flops * r.multiplicity for s in plan.stages for r in s.ranks)
-    flops_max = max((r.newton_schulz_flops for s in plan.stages for r in s.ranks), default=0.0)
+    flops = [(rank_column(s.ranks, "newton_schulz_flops"), rank_column(s.ranks, "multiplicity")) for s in plan.stages]
+    flops_total = sum(f * m for fs, ms in flops for f, m in zip(fs, ms, strict=True))  # the same products, same order
+    flops_max = max((f for fs, _ in flops for f in fs), default=0.0)
     used = sum(b.used_numel for s in plan.stages for b in s.buckets)
     padded = sum(b.numel for s in plan.stages for b in s.buckets)
     collectives = [
