@@ -38,7 +38,7 @@ from costmodel.planner.space import Group
 
 Progress = Callable[[str, int, int], None]
 BOUND_TOLERANCE = 1e-9  # relative slack when checking a bound against a real time
-CHUNK = 48  # layouts per bound task
+CHUNK = 256  # layouts per bound task
 REP_TRIES = 3  # members timed per group before expanding it, when ranking the reference
 BATCH_PER_JOB = 8  # groups popped per worker and round of the best-first search
 
@@ -245,8 +245,10 @@ class Screen:
                 if unit[0] not in seen:
                     seen.add(unit[0])
                     first.append(unit)
-            # vpp fastest: neighbouring layouts share per-layer costs (the engine caches them)
-            first.sort(key=lambda u: (u[0][0], u[0][1], *u[0][3:], u[0][2]))
+            # neighbouring layouts share per-layer costs (the engine caches them): tp, cp, mbs, ep and
+            # etp slowest (a layer's operations), then pp (its micro-batch count), vpp fastest; a bound
+            # task holds a run of them, so the workers rarely price the same layer twice
+            first.sort(key=lambda u: (u[0][0], u[0][3], u[0][6], u[0][4], u[0][5], u[0][1], u[0][2]))
             self._bound_pass(first, "pipeline bounds")
             while pending := self._inherit():
                 self._bound_pass(pending, "pipeline bounds (recompute)")
