@@ -41,7 +41,7 @@ from costmodel.planner.pins import Pins
 from costmodel.planner.pool import default_jobs, evaluator, relaxed_gc, set_evaluators
 from costmodel.planner.ranking import pareto_front
 from costmodel.planner.result import PlanResult, PlanRow, ReferenceOut, SpaceStats, plan_row
-from costmodel.planner.screen import Progress, Screen
+from costmodel.planner.screen import Progress, Screen, start_first_bounds
 from costmodel.planner.sensitivity import (
     factor_sigmas,
     run_sensitivity,
@@ -54,6 +54,7 @@ from costmodel.planner.space import (
     build_scenario,
     default_values,
     enumerate_groups,
+    first_candidates,
     structure_grid,
 )
 from topologies.inputs import UserInputError
@@ -191,13 +192,12 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     if base.par.fsdp:  # Megatron-FSDP shards weights and gradients over at most gpus/(tp·pp) ranks
         lb = lb / (base.gpus / (grid[:, 0] * grid[:, 1]))
     grid_ok = grid[lb <= budget]
-    groups = enumerate_groups(base, options.pins, grid_ok)
-    if not groups:
+    recomputes = default_values(base, options.pins)["recompute"]
+    first = first_candidates(options.pins, grid_ok, recomputes[0]) if recomputes else []
+    if not first:  # no group at all
         raise _empty_space_error(base, options.pins, len(grid), lb, budget)
 
     screen_ev = Evaluator(base, engine, memory_fn, budget)
-    ref_eval = screen_ev.evaluate(Candidate.from_scenario(base)) if reference_ok else None
-    ref_time = ref_eval.step_time_s if ref_eval is not None and ref_eval.fits else None
     set_evaluators(screen=screen_ev, des_fn=des_fn)
     keep = max(options.limit, options.top_k, options.sensitivity_plans, 1)
     des: dict[Candidate, tuple[float, Any]] = {}
@@ -206,8 +206,13 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     interrupted = False
     with open_pool(jobs, options.scheduler) as pool:
         jobs = pool.jobs
+        # the workers price the first bounds while this process builds the groups and the reference
+        first_bounds = start_first_bounds(pool, first)
+        ref_eval = screen_ev.evaluate(Candidate.from_scenario(base)) if reference_ok else None
+        ref_time = ref_eval.step_time_s if ref_eval is not None and ref_eval.fits else None
+        groups = enumerate_groups(base, options.pins, grid_ok)
         screen = Screen(groups, pool, keep, progress, options.exhaustive, ref_time, options.max_rank_expansions,
-                        options.max_rank_evaluations, options.seed)
+                        options.max_rank_evaluations, options.seed, first_bounds)
         sres = screen.run()
         interrupted = sres.interrupted
         plans = sorted((s.best for s in screen.states if s.best is not None),

@@ -365,6 +365,23 @@ def enumerate_groups(base: Scenario, pins: Pins, grid: np.ndarray) -> list[Group
     return out
 
 
+def first_candidates(pins: Pins, grid: np.ndarray, recompute: str) -> list[Candidate]:
+    """Per structure row of ``grid``: the first candidate of its first group with ``recompute``, as
+    :func:`enumerate_groups` orders them (the candidate the screen prices the layout's bound with);
+    rows without any optimizer variant have none. Known before the groups are built."""
+    table: dict[tuple[bool, bool], tuple[str, str, tuple[Any, ...]] | None] = {}
+    out: list[Candidate] = []
+    for row in grid.tolist():
+        key = (row[0] > 1, row[5] > 1)
+        if key not in table:
+            variants = optimizer_variants(pins, row[0], row[5])
+            table[key] = next(((kind, dist, choices[0]) for (kind, dist), choices in variants.items()), None)
+        first = table[key]
+        if first is not None:
+            out.append(Candidate(*row, recompute, first[0], first[1], *first[2]))
+    return out
+
+
 def enumerate_candidates(base: Scenario, pins: Pins) -> tuple[list[Candidate], int]:
     """Every candidate of the space and the raw (unfiltered) product size (for small spaces/tests)."""
     grid, raw = structure_grid(base, pins)
