@@ -155,6 +155,13 @@ def task_representative(items: list[tuple[int, Group, float, int]]) -> list[tupl
     return out
 
 
+def task_members(item: tuple[bool, list[Any]]) -> tuple[bool, list[tuple[int, list[Evaluation], Evaluation | None]]]:
+    """``(True, groups)``: :func:`task_expand`; ``(False, groups)``: :func:`task_representative`
+    (the flag comes back with the results)."""
+    expand, items = item
+    return expand, (task_expand(items) if expand else task_representative(items))
+
+
 # ----------------------------------------------------------------------------- the screen
 class Screen:
     """Best-first screening of groups on a :class:`TaskPool`."""
@@ -329,12 +336,11 @@ class Screen:
                     full.append((i, s.group))
             if bounds:
                 self._bound_pass(list(dict.fromkeys(bounds)), "pipeline bounds (recompute)")
-            for results in self.pool.map(task_representative, self._tasks(reps)):
+            # one stream for both kinds of task: no barrier between them (in process: the same order)
+            tasks = [(False, t) for t in self._tasks(reps)] + [(True, t) for t in self._tasks(full)]
+            for expand, results in self.pool.map(task_members, tasks):
                 for i, timed, failure in results:
-                    self._apply_members(i, timed, failure, expanded=False)
-            for results in self.pool.map(task_expand, self._tasks(full)):
-                for i, timed, failure in results:
-                    self._apply_members(i, timed, failure, expanded=True)
+                    self._apply_members(i, timed, failure, expanded=expand)
             expanded += len(full)
             done += len(reps) + len(full)
             for i in {*(item[0] for item in reps), *(item[0] for item in full)} | {
