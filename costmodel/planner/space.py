@@ -378,7 +378,10 @@ def first_candidates(pins: Pins, grid: np.ndarray, recompute: str) -> list[Candi
             table[key] = next(((kind, dist, choices[0]) for (kind, dist), choices in variants.items()), None)
         first = table[key]
         if first is not None:
-            out.append(Candidate(*row, recompute, first[0], first[1], *first[2]))
+            tp, pp, vpp, cp, ep, etp, mbs = row
+            layout, tp_mode, load_balance, hide = first[2]
+            out.append(Candidate(tp, pp, vpp, cp, ep, etp, mbs, recompute, first[0], first[1], layout, tp_mode,
+                                 load_balance, hide))
     return out
 
 
