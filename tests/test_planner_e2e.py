@@ -79,6 +79,23 @@ def test_fast_pipeline_bound_equals_the_engine(default_scenario) -> None:
         assert fast_pipeline_bound_s(sc) == pytest.approx(engine.engine_pipeline_bound_s(sc), rel=1e-12)
 
 
+def test_fast_bound_shares_layers_without_experts_across_expert_layouts(default_scenario) -> None:
+    """Dense, embedding and output layers are priced once for layouts that differ only in ep and etp
+    (their operations and collectives do not involve the experts); each layout's bound is still
+    exactly the engine's, whichever layout priced the shared layers first."""
+    from costmodel.planner import bound
+
+    engine = FastAnalytic()
+    bound._NON_MOE_COSTS.clear()
+    for ep, etp in ((64, 1), (16, 1), (32, 2), (8, 1)):
+        cand = Candidate(1, 4, 2, 1, ep, etp, 1, "none", "muon", "layer_wise", "current", None, "lpt", True)
+        sc = build_scenario(default_scenario, cand)
+        assert fast_pipeline_bound_s(sc) == engine.engine_pipeline_bound_s(sc), cand.label()
+    kinds = {key[1] for key in (k[0] for k in bound._NON_MOE_COSTS._entries)}
+    assert kinds == {"dense", "embedding", "output"}  # Kimi K2: one dense layer, then MoE layers
+    assert len(bound._NON_MOE_COSTS) == 3  # priced for the first layout, shared by the other three
+
+
 def test_inventory_memory_equals_memory_breakdown(default_scenario) -> None:
     memory = InventoryMemory()
     for cand in _sample(default_scenario, 8, seed=6):

@@ -152,3 +152,26 @@ def test_plan_searches_only_megatron_pairs_unless_hypothetical_allowed(default_s
         parse_pins(raw | {"layer_wise_layout": "legacy", "load_balance": "lpt"})
     assert "\n" not in str(err.value)
     assert parse_pins(raw | {"layer_wise_layout": "legacy", "load_balance": "lpt"}, allow_hypothetical=True)
+
+
+@pytest.mark.parametrize("pins", [{}, {"optimizer": "adamw,muon", "tp": "1,2", "etp": "1,2", "pp": "2,4"},
+                                  {"recompute": "full,none", "distribution": "replicated,layer_wise"}])
+def test_first_candidates_are_the_groups_first_candidates(default_scenario, pins) -> None:
+    """The candidates the first bound pass is handed to the workers with (before the groups exist) are
+    the first candidate of each layout's first group with the first recompute mode."""
+    from costmodel.planner.space import (
+        default_values,
+        enumerate_groups,
+        first_candidates,
+        structure_grid,
+    )
+
+    parsed = parse_pins(pins)
+    grid, _ = structure_grid(default_scenario, parsed)
+    rc = default_values(default_scenario, parsed)["recompute"][0]
+    expected: dict[tuple, object] = {}
+    for g in enumerate_groups(default_scenario, parsed, grid):
+        if g.recompute == rc:
+            expected.setdefault(g.structure, g.candidates()[0])
+    assert first_candidates(parsed, grid, rc) == list(expected.values())
+    assert len(expected) == len(grid)

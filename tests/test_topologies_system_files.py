@@ -94,3 +94,26 @@ def test_a_fabric_too_small_for_the_job_is_one_line(tmp_path, run_cli):
 def test_missing_system_file_is_one_line(run_cli):
     result = run_cli("topology", "--system", "/nonexistent/sys.yaml")
     assert result.exit_code == 2 and "does not exist" in result.stderr
+
+
+def test_every_shipped_yaml_file_loads_as_safe_load_gives_it() -> None:
+    """The fast (libyaml) safe loader builds the very objects ``yaml.safe_load`` builds, for every YAML
+    file of the repository (systems, models, defaults tables, calibration profiles, scenarios)."""
+    from topologies.inputs import load_yaml_file
+
+    root = Path(__file__).resolve().parents[1]
+    files = [p for p in root.rglob("*.y*ml") if ".git" not in p.parts and p.suffix in (".yaml", ".yml")]
+    assert len(files) >= 10
+    for path in files:
+        expected = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if isinstance(expected, dict):
+            assert load_yaml_file(path) == expected, path
+
+
+def test_malformed_yaml_message_names_line_and_column(tmp_path: Path) -> None:
+    from topologies.inputs import load_yaml_file
+
+    path = tmp_path / "bad.yaml"
+    path.write_text("a: 1\nb: [2,\n", encoding="utf-8")
+    with pytest.raises(UserInputError, match=r"malformed YAML at line 3, column 1"):
+        load_yaml_file(path)

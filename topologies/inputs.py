@@ -3,7 +3,8 @@
 Everything a user can type or point at (a catalogue name, a YAML file, a flag) is checked at the
 boundary and turned into a :class:`UserInputError` whose message is one line naming the field or
 file and what would be valid. The CLI prints that line and exits with code 2, with no traceback.
-YAML is always read with ``yaml.safe_load``: a configuration file can never execute code.
+YAML is always read with the safe loader (libyaml's ``CSafeLoader`` when PyYAML has it, else
+``yaml.SafeLoader``: the same objects, several times faster): a configuration file can never execute code.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+
+FAST_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's parser with PyYAML's safe constructor and resolver (the objects ``yaml.safe_load`` gives)."""
 
 
 class UserInputError(ValueError):
@@ -30,7 +34,11 @@ def load_yaml_file(path: str | Path, what: str = "file") -> dict[str, Any]:
     if not p.is_file():
         raise UserInputError(f"{what} '{p}' does not exist")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
+        try:
+            data = yaml.load(text, Loader=FAST_SAFE_LOADER)  # noqa: S506 - a safe loader (C or Python)
+        except yaml.YAMLError:  # the pure-Python parser's message for the error (where and what)
+            data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

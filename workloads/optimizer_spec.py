@@ -9,6 +9,7 @@ Megatron-Core does not have. Re-exported by :mod:`workloads.scenario`.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,6 +38,13 @@ def default_distribution(optimizer: str) -> Distribution:
 def default_load_balance(layout: str) -> LoadBalance:
     """The load balance Megatron runs with a layer-wise ``layout``: lpt (current), ping_pong (legacy)."""
     return "lpt" if layout == "current" else "ping_pong"
+
+
+@lru_cache(maxsize=64)
+def version_tuple(version: str) -> tuple[int, ...]:
+    """A dotted version string as integers, e.g. '0.3.0' -> (0, 3, 0) (memoised: every scenario
+    validation reads it)."""
+    return tuple(int(x) for x in version.split("."))
 
 
 class OptimizerSpec(BaseModel):
@@ -98,7 +106,7 @@ class OptimizerSpec(BaseModel):
     @property
     def eo_version_tuple(self) -> tuple[int, ...]:
         """``eo_version`` as integers, e.g. (0, 3, 0)."""
-        return tuple(int(x) for x in self.eo_version.split("."))
+        return version_tuple(self.eo_version)
 
     @property
     def resolved_distribution(self) -> Distribution:

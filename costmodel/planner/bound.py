@@ -29,20 +29,58 @@ _KIND_COSTS: IdentityMemo[dict[str, tuple[float, float]]] = IdentityMemo(_CACHE_
 _ITEMS: IdentityMemo[tuple[tuple[tuple[str, int], ...], ...]] = IdentityMemo(_CACHE_LIMIT)  # the model by identity
 
 
+_NON_MOE_COSTS: IdentityMemo[tuple[float, float]] = IdentityMemo(_CACHE_LIMIT)  # model, system by identity
+NON_MOE_GROUPS = ("tp", "cp")  # the only group shapes a layer without an MoE block communicates in
+
+
+def _kind_time(scenario: Scenario, shape: Any, kind: str, shapes: dict[str, Any]) -> tuple[float, float]:
+    """(forward, backward) compute-stream seconds of one layer of ``kind`` for one micro-batch: its
+    compute plus the exposed part of its collectives (:func:`costmodel.layer_comm.layer_kind_costs`)."""
+    from costmodel.layer_comm import layer_kind_costs
+
+    f, b, cf, cb = layer_kind_costs(scenario, shape, kind, shapes, True)
+    return f + sum(c.exposed_s for c in cf), b + sum(c.exposed_s for c in cb)
+
+
+def _non_moe_key(scenario: Scenario, shape: Any, shapes: dict[str, Any]) -> tuple[Any, ...]:
+    """The layer cache key of a layer without an MoE block (dense, embedding, output): its operations
+    do not read the rank shape's ep, etp or dispatcher (:func:`costmodel.layer_comm.layer_compute`
+    keys them alike) and its collectives are TP and CP only (:func:`costmodel.layer_comm.layer_comm`
+    adds EP ones to MoE layers alone), so the layouts of one search that differ in ep or etp share it."""
+    from dataclasses import replace
+
+    from costmodel import layer_costs as lc
+
+    dense_shape = replace(shape, ep=1, etp=1, moe_dispatcher="flex")
+    return lc.layer_cache_key(scenario, dense_shape, "", {k: shapes[k] for k in NON_MOE_GROUPS})
+
+
 def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kinds: set[str]) -> dict[str, tuple[float, float]]:
     """Per layer kind of ``kinds``: (forward, backward) compute-stream seconds of one layer for one
-    micro-batch. Memoised on the engine's layer cache key (hashed once for all the kinds)."""
+    micro-batch. Memoised on the engine's layer cache key (hashed once for all the kinds); the kinds
+    without an MoE block also on their narrower key (:func:`_non_moe_key`)."""
     from costmodel import layer_costs as lc
-    from costmodel.layer_comm import layer_kind_costs
+    from costmodel.layer_comm import MOE_OPS_KINDS, base_kind
 
     model, system = scenario.model, scenario.system
     key = lc.layer_cache_key(scenario, shape, "", shapes)  # every kind's key but the kind
     times = _KIND_COSTS.get(key, model, system)
     if times is None:
         times = _KIND_COSTS.put({}, key, model, system)
-    for kind in kinds - times.keys():
-        f, b, cf, cb = layer_kind_costs(scenario, shape, kind, shapes, True)
-        times[kind] = (f + sum(c.exposed_s for c in cf), b + sum(c.exposed_s for c in cb))
+    missing = kinds - times.keys()
+    if not missing:
+        return times
+    non_moe_key = None
+    for kind in sorted(missing):
+        if base_kind(kind) in MOE_OPS_KINDS:
+            times[kind] = _kind_time(scenario, shape, kind, shapes)
+            continue
+        if non_moe_key is None:
+            non_moe_key = _non_moe_key(scenario, shape, shapes)
+        hit = _NON_MOE_COSTS.get((non_moe_key, kind), model, system)
+        if hit is None:
+            hit = _NON_MOE_COSTS.put(_kind_time(scenario, shape, kind, shapes), (non_moe_key, kind), model, system)
+        times[kind] = hit
     return times
 
 

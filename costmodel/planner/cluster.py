@@ -104,20 +104,35 @@ class DaskTaskPool(TaskPool):
 
         Leaving the loop early (an exception, Ctrl-C) cancels the tasks not yet done.
         """
-        from distributed import as_completed
-
         items = list(tasks)
         if not items:
             return
+        yield from self._results(self._submit(func, items))
+
+    def start_map(self, func: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
+        """:meth:`map` with the tasks submitted to the cluster now."""
+        items = list(tasks)
+        return self._results(self._submit(func, items)) if items else iter(())
+
+    def _submit(self, func: Callable[[Any], Any], items: list[Any]) -> list[Any]:
         futures = self._client.map(_run_task, items, run=func, bundle=self._bundle, pure=False)
-        self._pending = set(futures)
+        self._pending |= set(futures)
+        return futures
+
+    def _results(self, futures: list[Any]) -> Iterator[Any]:
+        from distributed import as_completed
+
+        mine = set(futures)
         try:  # results are gathered on the client's loop: Ctrl-C lands in a plain wait, not inside a sync call
             for future, result in as_completed(futures, loop=self._client.loop, with_results=True):
                 self._pending.discard(future)
+                mine.discard(future)
                 future.release()
                 yield result
-        finally:
-            self._cancel()
+        finally:  # this stream's tasks not yet done (left early) are cancelled
+            if mine and self._client is not None:
+                self._client.cancel(list(mine))
+                self._pending -= mine
 
     def _cancel(self) -> None:
         if self._pending:

@@ -41,13 +41,20 @@ from costmodel.planner.pins import Pins
 from costmodel.planner.pool import default_jobs, evaluator, relaxed_gc, set_evaluators
 from costmodel.planner.ranking import pareto_front
 from costmodel.planner.result import PlanResult, PlanRow, ReferenceOut, SpaceStats, plan_row
-from costmodel.planner.screen import Progress, Screen
-from costmodel.planner.sensitivity import factor_sigmas, run_sensitivity
+from costmodel.planner.screen import Progress, Screen, start_first_bounds
+from costmodel.planner.sensitivity import (
+    factor_sigmas,
+    run_sensitivity,
+    sample_tasks,
+    summarise,
+    task_sample,
+)
 from costmodel.planner.space import (
     Candidate,
     build_scenario,
     default_values,
     enumerate_groups,
+    first_candidates,
     structure_grid,
 )
 from topologies.inputs import UserInputError
@@ -105,6 +112,22 @@ def task_des(cand: Candidate) -> tuple[Candidate, float, Any]:
     ev = evaluator("screen")
     report = evaluator("des_fn")(build_scenario(ev.base, cand))
     return cand, float(report.step_time_s), report
+
+
+def task_after_screen(item: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A pool task of the phase after the screen: ``("des", candidate)`` -> ``("des", candidate, DES
+    step time s, StepReport)``; ``("sample", k, task)`` -> ``("sample", k, step times s)`` of the
+    sensitivity's draw ``k`` (:func:`costmodel.planner.sensitivity.task_sample`)."""
+    if item[0] == "des":
+        return ("des", *task_des(item[1]))
+    return "sample", item[1], task_sample(item[2])
+
+
+def _sensitivity_candidates(plans: list[Evaluation], head: int, n: int, des_todo: list[Candidate]) -> list[Candidate]:
+    """The plans the sensitivity may rank, known before the DES re-ranks the head: the final top ``n``
+    is drawn from the first ``max(n, head)`` plans and the reference (which joins the head when its
+    DES time beats every head plan's)."""
+    return list(dict.fromkeys([e.candidate for e in plans[:max(n, head)]] + des_todo[head:]))
 
 
 def _empty_space_error(base: Scenario, pins: Pins, grid_rows: int, lb: np.ndarray, budget: float) -> UserInputError:
@@ -169,13 +192,12 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     if base.par.fsdp:  # Megatron-FSDP shards weights and gradients over at most gpus/(tp·pp) ranks
         lb = lb / (base.gpus / (grid[:, 0] * grid[:, 1]))
     grid_ok = grid[lb <= budget]
-    groups = enumerate_groups(base, options.pins, grid_ok)
-    if not groups:
+    recomputes = default_values(base, options.pins)["recompute"]
+    first = first_candidates(options.pins, grid_ok, recomputes[0]) if recomputes else []
+    if not first:  # no group at all
         raise _empty_space_error(base, options.pins, len(grid), lb, budget)
 
     screen_ev = Evaluator(base, engine, memory_fn, budget)
-    ref_eval = screen_ev.evaluate(Candidate.from_scenario(base)) if reference_ok else None
-    ref_time = ref_eval.step_time_s if ref_eval is not None and ref_eval.fits else None
     set_evaluators(screen=screen_ev, des_fn=des_fn)
     keep = max(options.limit, options.top_k, options.sensitivity_plans, 1)
     des: dict[Candidate, tuple[float, Any]] = {}
@@ -184,43 +206,67 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     interrupted = False
     with open_pool(jobs, options.scheduler) as pool:
         jobs = pool.jobs
+        # the workers price the first bounds while this process builds the groups and the reference
+        first_bounds = start_first_bounds(pool, first)
+        ref_eval = screen_ev.evaluate(Candidate.from_scenario(base)) if reference_ok else None
+        ref_time = ref_eval.step_time_s if ref_eval is not None and ref_eval.fits else None
+        groups = enumerate_groups(base, options.pins, grid_ok)
         screen = Screen(groups, pool, keep, progress, options.exhaustive, ref_time, options.max_rank_expansions,
-                        options.max_rank_evaluations, options.seed)
+                        options.max_rank_evaluations, options.seed, first_bounds)
         sres = screen.run()
         interrupted = sres.interrupted
         plans = sorted((s.best for s in screen.states if s.best is not None),
                        key=lambda e: (e.step_time_s, e.memory_bytes, e.candidate.label()))
         head = plans[:options.top_k]
+        todo: list[Candidate] = []
         if not interrupted and head:
-            t0 = time.perf_counter()
             todo = [e.candidate for e in head]
             if ref_time is not None and ref_eval is not None and ref_eval.candidate not in todo:
                 todo.append(ref_eval.candidate)
+        sigmas, source = factor_sigmas(profile, base.system.name, base.system.efficiency, options.assumed_sigma)
+        drawn: list[Candidate] = []  # every plan the sensitivity may rank (the DES decides which)
+        if not interrupted and options.samples > 0 and sigmas:
+            drawn = _sensitivity_candidates(plans, len(head), options.sensitivity_plans, todo)
+        tasks = sample_tasks(drawn, sigmas, options.samples, options.seed) if len(drawn) >= 2 else []
+        times_by_draw: dict[int, list[float]] = {}
+        if todo or tasks:  # the DES runs and the draws share the pool: the draws fill the DES's last round
+            t0 = time.perf_counter()
             try:
-                if progress:
+                if progress and todo:
                     progress("discrete-event engine", 0, len(todo))
-                for k, (cand, t, report) in enumerate(pool.map(task_des, todo), 1):
-                    des[cand] = (t, report)
-                    if progress:
-                        progress("discrete-event engine", k, len(todo))
+                items = [("des", c) for c in todo] + [("sample", k, t) for k, t in enumerate(tasks)]
+                for out in pool.map(task_after_screen, items):
+                    if out[0] == "des":
+                        des[out[1]] = (out[2], out[3])
+                        t_des = time.perf_counter() - t0
+                        if progress:
+                            progress("discrete-event engine", len(des), len(todo))
+                    else:
+                        times_by_draw[out[1]] = out[2]
+                        t_sens = time.perf_counter() - t0
             except KeyboardInterrupt:
                 interrupted = True
                 pool.close(terminate=True)
-            t_des = time.perf_counter() - t0
+            t_sens = max(t_sens - t_des, 0.0)  # what the draws took beyond the DES
         ranked, ref_joined = _final_order(plans, head, des, ref_eval)
         if ref_joined:
             notes.append("the reference scenario's DES time beats every DES-ranked head plan: it is listed first")
         if not interrupted and options.samples > 0 and len(ranked) >= 2:
-            t0 = time.perf_counter()
-            sigmas, source = factor_sigmas(profile, base.system.name, base.system.efficiency, options.assumed_sigma)
             top = ranked[:options.sensitivity_plans]
-            try:
-                sensitivity = run_sensitivity([e.candidate for e in top], [e.step_time_s for e in top], sigmas, source,
-                                              pool.map, options.samples, options.seed)
-            except KeyboardInterrupt:
-                interrupted = True
-                pool.close(terminate=True)
-            t_sens = time.perf_counter() - t0
+            cands, nominal = [e.candidate for e in top], [e.step_time_s for e in top]
+            where = {c: i for i, c in enumerate(drawn)}
+            if tasks and len(times_by_draw) == len(tasks) and all(c in where for c in cands):
+                per_draw = [[times_by_draw[k][where[c]] for c in cands] for k in range(len(tasks))]
+                sensitivity = summarise(cands, nominal, sigmas, source, per_draw)
+            else:  # skipped (no sigma), or plans the draws did not cover
+                t0 = time.perf_counter()
+                try:
+                    sensitivity = run_sensitivity(cands, nominal, sigmas, source, pool.map, options.samples,
+                                                  options.seed)
+                except KeyboardInterrupt:
+                    interrupted = True
+                    pool.close(terminate=True)
+                t_sens += time.perf_counter() - t0
     explanations = []
     try:
         explanations = [dataclasses.asdict(explain(q, screen, screen_ev, ranked)) for q in options.explain]

@@ -100,6 +100,13 @@ class TaskPool:
             return
         yield from self._pool.imap_unordered(func, tasks)
 
+    def start_map(self, func: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
+        """:meth:`map`, with the tasks handed to the workers now rather than when the results are
+        first asked for (the caller does other work meanwhile). In-process (``jobs=1``) they run then."""
+        if self._pool is None:
+            return self.map(func, tasks)
+        return iter(self._pool.imap_unordered(func, tasks))
+
     def close(self, terminate: bool = False) -> None:
         """Stop the workers (``terminate`` after an interrupt: do not wait for running tasks)."""
         if self._pool is None:

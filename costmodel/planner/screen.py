@@ -28,17 +28,17 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from costmodel.planner.evaluate import Evaluation
 from costmodel.planner.pool import TaskPool, evaluator
-from costmodel.planner.space import Group
+from costmodel.planner.space import Candidate, Group
 
 Progress = Callable[[str, int, int], None]
 BOUND_TOLERANCE = 1e-9  # relative slack when checking a bound against a real time
-CHUNK = 48  # layouts per bound task
+CHUNK = 256  # layouts per bound task
 REP_TRIES = 3  # members timed per group before expanding it, when ranking the reference
 BATCH_PER_JOB = 8  # groups popped per worker and round of the best-first search
 
@@ -83,6 +83,29 @@ def task_bounds(items: list[tuple[int, Group]]) -> list[tuple[int, float, Evalua
     """Pipeline bounds of layouts (one group stands for its layout and recompute mode)."""
     ev = evaluator("screen")
     return [(i, *ev.bound(g.candidates()[0])) for i, g in items]
+
+
+def task_first_bounds(cands: list[Candidate]) -> list[tuple[tuple[Any, ...], float, Evaluation | None]]:
+    """Pipeline bounds of layouts given by one candidate each: (layout key, bound, failure)."""
+    ev = evaluator("screen")
+    return [(((c.tp, c.pp, c.vpp, c.cp, c.ep, c.etp, c.mbs), c.recompute), *ev.bound(c)) for c in cands]
+
+
+def bound_order(structure: tuple[int, ...]) -> tuple[int, ...]:
+    """Sort key of the bound passes: neighbouring layouts share per-layer costs (the engine caches
+    them): tp, cp, mbs, ep and etp slowest (a layer's operations), then pp (its micro-batch count),
+    vpp fastest; a bound task holds a run of them, so the workers rarely price the same layer twice."""
+    tp, pp, vpp, cp, ep, etp, mbs = structure
+    return tp, cp, mbs, ep, etp, pp, vpp
+
+
+def start_first_bounds(pool: TaskPool, cands: list[Candidate]) -> tuple[int, Iterator[Any]]:
+    """Hand the first bound pass to the pool now (one candidate per layout, its first recompute
+    mode: :func:`costmodel.planner.space.first_candidates`), while the caller builds the groups;
+    :class:`Screen` takes the returned (count, results) as ``first_bounds``."""
+    ordered = sorted(cands, key=lambda c: bound_order((c.tp, c.pp, c.vpp, c.cp, c.ep, c.etp, c.mbs)))
+    chunks = [ordered[k:k + CHUNK] for k in range(0, len(ordered), CHUNK)]
+    return len(ordered), pool.start_map(task_first_bounds, chunks)
 
 
 def _smallest_failure(failures: list[Evaluation]) -> Evaluation | None:
@@ -132,14 +155,23 @@ def task_representative(items: list[tuple[int, Group, float, int]]) -> list[tupl
     return out
 
 
+def task_members(item: tuple[bool, list[Any]]) -> tuple[bool, list[tuple[int, list[Evaluation], Evaluation | None]]]:
+    """``(True, groups)``: :func:`task_expand`; ``(False, groups)``: :func:`task_representative`
+    (the flag comes back with the results)."""
+    expand, items = item
+    return expand, (task_expand(items) if expand else task_representative(items))
+
+
 # ----------------------------------------------------------------------------- the screen
 class Screen:
     """Best-first screening of groups on a :class:`TaskPool`."""
 
     def __init__(self, groups: list[Group], pool: TaskPool, keep: int, progress: Progress | None = None,
                  exhaustive: bool = False, reference_time_s: float | None = None,
-                 max_rank_expansions: int = 600, max_rank_evaluations: int = 2000, seed: int = 0) -> None:
+                 max_rank_expansions: int = 600, max_rank_evaluations: int = 2000, seed: int = 0,
+                 first_bounds: tuple[int, Iterator[Any]] | None = None) -> None:
         self.states = [GroupState(g) for g in groups]
+        self.first_bounds = first_bounds  # the first bound pass, already handed to the pool (start_first_bounds)
         self.pool = pool
         self.keep = max(keep, 1)
         self.progress = progress or (lambda *_: None)
@@ -207,13 +239,19 @@ class Screen:
     def _bound_pass(self, units: list[tuple[Any, ...]], label: str) -> None:
         items = [(self._units[u][0], self.states[self._units[u][0]].group) for u in units]
         chunks = [items[k:k + CHUNK] for k in range(0, len(items), CHUNK)]
+        results = ([(self.states[i].group.layout_key, bound, failure) for i, bound, failure in chunk]
+                   for chunk in self.pool.map(task_bounds, chunks))
+        self._take_bounds(results, len(items), label)
+
+    def _take_bounds(self, results: Iterable[list[tuple[Any, ...]]], total: int, label: str) -> None:
+        """Record bound results (lists of (layout key, bound, failure)) as they arrive."""
         done = 0
-        self.progress(label, 0, len(items))
-        for results in self.pool.map(task_bounds, chunks):
-            for i, bound, failure in results:
-                self._set_bound(self.states[i].group.layout_key, bound, failure)
-            done += len(results)
-            self.progress(label, done, len(items))
+        self.progress(label, 0, total)
+        for chunk in results:
+            for unit, bound, failure in chunk:
+                self._set_bound(unit, bound, failure)
+            done += len(chunk)
+            self.progress(label, done, total)
 
     def _inherit(self) -> list[tuple[Any, ...]]:
         """Later recompute modes take the first mode's bound; layouts still needing one are returned."""
@@ -239,15 +277,19 @@ class Screen:
         """Screen every group (Ctrl-C: stop and keep what was found)."""
         start = time.perf_counter()
         try:
-            seen: set[tuple[Any, ...]] = set()
-            first = []
-            for unit in self._units:
-                if unit[0] not in seen:
-                    seen.add(unit[0])
-                    first.append(unit)
-            # vpp fastest: neighbouring layouts share per-layer costs (the engine caches them)
-            first.sort(key=lambda u: (u[0][0], u[0][1], *u[0][3:], u[0][2]))
-            self._bound_pass(first, "pipeline bounds")
+            if self.first_bounds is not None:  # handed to the pool before the groups were built
+                total, results = self.first_bounds
+                self.first_bounds = None
+                self._take_bounds(results, total, "pipeline bounds")
+            else:
+                seen: set[tuple[Any, ...]] = set()
+                first = []
+                for unit in self._units:
+                    if unit[0] not in seen:
+                        seen.add(unit[0])
+                        first.append(unit)
+                first.sort(key=lambda u: bound_order(u[0]))
+                self._bound_pass(first, "pipeline bounds")
             while pending := self._inherit():
                 self._bound_pass(pending, "pipeline bounds (recompute)")
             self._best_first(lambda: self.threshold_s(), "expanding best groups")
@@ -294,12 +336,11 @@ class Screen:
                     full.append((i, s.group))
             if bounds:
                 self._bound_pass(list(dict.fromkeys(bounds)), "pipeline bounds (recompute)")
-            for results in self.pool.map(task_representative, self._tasks(reps)):
+            # one stream for both kinds of task: no barrier between them (in process: the same order)
+            tasks = [(False, t) for t in self._tasks(reps)] + [(True, t) for t in self._tasks(full)]
+            for expand, results in self.pool.map(task_members, tasks):
                 for i, timed, failure in results:
-                    self._apply_members(i, timed, failure, expanded=False)
-            for results in self.pool.map(task_expand, self._tasks(full)):
-                for i, timed, failure in results:
-                    self._apply_members(i, timed, failure, expanded=True)
+                    self._apply_members(i, timed, failure, expanded=expand)
             expanded += len(full)
             done += len(reps) + len(full)
             for i in {*(item[0] for item in reps), *(item[0] for item in full)} | {

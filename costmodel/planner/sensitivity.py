@@ -107,21 +107,29 @@ def task_sample(item: tuple[dict[str, float], list[Candidate]]) -> list[float]:
     return [perturbed.evaluate(c).step_time_s for c in plans]
 
 
-def run_sensitivity(plans: list[Candidate], nominal_s: list[float], sigmas: dict[str, float], source: str,
-                    mapper: Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]],
-                    samples: int = 16, seed: int = 0) -> SensitivityResult:
-    """Re-rank ``plans`` (nominal order, best first; ``nominal_s`` their analytic times) under
-    ``samples`` draws of the factors; ``mapper(func, tasks)`` runs :func:`task_sample` (a pool)."""
+def skipped_note(plans: int, sigmas: dict[str, float], source: str, samples: int) -> str | None:
+    """Why the sensitivity is skipped (None: it runs): fewer than two plans, no sigma, no samples."""
+    if not sigmas or samples <= 0 or plans < 2:
+        return "skipped: " + ("fewer than two plans" if plans < 2 else source if not sigmas else "no samples")
+    return None
+
+
+def sample_tasks(plans: list[Candidate], sigmas: dict[str, float], samples: int,
+                 seed: int = 0) -> list[tuple[dict[str, float], list[Candidate]]]:
+    """The :func:`task_sample` tasks of ``samples`` draws (in draw order) for ``plans``."""
+    return [(d, plans) for d in draw_factors(plans_base_factors(), sigmas, samples, seed)]
+
+
+def summarise(plans: list[Candidate], nominal_s: list[float], sigmas: dict[str, float], source: str,
+              times_per_draw: list[list[float]]) -> SensitivityResult:
+    """The :class:`SensitivityResult` of ``plans`` (nominal order, ``nominal_s`` their analytic
+    seconds) from each draw's step times of them (seconds, draw order)."""
     labels = [c.label() for c in plans]
-    if not sigmas or samples <= 0 or len(plans) < 2:
-        note = "skipped: " + ("fewer than two plans" if len(plans) < 2 else source if not sigmas else "no samples")
-        return SensitivityResult(samples=0, plans=labels, sigmas=sigmas, source=source, note=note)
     nominal = np.asarray(nominal_s, dtype=np.float64)
-    draws = draw_factors(plans_base_factors(), sigmas, samples, seed)
     taus: list[float] = []
     ranks: list[np.ndarray] = []
     best: Counter[str] = Counter()
-    for times_list in mapper(task_sample, [(d, plans) for d in draws]):
+    for times_list in times_per_draw:
         times = np.asarray(times_list, dtype=np.float64)
         taus.append(kendall_tau(nominal, times))
         ranks.append(np.argsort(np.argsort(times, kind="stable"), kind="stable") + 1)
@@ -133,6 +141,28 @@ def run_sensitivity(plans: list[Candidate], nominal_s: list[float], sigmas: dict
         kendall_tau_mean=float(np.mean(taus)), kendall_tau_min=float(np.min(taus)),
         mean_rank=[float(r) for r in np.mean(np.array(ranks), axis=0)], top1_counts=dict(best.most_common()),
     )
+
+
+def run_sensitivity(plans: list[Candidate], nominal_s: list[float], sigmas: dict[str, float], source: str,
+                    mapper: Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]],
+                    samples: int = 16, seed: int = 0) -> SensitivityResult:
+    """Re-rank ``plans`` (nominal order, best first; ``nominal_s`` their analytic times) under
+    ``samples`` draws of the factors; ``mapper(func, tasks)`` runs :func:`task_sample` (a pool).
+
+    The draws are summarised in draw order, whatever order the pool returns them in."""
+    labels = [c.label() for c in plans]
+    note = skipped_note(len(plans), sigmas, source, samples)
+    if note is not None:
+        return SensitivityResult(samples=0, plans=labels, sigmas=sigmas, source=source, note=note)
+    tasks = sample_tasks(plans, sigmas, samples, seed)
+    times = dict(mapper(task_sample_indexed, list(enumerate(tasks))))
+    return summarise(plans, nominal_s, sigmas, source, [times[k] for k in range(len(tasks))])
+
+
+def task_sample_indexed(item: tuple[int, tuple[dict[str, float], list[Candidate]]]) -> tuple[int, list[float]]:
+    """(draw index, :func:`task_sample` of the draw): a pool task whose result says which draw it is."""
+    k, task = item
+    return k, task_sample(task)
 
 
 def plans_base_factors() -> EfficiencyFactors:

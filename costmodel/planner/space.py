@@ -28,11 +28,13 @@ from typing import Any, get_args
 import numpy as np
 
 from costmodel.planner.pins import CATEGORICAL_KEYS, Pins
+from topologies.identity_memo import IdentityMemo
 from workloads.recipe_settings import LAYOUT_KEYS, layout_bound_skip
 from workloads.runtime import RuntimeSettings
 from workloads.scenario import (
     LayerWiseLayout,
     LoadBalance,
+    OptimizerSpec,
     Parallelism,
     Recompute,
     Scenario,
@@ -133,20 +135,54 @@ def normalised(tp: int, pp: int, vpp: int, cp: int, ep: int, etp: int, mbs: int,
     )
 
 
+_CONFIG_PARTS: IdentityMemo[Any] = IdentityMemo(4096)  # the base config by identity
+
+
+def _layout_parts(base: ScenarioConfig, pp: int, vpp: int, ep: int) -> tuple[dict[str, Any], RuntimeSettings]:
+    """(the parallelism settings :func:`without_layout_bound` resets, the runtime it keeps) for a
+    candidate of sizes pp, vpp and ep: they depend on nothing else (memoised on the base's identity)."""
+    key = ("layout", pp, vpp, ep)
+    hit = _CONFIG_PARTS.get(key, base)
+    if hit is None:
+        base_par = base.parallelism
+        sizes = {"pp": pp, "vpp": vpp, "ep": ep}
+        recipe_pp_vpp = (base_par.pp, base_par.vpp)
+        reset = {k: Parallelism.model_fields[k].default for k in (*LAYOUT_KEYS, "ep_comm_overlap")
+                 if layout_bound_skip(k, getattr(base_par, k), recipe_pp_vpp, sizes) is not None}
+        runtime = base.runtime
+        if layout_bound_skip("delay_wgrad_compute", runtime.delay_wgrad_compute, recipe_pp_vpp, sizes) is not None:
+            runtime = runtime.model_copy(update={"delay_wgrad_compute": False})
+        hit = _CONFIG_PARTS.put((reset, runtime), key, base)
+    return hit
+
+
+def _optimizer_spec(base: ScenarioConfig, cand: Candidate) -> OptimizerSpec:
+    """The base's optimizer section with the candidate's optimizer choices (memoised on the base's
+    identity: a search has a few dozen distinct ones)."""
+    key = ("optimizer", cand.optimizer, cand.distribution, cand.layout, cand.tp_mode, cand.load_balance, cand.hide)
+    hit = _CONFIG_PARTS.get(key, base)
+    if hit is None:
+        opt: dict[str, Any] = {"kind": cand.optimizer, "distribution": cand.distribution}
+        for name, value in (("layer_wise_layout", cand.layout), ("tp_mode", cand.tp_mode),
+                            ("load_balance", cand.load_balance), ("hide_param_gather", cand.hide)):
+            if value is not None:
+                opt[name] = value
+        hit = _CONFIG_PARTS.put(base.optimizer.model_copy(update=opt), key, base)
+    return hit
+
+
 def candidate_config(base: ScenarioConfig, cand: Candidate) -> ScenarioConfig:
-    """The base scenario's config with a candidate's settings (unvalidated; see build_scenario)."""
+    """The base scenario's config with a candidate's settings (unvalidated; see build_scenario).
+
+    The same config as copying the candidate's sizes into the base's parallelism and then applying
+    :func:`without_layout_bound`; the reset, the runtime and the optimizer section are memoised
+    (planner searches build tens of thousands of configs)."""
+    reset, runtime = _layout_parts(base, cand.pp, cand.vpp, cand.ep)
     par = base.parallelism.model_copy(update={
         "tp": cand.tp, "pp": cand.pp, "vpp": cand.vpp, "cp": cand.cp, "ep": cand.ep, "etp": cand.etp,
-        "micro_batch_size": cand.mbs, "recompute": cand.recompute,
+        "micro_batch_size": cand.mbs, "recompute": cand.recompute, **reset,
     })
-    par, runtime = without_layout_bound(base, par)
-    opt: dict[str, Any] = {"kind": cand.optimizer, "distribution": cand.distribution}
-    for name, value in (("layer_wise_layout", cand.layout), ("tp_mode", cand.tp_mode),
-                        ("load_balance", cand.load_balance), ("hide_param_gather", cand.hide)):
-        if value is not None:
-            opt[name] = value
-    return base.model_copy(update={"parallelism": par, "runtime": runtime,
-                                   "optimizer": base.optimizer.model_copy(update=opt)})
+    return base.model_copy(update={"parallelism": par, "runtime": runtime, "optimizer": _optimizer_spec(base, cand)})
 
 
 def without_layout_bound(base: ScenarioConfig, par: Parallelism) -> tuple[Parallelism, RuntimeSettings]:
@@ -326,6 +362,26 @@ def enumerate_groups(base: Scenario, pins: Pins, grid: np.ndarray) -> list[Group
         for rc in recomputes:
             for (kind, dist), choices in table[key].items():
                 out.append(Group(structure, rc, kind, dist, choices))  # type: ignore[arg-type]
+    return out
+
+
+def first_candidates(pins: Pins, grid: np.ndarray, recompute: str) -> list[Candidate]:
+    """Per structure row of ``grid``: the first candidate of its first group with ``recompute``, as
+    :func:`enumerate_groups` orders them (the candidate the screen prices the layout's bound with);
+    rows without any optimizer variant have none. Known before the groups are built."""
+    table: dict[tuple[bool, bool], tuple[str, str, tuple[Any, ...]] | None] = {}
+    out: list[Candidate] = []
+    for row in grid.tolist():
+        key = (row[0] > 1, row[5] > 1)
+        if key not in table:
+            variants = optimizer_variants(pins, row[0], row[5])
+            table[key] = next(((kind, dist, choices[0]) for (kind, dist), choices in variants.items()), None)
+        first = table[key]
+        if first is not None:
+            tp, pp, vpp, cp, ep, etp, mbs = row
+            layout, tp_mode, load_balance, hide = first[2]
+            out.append(Candidate(tp, pp, vpp, cp, ep, etp, mbs, recompute, first[0], first[1], layout, tp_mode,
+                                 load_balance, hide))
     return out
 
 
