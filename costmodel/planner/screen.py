@@ -320,8 +320,9 @@ class Screen:
         return res
 
     def _open(self, limit: Callable[[], float], only: set[int] | None = None) -> list[tuple[float, int]]:
+        lim = limit()  # constant while the heap is built
         heap = [(s.bound_s, i) for i, s in enumerate(self.states)
-                if not s.expanded and s.failure is None and s.bound_s < limit() and (only is None or i in only)]
+                if not s.expanded and s.failure is None and s.bound_s < lim and (only is None or i in only)]
         heapq.heapify(heap)
         return heap
 
