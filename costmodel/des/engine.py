@@ -85,17 +85,40 @@ def run_des(scenario: Scenario, contention: bool = True, overlap: bool = True, r
     ``contention=False`` gives every flow its link's full bandwidth; ``overlap=False`` turns every
     overlap off (the mode in which this engine must agree with the analytic one).
     """
+    report, raw = run_des_untimed(scenario, contention, overlap, record)
+    return with_timeline(report, raw)
+
+
+RawRow = tuple[int, str, str, float, float, str, int, float]  # RawEvent's fields, in order
+
+
+def run_des_untimed(scenario: Scenario, contention: bool = True, overlap: bool = True,
+                    record: bool = True) -> tuple[StepReport, list[RawRow]]:
+    """(:func:`run_des`'s report without its timeline events, the raw timeline as plain tuples).
+
+    :func:`with_timeline` puts the events in. A process pool sends the tuples: pickling the ~12,000
+    TimelineEvent models of a Kimi K2 report took ~30 ms in the sender and as long in the receiver.
+    """
     from costmodel.report_builder import build_report
 
     st = build_step_structure(scenario, overlap=overlap)
     res = simulate(st, contention=contention, record=record)
     step, breakdown = des_breakdown(st, res)
-    events = [TimelineEvent(rank=f"pp{e.rank}", stream=e.stream, name=e.name, start_s=e.start_s,
-                            duration_s=e.duration_s, category=e.category, step=e.step + 1, bytes=e.bytes or None)
-              for e in res.events]
+    raw = [(e.rank, e.stream, e.name, e.start_s, e.duration_s, e.category, e.step, e.bytes) for e in res.events]
     b = breakdown
     opt_exposed = b.optimizer + sum(b.exposed_comm.get(k, 0.0) for k in ("optimizer_tp", "dp_grad", "dp_param"))
     dp_total = sum(bk.reduce_s + bk.gather_s for s in st.stages for bk in s.buckets) / max(len(st.stages), 1)
     hidden = max(0.0, dp_total - b.exposed_comm.get("dp_grad", 0.0) - b.exposed_comm.get("dp_param", 0.0))
-    return build_report(scenario, "des", step, breakdown, st.plan, opt_exposed, hidden, events=events,
-                        warnings=list(st.warnings))
+    report = build_report(scenario, "des", step, breakdown, st.plan, opt_exposed, hidden, events=[],
+                          warnings=list(st.warnings))
+    return report, raw
+
+
+def with_timeline(report: StepReport, raw: list[RawRow]) -> StepReport:
+    """``report`` (from :func:`run_des_untimed`) with the timeline events of ``raw``."""
+    if not raw:
+        return report
+    events = [TimelineEvent(rank=f"pp{rank}", stream=stream, name=name, start_s=start_s, duration_s=duration_s,
+                            category=category, step=step + 1, bytes=size or None)
+              for rank, stream, name, start_s, duration_s, category, step, size in raw]
+    return report.model_copy(update={"events": events})

@@ -118,6 +118,68 @@ def _distinct_chunks(items: tuple[tuple[tuple[str, int], ...], ...]) -> tuple[tu
     return _DISTINCT.put((tuple(position), index), (), items)
 
 
+_STAGES: IdentityMemo[tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]] = IdentityMemo(_CACHE_LIMIT)
+
+
+def _stage_sequences(index: tuple[int, ...], pp: int) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """(the distinct sequences of chunk indices the pipeline stages hold, in virtual-stage order;
+    each stage's position among them) for virtual stages ``index`` (virtual stage v on stage
+    v mod pp), memoised on the identity of ``index`` (held by :func:`_distinct_chunks`'s cache). Stages
+    holding the same chunks in the same order have the same sums, computed once."""
+    hit = _STAGES.get(pp, index)
+    if hit is not None:
+        return hit
+    position: dict[tuple[int, ...], int] = {}
+    stage_of = tuple(position.setdefault(tuple(index[s::pp]), len(position)) for s in range(pp))
+    return _STAGES.put((tuple(position), stage_of), pp, index)
+
+
+_KINDS: IdentityMemo[set[str]] = IdentityMemo(_CACHE_LIMIT)
+
+
+def _kinds_of(items: tuple[tuple[tuple[str, int], ...], ...]) -> set[str]:
+    """The layer kinds of ``items`` (memoised on its identity, like :func:`_distinct_chunks`; the
+    caller must not change the set)."""
+    hit = _KINDS.get((), items)
+    if hit is not None:
+        return hit
+    return _KINDS.put({k for chunk in items for k, _ in chunk}, (), items)
+
+
+_SHAPES: IdentityMemo[dict[str, Any]] = IdentityMemo(_CACHE_LIMIT)  # the placement by identity
+
+
+def _layer_shapes(placement: Any) -> dict[str, Any]:
+    """The placement shapes of the groups a layer communicates in (``LAYER_GROUP_KINDS``), memoised
+    on the placement's identity (placements are shared: :func:`topologies.placement.placement_for`;
+    the caller must not change the dict)."""
+    from costmodel.layer_costs import LAYER_GROUP_KINDS
+
+    hit = _SHAPES.get((), placement)
+    if hit is not None:
+        return hit
+    return _SHAPES.put({k: placement.shape(k) for k in LAYER_GROUP_KINDS}, (), placement)
+
+
+_RANK_SHAPES: IdentityMemo[Any] = IdentityMemo(_CACHE_LIMIT)  # runtime and model by identity
+
+
+def _rank_shape(scenario: Scenario) -> Any:
+    """:func:`costmodel.layer_costs.rank_shape` of ``scenario``, memoised on what it reads: the
+    parallelism sizes, sequence parallelism, precision and micro-batch count, and (by identity) the
+    runtime settings and the model (the planner's candidates share their base's runtime objects)."""
+    from costmodel import layer_costs as lc
+
+    p = scenario.par
+    key = (p.micro_batch_size, p.seq_length, p.tp, p.cp, p.ep, p.expert_tp, p.sequence_parallel,
+           scenario.config.precision, scenario.num_microbatches)
+    runtime, model = scenario.runtime, scenario.model
+    hit = _RANK_SHAPES.get(key, runtime, model)
+    if hit is not None:
+        return hit
+    return _RANK_SHAPES.put(lc.rank_shape(scenario), key, runtime, model)
+
+
 def fast_pipeline_bound_s(scenario: Scenario) -> float:
     """Seconds of the forward/backward phase of ``scenario`` (no optimizer work), per the engine."""
     from costmodel import layer_costs as lc
@@ -133,11 +195,11 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
         from costmodel.optimizer.plan_types import EMPTY_PLAN
 
         return float(analytic_timing(ss.build_step_structure(scenario, plan=EMPTY_PLAN)).pipeline_s)
-    shape = lc.rank_shape(scenario)
-    placement = placement_for(scenario)
-    shapes = {k: placement.shape(k) for k in lc.LAYER_GROUP_KINDS}
+    shape = _rank_shape(scenario)
+    shapes = _layer_shapes(placement_for(scenario))
     items = _chunk_kinds(scenario)
-    times = _kind_times(scenario, shape, shapes, {k for chunk in items for k, _ in chunk})
+    distinct, index = _distinct_chunks(items)
+    times = _kind_times(scenario, shape, shapes, _kinds_of(items))
     pp, vpp = p.pp, p.vpp
     p2p = 0.0
     if pp > 1:
@@ -147,16 +209,19 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
         pair = GroupShape(2, 2, 1) if shapes["pp"].intra_domain else GroupShape(2, 1, 2)
         p2p = lc.collective_s("send_recv", p2p_bytes, pair, scenario.system)[0]
     blocking = p2p if vpp > 1 and not scenario.runtime.overlap_p2p_comm else 0.0  # as the engine: per pass
-    distinct, index = _distinct_chunks(items)
     passes = [(sum(times[k][0] * n for k, n in chunk) + blocking, sum(times[k][1] * n for k, n in chunk) + blocking)
               for chunk in distinct]  # chunks of the same layers have the same passes
-    work, cf, cb = [0.0] * pp, [0.0] * pp, [0.0] * pp
-    for v, i in enumerate(index):
-        s = v % pp
-        f, b = passes[i]
-        work[s] += f + b
-        cf[s] += f
-        cb[s] += b
-    cf = [x / vpp for x in cf]
-    cb = [x / vpp for x in cb]
+    sequences, stage_of = _stage_sequences(index, pp)
+    sums = []  # per distinct sequence: (work, forward, backward) summed in virtual-stage order
+    for seq in sequences:
+        w = tf = tb = 0.0
+        for i in seq:
+            f, b = passes[i]
+            w += f + b
+            tf += f
+            tb += b
+        sums.append((w, tf / vpp, tb / vpp))
+    work = [sums[j][0] for j in stage_of]
+    cf = [sums[j][1] for j in stage_of]
+    cb = [sums[j][2] for j in stage_of]
     return float(pipeline_time_s(work, cf, cb, scenario.num_microbatches, vpp, 0.0 if blocking else p2p))

@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from costmodel.report import StepReport
     from workloads.scenario import Scenario, ScenarioConfig
 
-ReportFn = Callable[["Scenario"], "StepReport"]
+ReportFn = Callable[["Scenario"], "StepReport | UntimedReport"]
 
 
 @dataclass(frozen=True)
@@ -101,14 +101,41 @@ def memory_budget_bytes(base: Scenario, headroom: float) -> float:
     return (1.0 - headroom) * base.system.gpu.hbm_bytes
 
 
-def _default_des(scenario: Scenario) -> StepReport:
-    from costmodel.engine import predict
+@dataclass(frozen=True)
+class UntimedReport:
+    """A DES StepReport without its timeline events, and the raw timeline as tuples: what a worker
+    sends back (:func:`costmodel.des.engine.run_des_untimed`); :meth:`full` is the StepReport
+    ``predict(scenario, "des")`` gives, made only for the plan that needs it (the best)."""
 
-    return predict(scenario, "des")
+    report: StepReport
+    raw: list[Any]
+
+    @property
+    def step_time_s(self) -> float:
+        """The DES step time in seconds."""
+        return self.report.step_time_s
+
+    def full(self) -> StepReport:
+        """The StepReport with its timeline events."""
+        from costmodel.des.engine import with_timeline
+
+        return with_timeline(self.report, self.raw)
+
+
+def _default_des(scenario: Scenario) -> UntimedReport:
+    from costmodel.des.engine import run_des_untimed
+
+    return UntimedReport(*run_des_untimed(scenario))
+
+
+def _full_report(report: Any) -> Any:
+    """A des_fn's report as a StepReport (an :class:`UntimedReport` with its events put in)."""
+    return report.full() if isinstance(report, UntimedReport) else report
 
 
 def task_des(cand: Candidate) -> tuple[Candidate, float, Any]:
-    """(candidate, DES step time s, StepReport) for one plan (a pool task)."""
+    """(candidate, DES step time s, the des_fn's report: a StepReport or an :class:`UntimedReport`)
+    for one plan (a pool task)."""
     ev = evaluator("screen")
     report = evaluator("des_fn")(build_scenario(ev.base, cand))
     return cand, float(report.step_time_s), report
@@ -282,7 +309,7 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     reference.rank_estimate = sres.reference_rank_estimate if reference.rank is None else None
     evaluations = list(sres.evaluations) + ([ref_eval] if ref_eval is not None and ref_eval.timed else [])
     front = _pareto(evaluations, des, ref_eval)
-    best_report = des[ranked[0].candidate][1] if ranked and ranked[0].candidate in des else None
+    best_report = _full_report(des[ranked[0].candidate][1]) if ranked and ranked[0].candidate in des else None
     if ranked and best_report is None and not interrupted and hasattr(engine, "report"):
         best_report = engine.report(build_scenario(base, ranked[0].candidate))
     if best_report is not None:  # the engines saw an already calibrated system: say which profile
