@@ -22,7 +22,7 @@ from multiprocessing.synchronize import Event
 
 import torch
 
-from costmodel.calibrate.microbench_ns import NS_POOL_BYTES, _ns_calls
+from costmodel.calibrate.microbench_ns import NS_POOL_BYTES, ns_calls
 from reference.allocator import keep_freed_memory
 
 SHAPES = ((2048, 256), (256, 1024), (128, 512), (64, 192), (32, 64))
@@ -34,7 +34,7 @@ def _neighbour(kind: str, stop: Event) -> None:
     os.sched_setaffinity(0, {1})
     torch.set_num_threads(1)
     if kind == "ns":
-        call = _ns_calls("bf16", [(256, 1024)], NS_POOL_BYTES)[0]
+        call = ns_calls("bf16", [(256, 1024)], NS_POOL_BYTES)[0]
         while not stop.is_set():
             call()
     else:
@@ -50,7 +50,7 @@ def main() -> None:
     os.sched_setaffinity(0, {0})
     torch.set_num_threads(1)
     keep_freed_memory()
-    calls = _ns_calls("bf16", SHAPES, NS_POOL_BYTES)
+    calls = ns_calls("bf16", SHAPES, NS_POOL_BYTES)
     times: dict[str, dict[tuple[int, int], list[float]]] = {k: {s: [] for s in SHAPES} for k in NEIGHBOURS}
     ctx = mp.get_context("fork")
     print(f"load before: {os.getloadavg()[0]:.2f}")

@@ -27,7 +27,7 @@ def measure_reference_host(local: LocalMeasurements, dtype: str = "bf16") -> Loc
     """``local`` with the reference's per-tensor host layers measured (see the module docstring)."""
     import torch
 
-    from costmodel.calibrate.microbench import measure_cpu_s, newton_schulz_replica
+    from costmodel.calibrate.microbench_ns import measure_cpu_s, newton_schulz_replica
     from costmodel.calibrate.reference_check import reference_rank_kernels
     from costmodel.optimizer.kernel_sequence import OUTSIDE_ORTHOGONALIZE
     from reference.host_probe import muon_probe

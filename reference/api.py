@@ -160,23 +160,23 @@ def numerical_checks(cfg: RunConfig, params: dict[str, torch.Tensor]) -> dict[st
     return out
 
 
+def _phase_means(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Per phase (sorted by name), the mean over the timed steps (:func:`_timed`) of a per-step
+    figure (seconds, page faults, preemptions); a step without the phase counts 0."""
+    names = sorted({k for p in steps for k in p})
+    return {k: statistics.fmean(_timed([p.get(k, 0.0) for p in steps])) for k in names}
+
+
 def assemble(cfg: RunConfig, outputs: list[RankOutput]) -> RunResult:
     """Turn the ranks' outputs into a RunResult (and run the numerical checks if configured)."""
     outputs = sorted(outputs, key=lambda o: o.rank)
     last = cfg.steps - 1
     by_rank = {o.rank: _calls_of_step(o, last) for o in outputs}
     steady = all(_calls_of_step(o, s) == by_rank[o.rank] for o in outputs for s in range(1, cfg.steps))
-    phases_by_rank: dict[int, dict[str, float]] = {}
-    for o in outputs:
-        names = sorted({k for p in o.phases_s for k in p})
-        phases_by_rank[o.rank] = {k: statistics.fmean(_timed([p.get(k, 0.0) for p in o.phases_s])) for k in names}
-    cpu_by_rank = {o.rank: {k: statistics.fmean(_timed([p.get(k, 0.0) for p in o.phases_cpu_s]))
-                            for k in sorted({k for p in o.phases_cpu_s for k in p})} for o in outputs if o.phases_cpu_s}
-    faults_by_rank = {o.rank: {k: statistics.fmean(_timed([p.get(k, 0.0) for p in o.phases_faults]))
-                               for k in sorted({k for p in o.phases_faults for k in p})} for o in outputs if o.phases_faults}
-    preempt_by_rank = {o.rank: {k: statistics.fmean(_timed([p.get(k, 0.0) for p in o.phases_preemptions]))
-                                for k in sorted({k for p in o.phases_preemptions for k in p})}
-                       for o in outputs if getattr(o, "phases_preemptions", None)}
+    phases_by_rank = {o.rank: _phase_means(o.phases_s) for o in outputs}
+    cpu_by_rank = {o.rank: _phase_means(o.phases_cpu_s) for o in outputs if o.phases_cpu_s}
+    faults_by_rank = {o.rank: _phase_means(o.phases_faults) for o in outputs if o.phases_faults}
+    preempt_by_rank = {o.rank: _phase_means(o.phases_preemptions) for o in outputs if o.phases_preemptions}
     phase_names = sorted({k for p in phases_by_rank.values() for k in p})
     phases = {k: max(p.get(k, 0.0) for p in phases_by_rank.values()) for k in phase_names}
     step_time = max(statistics.fmean(_timed(o.step_times_s)) for o in outputs)

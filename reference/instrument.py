@@ -169,13 +169,9 @@ class Comm:
 _RUSAGE = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
 
 
-def minor_faults() -> int:
-    """Minor page faults of this thread so far (of the process where threads are not counted apart)."""
-    return resource.getrusage(_RUSAGE).ru_minflt
-
-
 def thread_counters() -> tuple[int, int]:
-    """(minor page faults, involuntary context switches) of this thread so far, one ``getrusage``."""
+    """(minor page faults, involuntary context switches) of this thread so far (of the process where
+    threads are not counted apart), one ``getrusage``."""
     usage = resource.getrusage(_RUSAGE)
     return usage.ru_minflt, usage.ru_nivcsw
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from costmodel.calibrate.microbench import (
+from costmodel.calibrate.microbench import fit_gemm_paths
+from costmodel.calibrate.microbench_ns import (
     NS_POOL_MAX,
-    fit_gemm_paths,
-    fit_linear_time,
     fit_newton_schulz,
     fit_shape_change_s,
     measure_ns_shape_change,
@@ -22,6 +21,7 @@ from costmodel.calibrate.profile import (
     SmallGemmPath,
     load_profile,
 )
+from costmodel.calibrate.timing import fit_linear_time
 from costmodel.kernels import KernelSpec
 from costmodel.optimizer.kernel_sequence import newton_schulz_call_kernels
 from costmodel.optimizer.newton_schulz import NsSettings

@@ -1,6 +1,7 @@
 """Microbenchmarks of this machine: torch GEMM rate and gloo collective α-β (for reference runs).
 
-This is the only module of ``costmodel`` that touches torch, and only inside its functions: it
+With :mod:`costmodel.calibrate.microbench_ns` (its NS part), the only module of ``costmodel`` that
+touches torch, and only inside its functions: it
 measures the real machine that the reference backend runs on, it is never on the cost path.
 
 * **GEMM**: square ``torch.matmul`` in bf16 and fp32 at several sizes from 4 to 768, timed in every
@@ -15,8 +16,7 @@ measures the real machine that the reference backend runs on, it is never on the
   ``copy_``, ``norm``, ``div`` on fp32 tensors from 16 to 2 Mi elements, each call on the next
   tensors of a pool larger than the last-level cache (an optimizer streams its states from memory),
   on every rank at once, by the mean thread CPU time of blocks of calls (a phase of a step is the sum
-  of its calls, and the reference check compares CPU time; it was the 20th percentile of wall time,
-  the undisturbed call, which a step does not get), and fitted as
+  of its calls, and the reference check compares CPU time), and fitted as
   ``time = dispatch_s + bytes / memory_Bps``: ``dispatch_s`` is the
   eager-PyTorch cost of one operator call (Python and the ATen dispatcher: the path that also issues
   GPU kernels), ``memory_Bps`` the element-wise memory bandwidth with every rank busy.
@@ -31,21 +31,13 @@ measures the real machine that the reference backend runs on, it is never on the
   the matmul rate, the normalisation, cast and ``addmm`` copy kernels from the element-wise fit
   (:func:`costmodel.optimizer.kernel_sequence.newton_schulz_call_kernels`); the machine's NS GEMM
   efficiency (as ``EfficiencyFactors.newton_schulz_gemm`` is for GPUs) and the host cost of one
-  call that launches no kernel (≈5–25 us here). The earlier form divided the setups by the
-  efficiency: a second per-call constant, so that per-call cost and efficiency traded places from
-  one measurement to the next (0 or 60–75 us) and a tiny call on the small path was charged the
-  per-call cost fitted on the main path (4×64: −24 % to +122 %). The predicted calls of the larger
-  shapes did not move with it: in six measurements back to back each shape's predicted time varies
-  by 15–20 % (standard deviation) in both forms, as the machine's own NS times do.
-  NS times are thread CPU time (the measure the reference check compares). A step visits its
-  tensors in model order, and an NS call after one of another shape costs more than in a block of
-  equal calls: the GEMM code paths and primitives of the new shape and the temporaries of the new
-  size are not in the caches (in the reference step, each call against itself repeated at once:
-  +40 to +730 us per call after another shape, +5 to +30 us after the same shape;
-  ``benchmarks/bench_ns_shape_change.py``). :func:`measure_ns_shape_change` times each shape after
-  a call of another shape and after one of its own, alternating; the median over the shapes of the
-  difference is ``NewtonSchulzFit.shape_change_s``, charged once per change of shape in a rank's
-  NS calls.
+  call that launches no kernel (≈5–25 us here). NS times are the mean thread CPU time (what the
+  reference check compares; a phase is the sum of its calls). A step visits its tensors in model
+  order, and an NS call after one of another shape costs more than in a block of equal calls (the
+  new shape's GEMM primitives and temporaries are cold): :func:`measure_ns_shape_change` times each
+  shape after one of another shape and after one of its own, alternating; the median difference is
+  ``NewtonSchulzFit.shape_change_s``, charged once per change of shape in a rank's NS calls. The
+  measurements behind these choices are in ``docs/reference-check.md``.
 * **Collectives**: 2 gloo processes (forked, one thread each) time all_reduce, all_gather,
   reduce_scatter and broadcast at several sizes (nccl-tests size convention, fp32) and fit
   ``time = alpha_s + size_bytes / beta_Bps`` per op. Loopback times are bimodal on a shared
@@ -69,27 +61,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from costmodel.calibrate.microbench_ns import (  # noqa: F401 - re-exported: the NS part of the microbenchmarks
-    NS_COEFFICIENTS,
-    NS_POOL_BYTES,
-    NS_POOL_MAX,
+from costmodel.calibrate.microbench_ns import (
     NS_SHAPES,
     NS_SMALL_PATH_SHAPES,
     fit_newton_schulz,
     fit_shape_change_s,
-    measure_cpu_s,
     measure_newton_schulz,
     measure_ns_shape_change,
-    newton_schulz_replica,
-    ns_gemm_flops,
-    ns_pool_size,
 )
 from costmodel.calibrate.profile import (
     CollectiveFit,
     LocalMeasurements,
     SmallGemmPath,
 )
-from costmodel.calibrate.timing import fit_linear_time  # noqa: F401 - re-exported
+from costmodel.calibrate.timing import fit_linear_time
 from costmodel.calibrate.timing import time_call as _time_call
 
 GEMM_SIZES = (4, 8, 12, 16, 20, 24, 32, 64, 128, 256, 512, 768)  # both sides of bf16's 16³ small-GEMM threshold

@@ -40,8 +40,9 @@ def ns_pool_size(rows: int, cols: int, pool_bytes: int = NS_POOL_BYTES) -> int:
     return max(2, min(NS_POOL_MAX, pool_bytes // (4 * rows * cols)))
 
 
-def _ns_function(dtype: str) -> Callable[[Any], Any]:
-    """Emerging-Optimizers 0.3.0 ``muon_utils.newton_schulz`` (5 quintic steps) in ``dtype`` matmuls."""
+def newton_schulz_replica(dtype: str = "bf16") -> Callable[[Any], Any]:
+    """The NS function the microbenchmark times: Emerging-Optimizers 0.3.0 ``muon_utils.newton_schulz``
+    (5 quintic steps) in ``dtype`` matmuls, fp32 in and out."""
     import torch
 
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
@@ -58,12 +59,12 @@ def _ns_function(dtype: str) -> Callable[[Any], Any]:
     return ns
 
 
-def _ns_calls(dtype: str, shapes: Sequence[tuple[int, int]], pool_bytes: int) -> list[Callable[[], object]]:
+def ns_calls(dtype: str, shapes: Sequence[tuple[int, int]], pool_bytes: int) -> list[Callable[[], object]]:
     """One NS call per shape, each on the next input of its shape's pool (:func:`ns_pool_size`)."""
     import torch
 
     gen = torch.Generator().manual_seed(1)
-    ns = _ns_function(dtype)
+    ns = newton_schulz_replica(dtype)
     pools = [itertools.cycle([torch.randn(rows, cols, generator=gen) for _ in range(ns_pool_size(rows, cols, pool_bytes))])
              for rows, cols in shapes]
     return [partial(lambda pool: ns(next(pool)), pool) for pool in pools]
@@ -84,7 +85,7 @@ def measure_newton_schulz(dtype: str = "bf16", shapes: Sequence[tuple[int, int]]
     the calls' mean; CPU time holds no other process's slice, so the mean's tail is the calls' own
     (cache refills, allocator, the odd slow path: 6-9 % above the median on small shapes).
     """
-    calls = _ns_calls(dtype, shapes, pool_bytes)
+    calls = ns_calls(dtype, shapes, pool_bytes)
     return [(shape, time_call(call, min_time_s, clock=time.thread_time, statistic=statistics.fmean))
             for shape, call in zip(shapes, calls, strict=True)]
 
@@ -99,7 +100,7 @@ def measure_ns_shape_change(dtype: str = "bf16", shapes: Sequence[tuple[int, int
     once in turn (each call follows one of another shape), then every shape twice in a row (the
     second call follows one of its own); at least ``min_rounds`` rounds and ``min_time_s`` per shape.
     """
-    calls = _ns_calls(dtype, shapes, pool_bytes)
+    calls = ns_calls(dtype, shapes, pool_bytes)
     for call in calls:  # warm-up
         call()
     other: list[list[float]] = [[] for _ in shapes]
@@ -132,11 +133,6 @@ def measure_cpu_s(fn: Callable[[], object], min_time_s: float = 0.2, min_reps: i
     """Mean thread CPU seconds of one call of ``fn`` (after a warm-up; at least ``min_reps`` calls
     and ``min_time_s`` of wall time; the mean for the reason :func:`measure_newton_schulz` gives)."""
     return time_call(fn, min_time_s, min_reps, clock=time.thread_time, statistic=statistics.fmean)
-
-
-def newton_schulz_replica(dtype: str = "bf16") -> Callable[[Any], Any]:
-    """The NS function the microbenchmark times (EO 0.3.0's expressions; :func:`measure_newton_schulz`)."""
-    return _ns_function(dtype)
 
 
 def ns_gemm_flops(rows: int, cols: int, steps: int = 5) -> list[tuple[float, int]]:
