@@ -157,6 +157,29 @@ def _sensitivity_candidates(plans: list[Evaluation], head: int, n: int, des_todo
     return list(dict.fromkeys([e.candidate for e in plans[:max(n, head)]] + des_todo[head:]))
 
 
+def _des_and_draws(pool: Any, todo: list[Candidate], tasks: list[Any], des: dict[Candidate, tuple[float, Any]],
+                   times_by_draw: dict[int, list[float]], progress: Progress | None) -> tuple[float, float]:
+    """Run the DES of ``todo`` and the sensitivity draws ``tasks`` as one pool stream, filling ``des``
+    (candidate -> (DES step time s, report)) and ``times_by_draw`` (draw index -> step times s) as
+    results arrive (a KeyboardInterrupt leaves what is done). Returns (seconds until the last DES
+    result, seconds the draws took beyond it)."""
+    t0 = time.perf_counter()
+    t_des = t_draws = 0.0
+    if progress and todo:
+        progress("discrete-event engine", 0, len(todo))
+    items = [("des", c) for c in todo] + [("sample", k, t) for k, t in enumerate(tasks)]
+    for out in pool.map(task_after_screen, items):
+        if out[0] == "des":
+            des[out[1]] = (out[2], out[3])
+            t_des = time.perf_counter() - t0
+            if progress:
+                progress("discrete-event engine", len(des), len(todo))
+        else:
+            times_by_draw[out[1]] = out[2]
+            t_draws = time.perf_counter() - t0
+    return t_des, max(t_draws - t_des, 0.0)
+
+
 def _empty_space_error(base: Scenario, pins: Pins, grid_rows: int, lb: np.ndarray, budget: float) -> UserInputError:
     if grid_rows:
         return UserInputError(f"no layout fits in memory: the weights and gradients alone need at least "
@@ -257,24 +280,11 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
         tasks = sample_tasks(drawn, sigmas, options.samples, options.seed) if len(drawn) >= 2 else []
         times_by_draw: dict[int, list[float]] = {}
         if todo or tasks:  # the DES runs and the draws share the pool: the draws fill the DES's last round
-            t0 = time.perf_counter()
             try:
-                if progress and todo:
-                    progress("discrete-event engine", 0, len(todo))
-                items = [("des", c) for c in todo] + [("sample", k, t) for k, t in enumerate(tasks)]
-                for out in pool.map(task_after_screen, items):
-                    if out[0] == "des":
-                        des[out[1]] = (out[2], out[3])
-                        t_des = time.perf_counter() - t0
-                        if progress:
-                            progress("discrete-event engine", len(des), len(todo))
-                    else:
-                        times_by_draw[out[1]] = out[2]
-                        t_sens = time.perf_counter() - t0
+                t_des, t_sens = _des_and_draws(pool, todo, tasks, des, times_by_draw, progress)
             except KeyboardInterrupt:
                 interrupted = True
                 pool.close(terminate=True)
-            t_sens = max(t_sens - t_des, 0.0)  # what the draws took beyond the DES
         ranked, ref_joined = _final_order(plans, head, des, ref_eval)
         if ref_joined:
             notes.append("the reference scenario's DES time beats every DES-ranked head plan: it is listed first")
