@@ -41,7 +41,6 @@ BOUND_TOLERANCE = 1e-9  # relative slack when checking a bound against a real ti
 CHUNK = 256  # layouts per bound task
 REP_TRIES = 3  # members timed per group before expanding it, when ranking the reference
 BATCH_PER_JOB = 8  # groups popped per worker and round of the best-first search
-BOUND_SPLIT = 1  # tasks the bound pass of a best-first round is cut into
 
 
 @dataclass
@@ -170,13 +169,6 @@ def task_representative(items: list[tuple[int, Group, float, int]]) -> list[tupl
                 break
         out.append((i, timed, None if timed else _smallest_failure(failures)))
     return out
-
-
-def task_members(item: tuple[bool, list[Any]]) -> tuple[bool, list[tuple[int, list[Evaluation], Evaluation | None]]]:
-    """``(True, groups)``: :func:`task_expand`; ``(False, groups)``: :func:`task_representative`
-    (the flag comes back with the results)."""
-    expand, items = item
-    return expand, (task_expand(items) if expand else task_representative(items))
 
 
 def task_round(item: tuple[str, list[Any]]) -> tuple[str, list[Any]]:
@@ -408,14 +400,13 @@ class Screen:
         return [t for t in tasks if t]
 
     def _bound_tasks(self, units: list[tuple[Any, ...]]) -> list[list[tuple[int, Group]]]:
-        """The bound tasks of a round's ``units`` (layout keys): in :func:`bound_order`, cut into about
-        one task per worker (:data:`CHUNK` layouts at most each)."""
+        """The bound tasks of a round's ``units`` (layout keys): in :func:`bound_order`, cut into tasks
+        of :data:`CHUNK` layouts at most."""
         if not units:
             return []
         units = sorted(units, key=lambda u: bound_order(u[0]))
         items = [(self._units[u][0], self.states[self._units[u][0]].group) for u in units]
-        size = min(CHUNK, -(-len(items) // BOUND_SPLIT))
-        return [items[k:k + size] for k in range(0, len(items), size)]
+        return [items[k:k + CHUNK] for k in range(0, len(items), CHUNK)]
 
     def _faster(self, s: GroupState, ref: float) -> bool:
         plan = s.best if s.expanded else s.rep  # exact plan, or an upper bound on it

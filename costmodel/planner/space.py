@@ -139,8 +139,11 @@ _CONFIG_PARTS: IdentityMemo[Any] = IdentityMemo(4096)  # the base config by iden
 
 
 def _layout_parts(base: ScenarioConfig, pp: int, vpp: int, ep: int) -> tuple[dict[str, Any], RuntimeSettings]:
-    """(the parallelism settings :func:`without_layout_bound` resets, the runtime it keeps) for a
-    candidate of sizes pp, vpp and ep: they depend on nothing else (memoised on the base's identity)."""
+    """(the base's parallelism settings that belong to its own layout, reset to Megatron's defaults,
+    and the base's runtime likewise) for a candidate of sizes pp, vpp and ep: a recipe's pipeline
+    layout for its pp and vpp, EP overlap without ep or interleaving — the rule ``--release`` and the
+    model × system defaults follow (:func:`workloads.recipe_settings.layout_bound_skip`). They depend
+    on nothing else, so they are memoised on the base's identity."""
     key = ("layout", pp, vpp, ep)
     hit = _CONFIG_PARTS.get(key, base)
     if hit is None:
@@ -174,30 +177,15 @@ def _optimizer_spec(base: ScenarioConfig, cand: Candidate) -> OptimizerSpec:
 def candidate_config(base: ScenarioConfig, cand: Candidate) -> ScenarioConfig:
     """The base scenario's config with a candidate's settings (unvalidated; see build_scenario).
 
-    The same config as copying the candidate's sizes into the base's parallelism and then applying
-    :func:`without_layout_bound`; the reset, the runtime and the optimizer section are memoised
-    (planner searches build tens of thousands of configs)."""
+    The candidate's sizes replace the base's, the base's settings bound to its own layout are reset
+    (:func:`_layout_parts`); the reset, the runtime and the optimizer section are memoised (planner
+    searches build tens of thousands of configs)."""
     reset, runtime = _layout_parts(base, cand.pp, cand.vpp, cand.ep)
     par = base.parallelism.model_copy(update={
         "tp": cand.tp, "pp": cand.pp, "vpp": cand.vpp, "cp": cand.cp, "ep": cand.ep, "etp": cand.etp,
         "micro_batch_size": cand.mbs, "recompute": cand.recompute, **reset,
     })
     return base.model_copy(update={"parallelism": par, "runtime": runtime, "optimizer": _optimizer_spec(base, cand)})
-
-
-def without_layout_bound(base: ScenarioConfig, par: Parallelism) -> tuple[Parallelism, RuntimeSettings]:
-    """``par`` and the base's runtime without the base's settings that belong to its own layout (a
-    recipe's pipeline layout for its pp and vpp; EP overlap without ep or interleaving), reset to
-    Megatron's defaults when the candidate's layout differs: the rule ``--release`` and the model ×
-    system defaults follow (:func:`workloads.recipe_settings.layout_bound_skip`)."""
-    recipe_pp_vpp = (base.parallelism.pp, base.parallelism.vpp)
-    sizes = {"pp": par.pp, "vpp": par.vpp, "ep": par.ep}
-    reset = {k: Parallelism.model_fields[k].default for k in (*LAYOUT_KEYS, "ep_comm_overlap")
-             if layout_bound_skip(k, getattr(par, k), recipe_pp_vpp, sizes) is not None}
-    runtime = base.runtime
-    if layout_bound_skip("delay_wgrad_compute", runtime.delay_wgrad_compute, recipe_pp_vpp, sizes) is not None:
-        runtime = runtime.model_copy(update={"delay_wgrad_compute": False})
-    return (par.model_copy(update=reset) if reset else par), runtime
 
 
 def build_scenario(base: Scenario, cand: Candidate) -> Scenario:
