@@ -20,6 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
+from topologies.identity_memo import IdentityMemo
 from workloads.flops import newton_schulz_cost_proxy
 from workloads.inventory import TensorRun, TensorSpec
 
@@ -128,8 +129,7 @@ def chunk_buffers(runs: tuple[TensorRun, ...], chunk: int, kind: str, fp8_params
 
 
 _Arrays = tuple[tuple[TensorSpec, ...], np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-_ARRAYS: dict[tuple, _Arrays] = {}
-_ARRAYS_SIZE = 4096
+_ARRAYS: IdentityMemo[_Arrays] = IdentityMemo(4096)  # keyed by the parts' structure and their tensors
 
 
 def clear_memo() -> None:
@@ -141,15 +141,14 @@ def _buffer(chunk: int, group: str, fp8: bool, parts: list[_Part], kind: str) ->
     """The buffer of ``parts`` (per-item arrays: one layer's pattern tiled over each part's layers).
 
     The arrays are memoised on what they depend on: per part its layer count, positions and pattern
-    of tensors (by identity: the entry holds them, so an id cannot be another tensor's); the equal
-    chunks of a plan's stages share them (read-only). Names come from each buffer's own parts."""
-    key = (kind, tuple((len(p.layers), p.position, p.per_layer, tuple((id(t), copies, at) for _, t, copies, at in p.pattern))
+    of tensors (by identity); the equal chunks of a plan's stages share them (read-only). Names come
+    from each buffer's own parts."""
+    key = (kind, tuple((len(p.layers), p.position, p.per_layer, tuple((copies, at) for _, _, copies, at in p.pattern))
                        for p in parts))
-    hit = _ARRAYS.get(key)
+    tensors = [t for p in parts for _, t, _, _ in p.pattern]
+    hit = _ARRAYS.get(key, *tensors)
     if hit is None:
-        if len(_ARRAYS) >= _ARRAYS_SIZE:
-            _ARRAYS.clear()
-        hit = _ARRAYS[key] = _arrays(parts, kind)
+        hit = _ARRAYS.put(_arrays(parts, kind), key, *tensors)
     unique, numel, cost, muon, position, tid, shared = hit
     return _Buffer(chunk=chunk, group=group, numel=numel, cost=cost, muon=muon, position=position, unique=unique,
                    tid=tid, shared=shared, fp8=fp8, parts=tuple(parts))
