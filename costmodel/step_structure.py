@@ -242,16 +242,13 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
     seen: dict[tuple[int, str], int] = {}
     out = []
     group_shapes = {}
-    for dp_group, instances in {(b.dp_group, b.instances) for b in sp.buckets}:  # Bucket.reduce_group, across_group
-        reduce_group = dp_group if instances == 1 else f"{dp_group}_instance"
-        group_shapes[reduce_group] = placement.shape(reduce_group)
-        if instances > 1:
-            group_shapes[f"{dp_group}_across"] = placement.shape(f"{dp_group}_across")
+    for rep in {(b.dp_group, b.instances): b for b in sp.buckets}.values():  # one bucket per group pair
+        group_shapes[rep.reduce_group] = placement.shape(rep.reduce_group)
+        if rep.instances > 1:
+            group_shapes[rep.across_group] = placement.shape(rep.across_group)
     times: dict[tuple, tuple[tuple[float, float, str], tuple[float, float, str], float]] = {}
     for b in sorted(sp.buckets, key=lambda x: x.order):
-        # what the times depend on (the buckets of a buffer of identical matrices are often alike)
-        same = (b.dp_group, b.instances, b.group_size, b.numel, b.grad_bytes, b.reduce_op, b.gather_op,
-                b.param_bytes, b.param_gathers, b.averaged)
+        same = _bucket_cost_fields(b)  # the buckets of a buffer of identical matrices are often alike
         hit = times.get(same)
         if hit is None:
             hit = times[same] = _bucket_times(b, group_shapes, system)
@@ -264,6 +261,12 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
                               gather_bytes=float(b.param_bytes * b.param_gathers) if b.gather_op else 0.0,
                               prescale_s=prescale_s))
     return tuple(out)
+
+
+def _bucket_cost_fields(b: Bucket) -> tuple:
+    """What a bucket's collective and pre-scaling times depend on (its groups, sizes and ops)."""
+    return (b.dp_group, b.instances, b.group_size, b.numel, b.grad_bytes, b.reduce_op, b.gather_op,
+            b.param_bytes, b.param_gathers, b.averaged)
 
 
 def _bucket_times(b: Bucket, group_shapes: dict[str, GroupShape],
@@ -315,8 +318,7 @@ def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placem
     crit = sp.ranks[sp.critical_rank] if sp and sp.ranks else None  # the slowest GPU class (first of equals)
     # the buckets' costs depend on their sizes and groups, not on the stage: stages of a plan (and
     # plans) with the same buckets share them
-    content = tuple((b.chunk, b.order, b.dp_group, b.group_size, b.numel, b.grad_bytes, b.param_bytes, b.reduce_op,
-                     b.gather_op, b.param_gathers, b.instances, b.averaged) for b in sp.buckets) if sp else ()
+    content = tuple((b.chunk, b.order, *_bucket_cost_fields(b)) for b in sp.buckets) if sp else ()
     buckets = _BUCKET_COSTS.get((content, shapes, overlap), system)
     if buckets is None:
         buckets = _BUCKET_COSTS.put(_stage_buckets(plan, stage, scenario, placement, overlap),
