@@ -86,6 +86,7 @@ class Timer:
         self.muon_rows: dict[tuple, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}  # see StageBuilder.muon_item
         self.adam_rows: dict[tuple[int, tuple[float, ...]], np.ndarray] = {}  # see StageBuilder.adam_item
         self.element_wise_spans: dict[tuple, list[tuple[lay.BucketSpan, np.ndarray]]] = {}  # see StageBuilder.element_wise
+        self.spans_effects: dict[tuple, tuple[np.ndarray, _SpansEffect]] = {}  # see StageBuilder.layer_wise_current
         if system is not None:
             from costmodel.compute import memory_time_s
 
@@ -183,19 +184,40 @@ class _Role:
         if everyone.any():
             self.acc += values[everyone].sum(axis=0)[:, None]
 
-    def add_owned_spans(self, owner: np.ndarray, values: np.ndarray, span: np.ndarray, spans: int) -> None:
-        """:meth:`add_owned` once per span, ``span[i]`` being item i's (owners all >= 0): every span's
-        per-rank sums in one bincount (each bin adds the same items in the same order as a call per
-        span), then added to the accumulators span after span, as those calls would."""
+    def span_sums(self, owner: np.ndarray, values: np.ndarray, span: np.ndarray, spans: int) -> np.ndarray:
+        """Per-rank sums of per-item rows ``values`` by owner (all >= 0), per span (``span[i]`` being
+        item i's), in one bincount (each bin adds the same items in the same order as one
+        :meth:`add_owned` per span): columns × ranks for one span, spans × columns × ranks otherwise;
+        :meth:`add_span_sums` adds them."""
         ncol = len(COLUMNS)
         index = ((span * self.size + owner)[:, None] * ncol + np.arange(ncol)).ravel()
         sums = np.bincount(index, weights=values.ravel(), minlength=spans * self.size * ncol)
         if spans == 1:
-            self.acc += sums.reshape(self.size, ncol).T
+            return sums.reshape(self.size, ncol).T
+        return sums.reshape(spans, self.size, ncol).transpose(0, 2, 1)
+
+    def add_span_sums(self, sums: np.ndarray) -> None:
+        """Add :meth:`span_sums` to the accumulators span after span (what one :meth:`add_owned` per
+        span would add, in the same order)."""
+        if sums.ndim == 2:
+            self.acc += sums
             return
         # acc + span 0 + span 1 + ...: add.accumulate adds in that order, one span after the other
-        steps = np.concatenate([self.acc[None], sums.reshape(spans, self.size, ncol).transpose(0, 2, 1)])
+        steps = np.concatenate([self.acc[None], sums])
         self.acc[...] = np.add.accumulate(steps, axis=0)[-1]
+
+
+@dataclass(frozen=True, eq=False)
+class _SpansEffect:
+    """What stepping a buffer's layer-wise spans adds to a stage (:meth:`StageBuilder.layer_wise_current`):
+    the same for every buffer of a plan with the same per-item arrays, group size, bucket size and
+    strategy (the equal chunks of a plan's stages), whose parameter names alone differ."""
+
+    sums: np.ndarray  # StageBuilder role sums (_Role.span_sums)
+    picked: np.ndarray  # the Muon items stepped (positions in the buffer)
+    owners: np.ndarray  # their owners
+    calls: list[tuple[CollectiveCall, ...]]  # TP calls per distinct tensor of the buffer
+    buckets: list[tuple[int, int, int]]  # per span: (padded numel, used numel, last backprop position)
 
 
 class StageBuilder:
@@ -366,40 +388,61 @@ class StageBuilder:
                             "reduce_scatter" if reduce else None, "all_gather", "element_wise")
 
     def layer_wise_current(self, buf: _Buffer, sel: np.ndarray, strategy: str) -> None:
-        """Muon parameters in shard-aligned layer-wise buckets (reduce-scatter + equal all-gather)."""
+        """Muon parameters in shard-aligned layer-wise buckets (reduce-scatter + equal all-gather).
+
+        What a buffer adds (its spans' per-rank sums, owners and buckets) is memoised per plan on its
+        per-item arrays (shared by equal chunks, :func:`buffers._buffer`), group size, bucket size and
+        strategy, and replayed in the same order (:class:`_SpansEffect`)."""
         if len(sel) == 0:
             return
-        gs = self.grid.size(buf.group)
-        spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, self.bucket_size(buf.chunk), strategy,
-                                      isolate=buf.shared[sel])
-        self._step_spans(buf, sel, spans)
-        firsts = [span.first for span in spans]
-        if spans and firsts[0] == 0 and spans[-1].stop == len(sel) and all(
-                a.stop == b.first for a, b in zip(spans[:-1], spans[1:], strict=True)):  # a partition of sel
-            readies = np.maximum.reduceat(buf.position[sel], firsts).tolist()  # each span's last position
+        gs, bucket_size = self.grid.size(buf.group), self.bucket_size(buf.chunk)
+        key = (id(buf.numel), len(sel), gs, bucket_size, strategy)
+        hit = self.timer.spans_effects.get(key)
+        if hit is not None and hit[0] is buf.numel:
+            effect: _SpansEffect | None = hit[1]
         else:
-            readies = [int(buf.position[sel[span.first:span.stop]].max()) for span in spans]
-        for span, ready in zip(spans, readies, strict=True):
-            self.add_bucket(buf, None, span.numel, span.used, "reduce_scatter", "all_gather", "layer_wise", ready)
+            spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, bucket_size, strategy,
+                                          isolate=buf.shared[sel])
+            effect = self._spans_effect(buf, sel, spans)
+            if effect is None:  # not a partition of sel: stepped span by span, not memoised
+                for span in spans:
+                    self.step_whole(buf, sel[span.first:span.stop], span.owner)  # type: ignore[arg-type]
+                readies = [int(buf.position[sel[span.first:span.stop]].max()) for span in spans]
+                for span, ready in zip(spans, readies, strict=True):
+                    self.add_bucket(buf, None, span.numel, span.used, "reduce_scatter", "all_gather", "layer_wise",
+                                    ready)
+                return
+            self.timer.spans_effects[key] = (buf.numel, effect)
+        role = self.roles[buf.group]
+        role.add_span_sums(effect.sums)
+        if len(effect.picked):
+            role.name_parts.append((buf, effect.picked))
+            role.call_parts.append((effect.calls, buf.tid[effect.picked]))
+        role.owners.append(effect.owners)
+        for numel, used, ready in effect.buckets:
+            self.add_bucket(buf, None, numel, used, "reduce_scatter", "all_gather", "layer_wise", ready)
 
-    def _step_spans(self, buf: _Buffer, sel: np.ndarray, spans: list[lay.BucketSpan]) -> None:
-        """:meth:`step_whole` of every layer-wise span of ``buf[sel]`` (in order, covering ``sel``) by
-        its owners, as one call: the same per-rank sums, names, TP calls and owners."""
+    def _spans_effect(self, buf: _Buffer, sel: np.ndarray, spans: list[lay.BucketSpan]) -> _SpansEffect | None:
+        """The :class:`_SpansEffect` of stepping every layer-wise span of ``buf[sel]`` by its owners
+        (:meth:`step_whole` per span, as one call: the same per-rank sums, names, TP calls and owners),
+        or None when the spans are not a partition of ``sel`` in order with owners >= 0."""
         if not spans:
-            return
+            return None
         assert all(span.owner is not None for span in spans)  # layer-wise spans always carry their owners
         owner = np.concatenate([span.owner for span in spans])  # type: ignore[misc]
-        contiguous = spans[0].first == 0 and spans[-1].stop == len(sel) and all(
+        firsts = [span.first for span in spans]
+        contiguous = firsts[0] == 0 and spans[-1].stop == len(sel) and all(
             a.stop == b.first for a, b in zip(spans[:-1], spans[1:], strict=True))
         if not contiguous or len(owner) != len(sel) or bool((owner < 0).any()):
-            for span in spans:  # not a partition of sel: span by span
-                self.step_whole(buf, sel[span.first:span.stop], span.owner)  # type: ignore[arg-type]
-            return
+            return None
         role = self.roles[buf.group]
         per, calls = self._per_tensor(buf)
         span_of = np.repeat(np.arange(len(spans)), [span.stop - span.first for span in spans])
-        role.add_owned_spans(owner, per[buf.tid[sel]], span_of, len(spans))
-        self._record_muon(buf, sel, owner, calls)
+        sums = role.span_sums(owner, per[buf.tid[sel]], span_of, len(spans))
+        is_muon = buf.muon[sel]
+        readies = np.maximum.reduceat(buf.position[sel], firsts).tolist()  # each span's last position
+        return _SpansEffect(sums, sel[is_muon], owner[is_muon], calls,
+                            [(span.numel, span.used, ready) for span, ready in zip(spans, readies, strict=True)])
 
     def ddp(self, buf: _Buffer, gather_op: str | None) -> None:
         """Unpadded DDP buckets of the whole buffer, all-reduced (legacy layer-wise / replicated)."""
