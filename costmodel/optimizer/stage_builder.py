@@ -34,7 +34,6 @@ from costmodel.optimizer.elementwise import PARAM_BYTES
 from costmodel.optimizer.newton_schulz import (
     NsSettings,
     NsWork,
-    ns_time_s,
     tensor_ns_work,
     tp_comm_time_s,
 )
@@ -72,6 +71,7 @@ class Grid:
 
 
 _MUON_KERNELS: IdentityMemo[tuple[float, float, float, float]] = IdentityMemo(4096)  # the system by identity
+_MUON_ROWS: IdentityMemo[np.ndarray] = IdentityMemo(4096)  # StageBuilder.muon_item's rows, the system by identity
 
 
 class Timer:
@@ -80,7 +80,6 @@ class Timer:
     def __init__(self, system: SystemSpec | None, precision: str,
                  shape_of: Callable[[str], GroupShape] | None) -> None:
         self.system, self.precision, self.shape_of = system, precision, shape_of
-        self._ns: dict[NsWork, tuple[float, float]] = {}
         self._calls: dict[tuple[str, str, int, str, int], float] = {}
         self.s_per_byte = self.min_s = self.issue_s = 0.0
         self.muon_rows: dict[tuple, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}  # see StageBuilder.muon_item
@@ -127,18 +126,14 @@ class Timer:
         if key not in self._calls:
             from topologies.collectives import collective_time_s
 
-            shape = self.shape_of(call.group) if self.shape_of else GroupShape.single_domain(call.group_size)
-            self._calls[key] = collective_time_s(call.op, call.bytes, shape, self.system)
+            self._calls[key] = collective_time_s(call.op, call.bytes, self.group_shape(call), self.system)
         return self._calls[key]
 
-    def ns(self, work: NsWork) -> tuple[float, float]:
-        """(NS GEMM seconds, TP collective seconds) of ``work``."""
-        if work not in self._ns:
-            if self.system is None:
-                self._ns[work] = (0.0, 0.0)
-            else:
-                self._ns[work] = (ns_time_s(work, self.system, self.precision), tp_comm_time_s(work, self.call_s))
-        return self._ns[work]
+    def group_shape(self, call: CollectiveCall) -> GroupShape | None:
+        """The placement shape :meth:`call_s` times ``call`` over (None without a system or for one rank)."""
+        if self.system is None or call.group_size <= 1:
+            return None
+        return self.shape_of(call.group) if self.shape_of else GroupShape.single_domain(call.group_size)
 
 
 COLUMNS = ("owned", "flops", "ns_s", "tp_s", "ew_s", "kernels", "ns_kernels", "muon_items", "adam_pieces",
@@ -281,11 +276,17 @@ class StageBuilder:
         hit = self.timer.muon_rows.get(key)
         if hit is None:
             w = tensor_ns_work(t, self.st)
-            _, tp_s = self.timer.ns(w)
-            ns_s, ew_s, launches, ns_launches = self.timer.muon_kernels(t, w, self.st, self.gb, key)
-            n = t.local_numel
-            row = np.array([n, w.flops, ns_s, tp_s, ew_s, launches, ns_launches, 1, 0, 0, 0, 1, float(ks.chunks_of(n)), 1],
-                           dtype=np.float64)
+            # across plans on the system (identity) and the placement shapes of the TP calls' groups
+            shared = (key, self.st, self.gb, tuple(self.timer.group_shape(c) for c in w.calls))
+            row = _MUON_ROWS.get(shared, self.timer.system)
+            if row is None:
+                tp_s = tp_comm_time_s(w, self.timer.call_s)
+                ns_s, ew_s, launches, ns_launches = self.timer.muon_kernels(t, w, self.st, self.gb, key)
+                n = t.local_numel
+                row = np.array([n, w.flops, ns_s, tp_s, ew_s, launches, ns_launches, 1, 0, 0, 0, 1,
+                                float(ks.chunks_of(n)), 1], dtype=np.float64)
+                row.setflags(write=False)
+                _MUON_ROWS.put(row, shared, self.timer.system)
             hit = self.timer.muon_rows[key] = (row, w.calls)
         return hit
 
