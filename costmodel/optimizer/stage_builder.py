@@ -126,14 +126,15 @@ class Timer:
         if key not in self._calls:
             from topologies.collectives import collective_time_s
 
-            self._calls[key] = collective_time_s(call.op, call.bytes, self.group_shape(call), self.system)
+            self._calls[key] = collective_time_s(call.op, call.bytes, self._shape(call), self.system)
         return self._calls[key]
+
+    def _shape(self, call: CollectiveCall) -> GroupShape:
+        return self.shape_of(call.group) if self.shape_of else GroupShape.single_domain(call.group_size)
 
     def group_shape(self, call: CollectiveCall) -> GroupShape | None:
         """The placement shape :meth:`call_s` times ``call`` over (None without a system or for one rank)."""
-        if self.system is None or call.group_size <= 1:
-            return None
-        return self.shape_of(call.group) if self.shape_of else GroupShape.single_domain(call.group_size)
+        return None if self.system is None or call.group_size <= 1 else self._shape(call)
 
 
 COLUMNS = ("owned", "flops", "ns_s", "tp_s", "ew_s", "kernels", "ns_kernels", "muon_items", "adam_pieces",
@@ -400,19 +401,18 @@ class StageBuilder:
         key = (id(buf.numel), len(sel), gs, bucket_size, strategy)
         hit = self.timer.spans_effects.get(key)
         if hit is not None and hit[0] is buf.numel:
-            effect: _SpansEffect | None = hit[1]
+            effect = hit[1]
         else:
             spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, bucket_size, strategy,
                                           isolate=buf.shared[sel])
-            effect = self._spans_effect(buf, sel, spans)
-            if effect is None:  # not a partition of sel: stepped span by span, not memoised
+            made = self._spans_effect(buf, sel, spans)
+            if made is None:  # not a partition of sel: stepped span by span, not memoised
                 for span in spans:
                     self.step_whole(buf, sel[span.first:span.stop], span.owner)  # type: ignore[arg-type]
-                readies = [int(buf.position[sel[span.first:span.stop]].max()) for span in spans]
-                for span, ready in zip(spans, readies, strict=True):
-                    self.add_bucket(buf, None, span.numel, span.used, "reduce_scatter", "all_gather", "layer_wise",
-                                    ready)
+                    self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used, "reduce_scatter",
+                                    "all_gather", "layer_wise")
                 return
+            effect = made
             self.timer.spans_effects[key] = (buf.numel, effect)
         role = self.roles[buf.group]
         role.add_span_sums(effect.sums)
