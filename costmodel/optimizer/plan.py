@@ -57,6 +57,7 @@ def clear_caches() -> None:
     _CACHE.clear()
     _BUFFERS.clear()
     stage_builder._MUON_KERNELS.clear()
+    stage_builder._MUON_ROWS.clear()
     clear_inventory_cache()
     lay.clear_memo()
     buffers.clear_memo()

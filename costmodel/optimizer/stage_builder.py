@@ -34,7 +34,6 @@ from costmodel.optimizer.elementwise import PARAM_BYTES
 from costmodel.optimizer.newton_schulz import (
     NsSettings,
     NsWork,
-    ns_time_s,
     tensor_ns_work,
     tp_comm_time_s,
 )
@@ -72,6 +71,7 @@ class Grid:
 
 
 _MUON_KERNELS: IdentityMemo[tuple[float, float, float, float]] = IdentityMemo(4096)  # the system by identity
+_MUON_ROWS: IdentityMemo[np.ndarray] = IdentityMemo(4096)  # StageBuilder.muon_item's rows, the system by identity
 
 
 class Timer:
@@ -80,12 +80,12 @@ class Timer:
     def __init__(self, system: SystemSpec | None, precision: str,
                  shape_of: Callable[[str], GroupShape] | None) -> None:
         self.system, self.precision, self.shape_of = system, precision, shape_of
-        self._ns: dict[NsWork, tuple[float, float]] = {}
         self._calls: dict[tuple[str, str, int, str, int], float] = {}
         self.s_per_byte = self.min_s = self.issue_s = 0.0
         self.muon_rows: dict[tuple, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}  # see StageBuilder.muon_item
         self.adam_rows: dict[tuple[int, tuple[float, ...]], np.ndarray] = {}  # see StageBuilder.adam_item
         self.element_wise_spans: dict[tuple, list[tuple[lay.BucketSpan, np.ndarray]]] = {}  # see StageBuilder.element_wise
+        self.spans_effects: dict[tuple, tuple[np.ndarray, _SpansEffect]] = {}  # see StageBuilder.layer_wise_current
         if system is not None:
             from costmodel.compute import memory_time_s
 
@@ -126,18 +126,15 @@ class Timer:
         if key not in self._calls:
             from topologies.collectives import collective_time_s
 
-            shape = self.shape_of(call.group) if self.shape_of else GroupShape.single_domain(call.group_size)
-            self._calls[key] = collective_time_s(call.op, call.bytes, shape, self.system)
+            self._calls[key] = collective_time_s(call.op, call.bytes, self._shape(call), self.system)
         return self._calls[key]
 
-    def ns(self, work: NsWork) -> tuple[float, float]:
-        """(NS GEMM seconds, TP collective seconds) of ``work``."""
-        if work not in self._ns:
-            if self.system is None:
-                self._ns[work] = (0.0, 0.0)
-            else:
-                self._ns[work] = (ns_time_s(work, self.system, self.precision), tp_comm_time_s(work, self.call_s))
-        return self._ns[work]
+    def _shape(self, call: CollectiveCall) -> GroupShape:
+        return self.shape_of(call.group) if self.shape_of else GroupShape.single_domain(call.group_size)
+
+    def group_shape(self, call: CollectiveCall) -> GroupShape | None:
+        """The placement shape :meth:`call_s` times ``call`` over (None without a system or for one rank)."""
+        return None if self.system is None or call.group_size <= 1 else self._shape(call)
 
 
 COLUMNS = ("owned", "flops", "ns_s", "tp_s", "ew_s", "kernels", "ns_kernels", "muon_items", "adam_pieces",
@@ -183,19 +180,40 @@ class _Role:
         if everyone.any():
             self.acc += values[everyone].sum(axis=0)[:, None]
 
-    def add_owned_spans(self, owner: np.ndarray, values: np.ndarray, span: np.ndarray, spans: int) -> None:
-        """:meth:`add_owned` once per span, ``span[i]`` being item i's (owners all >= 0): every span's
-        per-rank sums in one bincount (each bin adds the same items in the same order as a call per
-        span), then added to the accumulators span after span, as those calls would."""
+    def span_sums(self, owner: np.ndarray, values: np.ndarray, span: np.ndarray, spans: int) -> np.ndarray:
+        """Per-rank sums of per-item rows ``values`` by owner (all >= 0), per span (``span[i]`` being
+        item i's), in one bincount (each bin adds the same items in the same order as one
+        :meth:`add_owned` per span): columns × ranks for one span, spans × columns × ranks otherwise;
+        :meth:`add_span_sums` adds them."""
         ncol = len(COLUMNS)
         index = ((span * self.size + owner)[:, None] * ncol + np.arange(ncol)).ravel()
         sums = np.bincount(index, weights=values.ravel(), minlength=spans * self.size * ncol)
         if spans == 1:
-            self.acc += sums.reshape(self.size, ncol).T
+            return sums.reshape(self.size, ncol).T
+        return sums.reshape(spans, self.size, ncol).transpose(0, 2, 1)
+
+    def add_span_sums(self, sums: np.ndarray) -> None:
+        """Add :meth:`span_sums` to the accumulators span after span (what one :meth:`add_owned` per
+        span would add, in the same order)."""
+        if sums.ndim == 2:
+            self.acc += sums
             return
         # acc + span 0 + span 1 + ...: add.accumulate adds in that order, one span after the other
-        steps = np.concatenate([self.acc[None], sums.reshape(spans, self.size, ncol).transpose(0, 2, 1)])
+        steps = np.concatenate([self.acc[None], sums])
         self.acc[...] = np.add.accumulate(steps, axis=0)[-1]
+
+
+@dataclass(frozen=True, eq=False)
+class _SpansEffect:
+    """What stepping a buffer's layer-wise spans adds to a stage (:meth:`StageBuilder.layer_wise_current`):
+    the same for every buffer of a plan with the same per-item arrays, group size, bucket size and
+    strategy (the equal chunks of a plan's stages), whose parameter names alone differ."""
+
+    sums: np.ndarray  # StageBuilder role sums (_Role.span_sums)
+    picked: np.ndarray  # the Muon items stepped (positions in the buffer)
+    owners: np.ndarray  # their owners
+    calls: list[tuple[CollectiveCall, ...]]  # TP calls per distinct tensor of the buffer
+    buckets: list[tuple[int, int, int]]  # per span: (padded numel, used numel, last backprop position)
 
 
 class StageBuilder:
@@ -259,11 +277,17 @@ class StageBuilder:
         hit = self.timer.muon_rows.get(key)
         if hit is None:
             w = tensor_ns_work(t, self.st)
-            _, tp_s = self.timer.ns(w)
-            ns_s, ew_s, launches, ns_launches = self.timer.muon_kernels(t, w, self.st, self.gb, key)
-            n = t.local_numel
-            row = np.array([n, w.flops, ns_s, tp_s, ew_s, launches, ns_launches, 1, 0, 0, 0, 1, float(ks.chunks_of(n)), 1],
-                           dtype=np.float64)
+            # across plans on the system (identity) and the placement shapes of the TP calls' groups
+            shared = (key, self.st, self.gb, tuple(self.timer.group_shape(c) for c in w.calls))
+            row = _MUON_ROWS.get(shared, self.timer.system)
+            if row is None:
+                tp_s = tp_comm_time_s(w, self.timer.call_s)
+                ns_s, ew_s, launches, ns_launches = self.timer.muon_kernels(t, w, self.st, self.gb, key)
+                n = t.local_numel
+                row = np.array([n, w.flops, ns_s, tp_s, ew_s, launches, ns_launches, 1, 0, 0, 0, 1,
+                                float(ks.chunks_of(n)), 1], dtype=np.float64)
+                row.setflags(write=False)
+                _MUON_ROWS.put(row, shared, self.timer.system)
             hit = self.timer.muon_rows[key] = (row, w.calls)
         return hit
 
@@ -366,40 +390,60 @@ class StageBuilder:
                             "reduce_scatter" if reduce else None, "all_gather", "element_wise")
 
     def layer_wise_current(self, buf: _Buffer, sel: np.ndarray, strategy: str) -> None:
-        """Muon parameters in shard-aligned layer-wise buckets (reduce-scatter + equal all-gather)."""
+        """Muon parameters in shard-aligned layer-wise buckets (reduce-scatter + equal all-gather).
+
+        What a buffer adds (its spans' per-rank sums, owners and buckets) is memoised per plan on its
+        per-item arrays (shared by equal chunks, :func:`buffers._buffer`), group size, bucket size and
+        strategy, and replayed in the same order (:class:`_SpansEffect`)."""
         if len(sel) == 0:
             return
-        gs = self.grid.size(buf.group)
-        spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, self.bucket_size(buf.chunk), strategy,
-                                      isolate=buf.shared[sel])
-        self._step_spans(buf, sel, spans)
-        firsts = [span.first for span in spans]
-        if spans and firsts[0] == 0 and spans[-1].stop == len(sel) and all(
-                a.stop == b.first for a, b in zip(spans[:-1], spans[1:], strict=True)):  # a partition of sel
-            readies = np.maximum.reduceat(buf.position[sel], firsts).tolist()  # each span's last position
+        gs, bucket_size = self.grid.size(buf.group), self.bucket_size(buf.chunk)
+        key = (id(buf.numel), len(sel), gs, bucket_size, strategy)
+        hit = self.timer.spans_effects.get(key)
+        if hit is not None and hit[0] is buf.numel:
+            effect = hit[1]
         else:
-            readies = [int(buf.position[sel[span.first:span.stop]].max()) for span in spans]
-        for span, ready in zip(spans, readies, strict=True):
-            self.add_bucket(buf, None, span.numel, span.used, "reduce_scatter", "all_gather", "layer_wise", ready)
+            spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, bucket_size, strategy,
+                                          isolate=buf.shared[sel])
+            made = self._spans_effect(buf, sel, spans)
+            if made is None:  # not a partition of sel: stepped span by span, not memoised
+                for span in spans:
+                    self.step_whole(buf, sel[span.first:span.stop], span.owner)  # type: ignore[arg-type]
+                    self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used, "reduce_scatter",
+                                    "all_gather", "layer_wise")
+                return
+            effect = made
+            self.timer.spans_effects[key] = (buf.numel, effect)
+        role = self.roles[buf.group]
+        role.add_span_sums(effect.sums)
+        if len(effect.picked):
+            role.name_parts.append((buf, effect.picked))
+            role.call_parts.append((effect.calls, buf.tid[effect.picked]))
+        role.owners.append(effect.owners)
+        for numel, used, ready in effect.buckets:
+            self.add_bucket(buf, None, numel, used, "reduce_scatter", "all_gather", "layer_wise", ready)
 
-    def _step_spans(self, buf: _Buffer, sel: np.ndarray, spans: list[lay.BucketSpan]) -> None:
-        """:meth:`step_whole` of every layer-wise span of ``buf[sel]`` (in order, covering ``sel``) by
-        its owners, as one call: the same per-rank sums, names, TP calls and owners."""
+    def _spans_effect(self, buf: _Buffer, sel: np.ndarray, spans: list[lay.BucketSpan]) -> _SpansEffect | None:
+        """The :class:`_SpansEffect` of stepping every layer-wise span of ``buf[sel]`` by its owners
+        (:meth:`step_whole` per span, as one call: the same per-rank sums, names, TP calls and owners),
+        or None when the spans are not a partition of ``sel`` in order with owners >= 0."""
         if not spans:
-            return
+            return None
         assert all(span.owner is not None for span in spans)  # layer-wise spans always carry their owners
         owner = np.concatenate([span.owner for span in spans])  # type: ignore[misc]
-        contiguous = spans[0].first == 0 and spans[-1].stop == len(sel) and all(
+        firsts = [span.first for span in spans]
+        contiguous = firsts[0] == 0 and spans[-1].stop == len(sel) and all(
             a.stop == b.first for a, b in zip(spans[:-1], spans[1:], strict=True))
         if not contiguous or len(owner) != len(sel) or bool((owner < 0).any()):
-            for span in spans:  # not a partition of sel: span by span
-                self.step_whole(buf, sel[span.first:span.stop], span.owner)  # type: ignore[arg-type]
-            return
+            return None
         role = self.roles[buf.group]
         per, calls = self._per_tensor(buf)
         span_of = np.repeat(np.arange(len(spans)), [span.stop - span.first for span in spans])
-        role.add_owned_spans(owner, per[buf.tid[sel]], span_of, len(spans))
-        self._record_muon(buf, sel, owner, calls)
+        sums = role.span_sums(owner, per[buf.tid[sel]], span_of, len(spans))
+        is_muon = buf.muon[sel]
+        readies = np.maximum.reduceat(buf.position[sel], firsts).tolist()  # each span's last position
+        return _SpansEffect(sums, sel[is_muon], owner[is_muon], calls,
+                            [(span.numel, span.used, ready) for span, ready in zip(spans, readies, strict=True)])
 
     def ddp(self, buf: _Buffer, gather_op: str | None) -> None:
         """Unpadded DDP buckets of the whole buffer, all-reduced (legacy layer-wise / replicated)."""
