@@ -47,7 +47,17 @@ Assumptions of this model (stated, not fitted; from Megatron-Core's behaviour as
   forward) and a reduce-scatter of its gradients in ``optimizer.grad_reduce_dtype`` (4 B fp32 or 2 B
   bf16, as the distributed optimizer's buckets). Gradients are reduce-scattered every micro-batch
   (ZeRO-2/3 keep no unsharded gradient buffer to accumulate into) and accumulated into the local
-  shard. With full recompute the backward's gather serves the recomputed forward too (no third
+  shard. **Gradient hand-over** (compute, :meth:`workloads.operations._Builder.grad_accumulate_bytes`):
+  a gradient that arrives in ``param.grad`` (every weight without gradient-accumulation fusion,
+  biases and norms always) is not added into a persistent fp32 ``main_grad``: Megatron-FSDP's
+  post-backward ``_grad_acc`` *overwrites* the unit's freshly allocated bucket
+  (``param.main_grad.copy_(param.grad)``; ``overwrite_main_grad`` for ``optim_grads`` and
+  ``optim_grads_params``, ``add_`` only for ``no_shard`` / ``optim``), and after the reduce-scatter
+  the reduced shard is added into the rank's local gradient shard (``local_buffer += grad_shard``).
+  Per element and micro-batch: read 2 B + write the bucket's dtype (``grad_reduce_dtype``), plus
+  3 × that dtype over the FSDP group size, instead of DDP's 10 B ``main_grad.add_``. (Our reading
+  of Megatron-Core 0.14-0.16 ``megatron_fsdp.py`` / ``param_and_grad_buffer.py``; not profiled.)
+  With full recompute the backward's gather serves the recomputed forward too (no third
   gather), except for MXFP8 parameters, whose backward gathers the columnwise data: the recomputed
   forward gathers their rowwise data once more. (Selective recompute of modules holding GEMM
   weights would do the same; not modelled.)

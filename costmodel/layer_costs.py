@@ -64,6 +64,9 @@ class CommBlock:
         return self.time_s * self.exposed_fraction
 
 
+# Megatron-FSDP strategies whose gradients are sharded (reduce-scattered every micro-batch, no unsharded
+# main_grad kept): a gradient arriving in param.grad is copied into the bucket (workloads.operations)
+FSDP_SHARDED_GRADS = ("optim_grads", "optim_grads_params")
 HOST_SYNC_DISPATCH = ("alltoall", "allgather")  # dispatchers whose token counts go to the host (cuda_sync_point)
 
 
@@ -73,11 +76,16 @@ def kernel_options(scenario: Scenario) -> KernelOptions:
     moe = scenario.model.moe is not None
     sync = moe and (rt.moe_token_dispatcher_type in HOST_SYNC_DISPATCH
                     or (rt.moe_token_dispatcher_type == "flex" and rt.moe_flex_dispatcher_backend == "deepep"))
+    opt = scenario.optimizer
+    sharded = scenario.par.fsdp > 0 and opt.data_parallel_sharding_strategy in FSDP_SHARDED_GRADS
     return KernelOptions(router_fusion=rt.moe_router_fusion, permute_fusion=rt.moe_permute_fusion,
                          router_dtype=rt.moe_router_dtype or "bf16", grouped_gemm=rt.moe_grouped_gemm,
                          gradient_accumulation_fusion=rt.gradient_accumulation_fusion,
                          cross_entropy_fusion=rt.cross_entropy_loss_fusion, dispatcher_host_sync=sync,
-                         unfused_attention=rt.unfused_attention)
+                         unfused_attention=rt.unfused_attention, sharded_grad_copy=sharded,
+                         grad_bytes=opt.grad_bytes if sharded else 4,
+                         grad_shard=scenario.par.fsdp if sharded else 1,
+                         expert_grad_shard=scenario.expert_dp if sharded else 1)
 
 
 def rank_shape(scenario: Scenario) -> RankShape:

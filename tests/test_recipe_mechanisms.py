@@ -157,6 +157,28 @@ def test_unfused_gradient_accumulation_adds_the_main_grad_update() -> None:
     assert acc.bytes == h * n * (2 + 4 + 4)  # read the bf16 wgrad, read and write the fp32 main_grad
 
 
+def test_fsdp_sharded_gradients_copy_the_wgrad_into_the_bucket() -> None:
+    # Megatron-FSDP, optim_grads_params over 8 GPUs, bf16 reduction: main_grad.copy_(grad) into the
+    # bf16 bucket (read 2 + write 2 B), then the reduced 1/8 shard added into the local shard
+    # (read 2, read 2, write 2 B per shard element): 4 + 6 / 8 = 4.75 B per weight element
+    flags = {"gradient_accumulation_fusion": False, "fsdp": 8, "grad_reduce_dtype": "bf16"}
+    sc = scenario(LLAMA8B, **flags)
+    ops = layer_ops(sc.model, rank_shape(sc), "dense", "none", ())
+    fc1 = next(o for o in ops.backward if o.name == "mlp.linear_fc1.grad_accumulate")
+    h, f = sc.model.hidden_size, sc.model.ffn_hidden_size
+    assert fc1.bytes == pytest.approx(h * 2 * f * 4.75, rel=1e-12)
+    # fp32 bucket (grad_reduce_in_fp32): read 2 + write 4, shard add 3 x 4 / 8
+    sc32 = scenario(LLAMA8B, **{**flags, "grad_reduce_dtype": "fp32"})
+    fc1_32 = next(o for o in layer_ops(sc32.model, rank_shape(sc32), "dense", "none", ()).backward
+                  if o.name == "mlp.linear_fc1.grad_accumulate")
+    assert fc1_32.bytes == pytest.approx(h * 2 * f * (6 + 1.5), rel=1e-12)
+    # optim (gradients unsharded, accumulated across micro-batches): DDP's main_grad.add_ stays
+    optim = scenario(LLAMA8B, **{**flags, "data_parallel_sharding_strategy": "optim"})
+    acc = next(o for o in layer_ops(optim.model, rank_shape(optim), "dense", "none", ()).backward
+               if o.name == "mlp.linear_fc1.grad_accumulate")
+    assert acc.bytes == h * 2 * f * 10
+
+
 # --------------------------------------------------------------------------------- TP overlap
 def test_tp_overlap_methods_by_hand() -> None:
     # ring-exchange all-gather, tp 4: 3 exchanges of c/3 under 4 GEMM chunks of g/4

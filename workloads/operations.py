@@ -70,7 +70,9 @@ settings; each our reading of Megatron-Core / Transformer Engine, marked assumpt
   and (Megatron's SequentialMLP) one activation per local expert and a concatenation of their outputs;
 - ``gradient_accumulation_fusion`` off: each weight-gradient GEMM writes a BF16 gradient and a
   separate kernel adds it into the fp32 ``main_grad`` (read 2 + read 4 + write 4 B per weight element;
-  one launch per GEMM, per expert for grouped GEMMs);
+  one launch per GEMM, per expert for grouped GEMMs). Under Megatron-FSDP with sharded gradients
+  (``KernelOptions.sharded_grad_copy``) the gradient is copied into the reduce-scatter bucket instead
+  and the reduced shard added locally (:meth:`_Builder.grad_accumulate_bytes`, :mod:`costmodel.fsdp`);
 - linear biases (``add_bias_linear``) are never fused: Megatron DDP's backward hook adds each bias
   gradient into its ``main_grad`` (one kernel per bias per micro-batch, same bytes per element);
   the same add for norm weights, the router and the embedding tables is not counted (a few small
@@ -182,6 +184,12 @@ class KernelOptions:
     cross_entropy_fusion: bool = True
     dispatcher_host_sync: bool = False
     unfused_attention: bool = False  # attention core as separate batched GEMMs, softmax and dropout
+    # Megatron-FSDP with sharded gradients (optim_grads, optim_grads_params): a gradient that arrives in
+    # param.grad is copied into the reduce-scatter bucket and the reduced shard added locally
+    sharded_grad_copy: bool = False
+    grad_bytes: int = 4  # bytes per element of the gradient bucket (grad_reduce_dtype: 4 fp32, 2 bf16)
+    grad_shard: int = 1  # FSDP group size of dense parameters (dp·cp)
+    expert_grad_shard: int = 1  # FSDP group size of routed-expert parameters (expert data-parallel)
 
 
 @dataclass(frozen=True)
@@ -271,9 +279,9 @@ class _Builder:
         self.bwd.append(Operation(name + ".dgrad", kind, "bwd", module, flops, io, tclass, m, k, n, groups, groups))
         self.bwd.append(Operation(name + ".wgrad", kind, "bwd", module, flops, io, tclass, k * groups, n, m, groups,
                                   groups))
-        if not self.shape.options.gradient_accumulation_fusion:  # bf16 wgrad, then main_grad += wgrad (fp32)
+        if not self.shape.options.gradient_accumulation_fusion:  # bf16 wgrad, then into main_grad
             self.bwd.append(Operation(name + ".grad_accumulate", "elementwise", "bwd", module, 0.0,
-                                      k * n * groups * (ACT_BYTES + 4 + 4), kernels=groups))
+                                      k * n * groups * self.grad_accumulate_bytes(module), kernels=groups))
         if low:
             casts = CAST_KERNELS[self.shape.precision] * groups
             self.fwd.append(weight_cast_operation(name + ".cast", module, (m * k, k * n * groups, casts, self.cast),
@@ -283,11 +291,25 @@ class _Builder:
         if bias and self.bias:
             self.grad_add(name + ".bias_grad_add", module, n * groups, groups)
 
+    def grad_accumulate_bytes(self, module: str) -> float:
+        """HBM bytes per weight element of one weight gradient's trip into ``main_grad`` without
+        gradient-accumulation fusion (module docstring): DDP / unsharded ``main_grad.add_(grad)``
+        ``MAIN_GRAD_ADD_BYTES``; Megatron-FSDP with sharded gradients a copy into the bucket (read 2 B,
+        write the bucket's dtype) plus the add of the reduced shard into the local shard (3 x the
+        bucket's dtype over the FSDP group size)."""
+        o = self.shape.options
+        if not o.sharded_grad_copy:
+            return MAIN_GRAD_ADD_BYTES
+        shard = o.expert_grad_shard if module == "moe" else o.grad_shard
+        return ACT_BYTES + o.grad_bytes + 3.0 * o.grad_bytes / max(shard, 1)
+
     def grad_add(self, name: str, module: str, numel: float, kernels: float = 1.0) -> None:
         """Megatron DDP's backward hook for a parameter whose gradient arrives in ``param.grad``:
         ``main_grad.add_(grad)``, one kernel per parameter per micro-batch reading the bf16 gradient
-        and the fp32 main gradient and writing it back (``MAIN_GRAD_ADD_BYTES`` per element)."""
-        self.bwd.append(Operation(name, "elementwise", "bwd", module, 0.0, numel * MAIN_GRAD_ADD_BYTES, kernels=kernels))
+        and the fp32 main gradient and writing it back (``MAIN_GRAD_ADD_BYTES`` per element; under
+        Megatron-FSDP with sharded gradients the copy into the bucket, :meth:`grad_accumulate_bytes`)."""
+        self.bwd.append(Operation(name, "elementwise", "bwd", module, 0.0, numel * self.grad_accumulate_bytes(module),
+                                  kernels=kernels))
 
     def elementwise(self, name: str, module: str, fwd_bytes: float, bwd_factor: float = 2.0,
                     kernels: tuple[float, float] = (1.0, 1.0)) -> None:
