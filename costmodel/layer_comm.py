@@ -72,14 +72,36 @@ def layer_kind_costs(scenario: Scenario, shape: RankShape, kind: str, shapes: di
                      overlap: bool) -> LayerCost:
     """(forward s, backward s, forward blocks, backward blocks) of one layer of ``kind``, one micro-batch."""
     p = scenario.par
-    base = base_kind(kind)
     recompute = "none" if kind.endswith(":norc") else p.recompute
     c = layer_compute(scenario, shape, kind)
-    cf, cb = layer_comm(scenario, bf16_shape(kind, shape), base, shapes, (c.attn_f_s, c.attn_b_s), overlap,
-                        (c.forward_s, c.backward_s), c.parts, recompute)
+    coll = _collectives(scenario, shape, kind, shapes, overlap, c.parts.gemm_s, recompute)
+    cf, cb = comm_blocks(scenario, coll, (c.attn_f_s, c.attn_b_s), overlap, c.parts)
     if overlap:  # a launch-bound pass's collectives run while the GPU waits for the host
         cf, cb = hide_under_host(cf, c.slack_f_s), hide_under_host(cb, c.slack_b_s)
     return c.forward_s, c.backward_s, cf, cb
+
+
+_COLLECTIVES: IdentityMemo[LayerCollectives] = IdentityMemo(50_000)
+COLLECTIVE_GROUPS = ("tp", "cp", "ep", "etp", "etp_ep")  # the group shapes layer_collectives reads
+
+
+def _collectives(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str, GroupShape], overlap: bool,
+                 gemm_s: dict[str, float], recompute: str) -> LayerCollectives:
+    """:func:`layer_collectives` of one layer of ``kind`` (``gemm_s`` of its operations at ``shape``),
+    memoised on what it reads: the rank shape but its micro-batch count, the kind, recompute, the
+    group shapes, overlap and the recipe settings it reads; model and system by identity. The
+    layouts of a search that differ only in their micro-batch count share it."""
+    p, rt = scenario.par, scenario.runtime
+    key = (shape.micro_batch_size, shape.seq_length, shape.tp, shape.cp, shape.ep, shape.etp,
+           shape.sequence_parallel, shape.precision, shape.moe_dispatcher, shape.options, kind, recompute,
+           tuple(p.recompute_modules), *(shapes.get(g) for g in COLLECTIVE_GROUPS), overlap, p.tp_comm_overlap, rt.tp_comm_overlap_cfg,
+           rt.moe_flex_dispatcher_backend, rt.num_of_hybrid_ep_ranks_per_nvlink_domain)
+    model, system = scenario.model, scenario.system
+    hit = _COLLECTIVES.get(key, model, system)
+    if hit is not None:
+        return hit
+    out = layer_collectives(scenario, bf16_shape(kind, shape), base_kind(kind), shapes, overlap, gemm_s, recompute)
+    return _COLLECTIVES.put(out, key, model, system)
 
 
 @dataclass(frozen=True)
@@ -145,8 +167,28 @@ def layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str
     layer's GEMM, expert and MoE-side seconds (TP and EP overlap);
     ``recompute``: the layer's recompute (default: the scenario's).
     """
-    system, model, p, rt = scenario.system, scenario.model, scenario.par, scenario.runtime
     parts = parts or LayerParts({})
+    coll = layer_collectives(scenario, shape, kind, shapes, overlap, parts.gemm_s, recompute)
+    return comm_blocks(scenario, coll, attn_s, overlap, parts)
+
+
+@dataclass(frozen=True)
+class LayerCollectives:
+    """One layer's collectives for one micro-batch, summed per kind (``COMM_KINDS``) and pass, and the
+    exposed seconds of its TP ones under ``tp_comm_overlap`` (None: not overlapped): what
+    :func:`layer_comm` computes before the exposure, none of which depends on the micro-batch count
+    (the caller must not change the accumulators)."""
+
+    fwd: dict[str, CommAcc]
+    bwd: dict[str, CommAcc]
+    tp_exposed: tuple[float, float] | None
+
+
+def layer_collectives(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str, GroupShape],
+                      overlap: bool, gemm_s: dict[str, float], recompute: str | None = None) -> LayerCollectives:
+    """The :class:`LayerCollectives` of one layer (arguments as :func:`layer_comm`; ``gemm_s``: the
+    layer's GEMM seconds by operation name, :attr:`LayerParts.gemm_s`)."""
+    system, model, p, rt = scenario.system, scenario.model, scenario.par, scenario.runtime
     recompute = p.recompute if recompute is None else recompute
     h = model.hidden_size
     fwd = {k: CommAcc() for k in COMM_KINDS}
@@ -180,7 +222,7 @@ def layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str
                 bwd["tp"].add(ag, 2 * len(pairs), act)
                 bwd["tp"].add(rs, len(pairs), act)
                 if p.tp_comm_overlap and overlap:
-                    tp_exposed = tp_pass_exposed_s(rt, pairs, parts.gemm_s, ag[0], rs[0], tps.size, system.gpu.sm_count)
+                    tp_exposed = tp_pass_exposed_s(rt, pairs, gemm_s, ag[0], rs[0], tps.size, system.gpu.sm_count)
             else:  # fwd AR after the row-parallel GEMM; bwd AR after the column-parallel dgrad
                 fwd["tp"].add(ar, len(pairs), act)
                 bwd["tp"].add(ar, len(pairs), act)
@@ -225,6 +267,16 @@ def layer_comm(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str
         bwd[k].add((fwd[k].time_s, fwd[k].latency_s, fwd[k].link), 1, fwd[k].bytes)
     if tp_exposed is not None and full_recompute:
         tp_exposed = (tp_exposed[0], tp_exposed[1] + tp_exposed[0])
+    return LayerCollectives(fwd, bwd, tp_exposed)
+
+
+def comm_blocks(scenario: Scenario, coll: LayerCollectives, attn_s: tuple[float, float], overlap: bool,
+                parts: LayerParts) -> tuple[tuple[CommBlock, ...], tuple[CommBlock, ...]]:
+    """The forward and backward :class:`CommBlock` s of one layer's collectives ``coll`` with their
+    exposed fractions: TP from ``coll``, CP under the attention core (``attn_s``, seconds), EP under
+    the paired micro-batch and the layer's own work (``parts``; the micro-batch count enters here)."""
+    system, p, rt = scenario.system, scenario.par, scenario.runtime
+    fwd, bwd, tp_exposed = coll.fwd, coll.bwd, coll.tp_exposed
     paired_share = ep_paired_share(scenario)
     sm_share = dispatch_sm_share(rt, system.gpu.sm_count)
 

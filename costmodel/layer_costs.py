@@ -357,7 +357,7 @@ def hide_under_host(blocks: tuple[CommBlock, ...], slack_s: float) -> tuple[Comm
     if slack_s <= 0 or exposed <= 0:
         return blocks
     keep = max(0.0, exposed - slack_s) / exposed
-    return tuple(replace(b, exposed_fraction=b.exposed_fraction * keep) for b in blocks)
+    return tuple(CommBlock(b.kind, b.time_s, b.latency_s, b.link, b.exposed_fraction * keep, b.bytes) for b in blocks)
 
 
 def host_slack_s(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_GRAPHS,

@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 from costmodel.compute import operation_time_s
 from costmodel.layer_costs import (
+    MLP_SIDE_MODULES,
+    TRANSFORMER_KINDS,
     LayerParts,
     captured_flags,
-    framework_host_s,
     layer_ops,
     op_times_s,
     parts_of,
-    pass_windows,
 )
 from topologies.identity_memo import IdentityMemo
-from workloads.operations import LayerOps, RankShape, recast_operation
+from workloads.operations import LayerOps, Operation, RankShape, recast_operation
 
 if TYPE_CHECKING:
     from costmodel.cuda_graphs import GraphCapture
@@ -41,10 +41,49 @@ LayerComputeS = tuple[float, float, float, float, LayerParts, float, float]
 
 
 @dataclass(frozen=True)
+class PassIndex:
+    """Positions in one pass's operation list that its sums read, none of which depends on the
+    micro-batch count: the windows between host synchronisations (with the positions of their
+    captured operations), the framework host time's operation subsets and the layer parts' ones.
+    Each sum is then taken over the same operations in the same order as :mod:`costmodel.layer_costs`
+    does, so it is the same float."""
+
+    windows: tuple[tuple[int, int, tuple[int, ...]], ...]  # (start, end, captured positions in it)
+    cuts: int  # host synchronisations (windows - 1)
+    eager: tuple[int, ...]  # operations not replayed from a CUDA graph
+    own: tuple[int, ...]  # operations that are not a recomputed copy ("recompute." names)
+    own_eager: tuple[int, ...]
+    recomputed_eager: tuple[int, ...]
+    mlp_side: tuple[int, ...]  # the MoE block's side (MLP_SIDE_MODULES); the rest is the attention side
+    attn_side: tuple[int, ...]
+    shared_expert: tuple[int, ...]  # own operations of the shared experts
+
+
+def _pass_index(ops: tuple[Operation, ...], captured: tuple[bool, ...]) -> PassIndex:
+    """The :class:`PassIndex` of one pass (the cuts as :func:`~costmodel.layer_costs.pass_windows`,
+    the subsets as :func:`~costmodel.layer_costs.framework_host_s` and :func:`~costmodel.layer_costs.parts_of`)."""
+    cuts = [i for i, o in enumerate(ops) if o.host_sync and i > 0 and not captured[i]]
+    bounds = zip([0, *cuts], [*cuts, len(ops)], strict=True)
+    windows = tuple((a, b, tuple(i for i in range(a, b) if captured[i])) for a, b in bounds)
+    own = tuple(i for i, o in enumerate(ops) if not o.name.startswith("recompute."))
+    own_set = set(own)
+    mlp = tuple(i for i, o in enumerate(ops) if o.module in MLP_SIDE_MODULES)
+    mlp_set = set(mlp)
+    return PassIndex(
+        windows=windows, cuts=len(cuts), eager=tuple(i for i in range(len(ops)) if not captured[i]), own=own,
+        own_eager=tuple(i for i in own if not captured[i]),
+        recomputed_eager=tuple(i for i in range(len(ops)) if i not in own_set and not captured[i]),
+        mlp_side=mlp, attn_side=tuple(i for i in range(len(ops)) if i not in mlp_set),
+        shared_expert=tuple(i for i in own if ops[i].module == "shared_experts"))
+
+
+@dataclass(frozen=True)
 class LayerTemplate:
     """A layer's operations, their GPU seconds and whether each is replayed from a CUDA graph, at
     one micro-batch per step, with the positions of its weight casts (forward, and their recomputed
-    copies in backward)."""
+    copies in backward), and what of the layer's sums no micro-batch count changes: each pass's
+    :class:`PassIndex`, the operations' launches, the GEMM seconds and the routed experts'
+    weight-gradient seconds (weight casts are never GEMMs)."""
 
     ops: LayerOps
     times_s: tuple[tuple[float, ...], tuple[float, ...]]
@@ -52,6 +91,10 @@ class LayerTemplate:
     casts_f: tuple[int, ...]
     casts_b: tuple[int, ...]
     attention_s: tuple[float, float]  # attention-core GPU seconds (casts are never attention)
+    index: tuple[PassIndex, PassIndex]
+    kernels: tuple[tuple[float, ...], tuple[float, ...]]  # launches of each operation
+    gemm_s: dict[str, float]  # LayerParts.gemm_s (the caller must not change it)
+    expert_wgrad_s: float
 
 
 _TEMPLATES: IdentityMemo[LayerTemplate] = IdentityMemo(20_000)  # model and system keyed by identity
@@ -73,20 +116,79 @@ def _template(model: ModelSpec, system: SystemSpec, shape: RankShape, kind: str,
     fa = sum(t for o, t in zip(ops.forward, times[0], strict=True) if o.kind == "attention")
     ba = sum(t for o, t in zip(ops.backward, times[1], strict=True) if o.kind == "attention")
     captured = (captured_flags(ops.forward, capture, kind), captured_flags(ops.backward, capture, kind))
-    return _TEMPLATES.put(LayerTemplate(ops, times, captured, casts_f, casts_b, (fa, ba)), key, model, system)
+    parts = parts_of(ops, times)
+    index = (_pass_index(ops.forward, captured[0]), _pass_index(ops.backward, captured[1]))
+    kernels = (tuple(o.kernels for o in ops.forward), tuple(o.kernels for o in ops.backward))
+    template = LayerTemplate(ops, times, captured, casts_f, casts_b, (fa, ba), index, kernels, parts.gemm_s,
+                             parts.expert_wgrad_s)
+    return _TEMPLATES.put(template, key, model, system)
 
 
-def _recast(ops: tuple[Any, ...], times: tuple[float, ...], at: tuple[int, ...], microbatches: int,
-            system: SystemSpec) -> tuple[tuple[Any, ...], tuple[float, ...]]:
-    """``ops`` and their seconds with the weight casts at positions ``at`` re-cast for ``microbatches``."""
-    if not at:
-        return ops, times
-    new_ops, new_times = list(ops), list(times)
+_CAST_PRICES: IdentityMemo[tuple[float, float]] = IdentityMemo(50_000)  # the system keyed by identity
+
+
+def _cast_price(op: Operation, microbatches: int, system: SystemSpec) -> tuple[float, float]:
+    """(GPU seconds, launches) of the weight cast ``op`` re-cast for ``microbatches``
+    (:func:`workloads.operations.recast_operation`), memoised on the cast's sizes: the layers of one
+    search share their attention casts across layer kinds and recompute modes, and a recomputed
+    forward repeats its casts in backward."""
+    key = (op.weight_cast, microbatches)
+    hit = _CAST_PRICES.get(key, system)
+    if hit is not None:
+        return hit
+    o = recast_operation(op, microbatches)
+    return _CAST_PRICES.put((operation_time_s(o, system), o.kernels), key, system)
+
+
+def _recast(ops: tuple[Any, ...], times: tuple[float, ...], kernels: tuple[float, ...], at: tuple[int, ...],
+            microbatches: int, system: SystemSpec) -> tuple[list[float], list[float]]:
+    """Seconds and launches of ``ops`` with the weight casts at positions ``at`` re-cast for
+    ``microbatches`` (:func:`_cast_price`)."""
+    new_times, new_kernels = list(times), list(kernels)
     for i in at:
-        o = recast_operation(ops[i], microbatches)
-        new_ops[i] = o
-        new_times[i] = operation_time_s(o, system)
-    return tuple(new_ops), tuple(new_times)
+        new_times[i], new_kernels[i] = _cast_price(ops[i], microbatches, system)
+    return new_times, new_kernels
+
+
+def _pick(values: list[float], at: tuple[int, ...]) -> list[float]:
+    return [values[i] for i in at]
+
+
+def _host_s(t: LayerTemplate, kind: str, system: SystemSpec, kernels_f: list[float],
+            kernels_b: list[float]) -> tuple[float, float]:
+    """:func:`costmodel.layer_costs.framework_host_s` from the operations' launches (the same sums)."""
+    if kind not in TRANSFORMER_KINDS:
+        return 0.0, 0.0
+    eff = system.efficiency
+    per_pass = eff.layer_host_s + (eff.moe_host_s if kind == "moe" else 0.0)
+    fwd_kernels = sum(kernels_f)
+    if fwd_kernels <= 0:
+        return 0.0, 0.0
+    ix_f, ix_b = t.index
+    own_kernels = sum(_pick(kernels_b, ix_b.own))
+    fwd = per_pass * sum(_pick(kernels_f, ix_f.eager)) / fwd_kernels
+    bwd = (per_pass * (sum(_pick(kernels_b, ix_b.own_eager)) / own_kernels if own_kernels else 0.0)
+           + per_pass * sum(_pick(kernels_b, ix_b.recomputed_eager)) / fwd_kernels)
+    return fwd, bwd
+
+
+def _pass_s(ix: PassIndex, times: list[float], kernels: list[float], system: SystemSpec, graphs: int,
+            framework_s: float) -> tuple[float, float]:
+    """:func:`costmodel.layer_costs.pass_windows` from the operations' seconds and launches (the
+    same sums, window by window as :func:`~costmodel.layer_costs.pass_stream`)."""
+    eff = system.efficiency
+    launches = sum(kernels) or 1.0
+    total = slack = 0.0
+    for a, b, captured in ix.windows:
+        window_kernels = kernels[a:b]
+        window_launches = sum(window_kernels, 0.0)
+        share = framework_s * sum(window_kernels) / launches
+        gpu = sum(times[a:b], 0.0)
+        issued = window_launches - sum(_pick(kernels, captured), 0.0) + graphs
+        issue = issued * eff.kernel_issue_s + share
+        total += max(gpu, issue)
+        slack += max(0.0, issue - gpu)
+    return total + eff.host_sync_s * ix.cuts, slack
 
 
 def layer_compute_s(model: ModelSpec, system: SystemSpec, shape: RankShape, kind: str, recompute: str,
@@ -94,13 +196,21 @@ def layer_compute_s(model: ModelSpec, system: SystemSpec, shape: RankShape, kind
     """The compute side of one layer of ``kind`` (base kind: dense, moe, mtp, embedding, output) at
     rank shape ``shape`` for one micro-batch, equal to :func:`costmodel.layer_costs.ops_time`,
     :func:`~costmodel.layer_costs.host_slack_s` and :func:`~costmodel.layer_costs.layer_parts` of
-    the layer's operations built at ``shape``."""
+    the layer's operations built at ``shape``.
+
+    Only the weight casts are priced again for ``shape``'s micro-batch count; the pass, host and
+    part sums then run over the template's precomputed positions (:class:`PassIndex`)."""
     t = _template(model, system, shape, kind, recompute, modules, capture)
-    fwd, times_f = _recast(t.ops.forward, t.times_s[0], t.casts_f, shape.microbatches, system)
-    bwd, times_b = _recast(t.ops.backward, t.times_s[1], t.casts_b, shape.microbatches, system)
-    ops = t.ops if fwd is t.ops.forward and bwd is t.ops.backward else LayerOps(fwd, bwd)
-    host_f, host_b = framework_host_s(ops, system, capture, kind, t.captured)
-    f, slack_f = pass_windows(ops.forward, system, capture, kind, host_f, times_f, t.captured[0])
-    b, slack_b = pass_windows(ops.backward, system, capture, kind, host_b, times_b, t.captured[1])
-    parts = parts_of(ops, (times_f, times_b))
+    times_f, kernels_f = _recast(t.ops.forward, t.times_s[0], t.kernels[0], t.casts_f, shape.microbatches, system)
+    times_b, kernels_b = _recast(t.ops.backward, t.times_s[1], t.kernels[1], t.casts_b, shape.microbatches, system)
+    host_f, host_b = _host_s(t, kind, system, kernels_f, kernels_b)
+    graphs = capture.graphs_per_pass(kind)
+    ix_f, ix_b = t.index
+    f, slack_f = _pass_s(ix_f, times_f, kernels_f, system, graphs, host_f)
+    b, slack_b = _pass_s(ix_b, times_b, kernels_b, system, graphs, host_b)
+    parts = LayerParts(dict(t.gemm_s),
+                       (sum(_pick(times_f, ix_f.shared_expert), 0.0), sum(_pick(times_b, ix_b.shared_expert), 0.0)),
+                       t.expert_wgrad_s,
+                       (sum(_pick(times_f, ix_f.mlp_side), 0.0), sum(_pick(times_b, ix_b.mlp_side), 0.0)),
+                       (sum(_pick(times_f, ix_f.attn_side), 0.0), sum(_pick(times_b, ix_b.attn_side), 0.0)))
     return f, b, t.attention_s[0], t.attention_s[1], parts, slack_f, slack_b

@@ -9,7 +9,7 @@ from costmodel.layer_costs import host_slack_s, layer_ops, layer_parts, ops_time
 from costmodel.layer_template import layer_compute_s
 from topologies.hardware import load_system
 from workloads.models import load_model
-from workloads.operations import RankShape, recast_operation, weight_cast_operation
+from workloads.operations import KernelOptions, RankShape, recast_operation, weight_cast_operation
 
 
 def test_weight_cast_spreads_the_weights_over_the_micro_batches() -> None:
@@ -32,15 +32,20 @@ def test_only_the_weight_casts_depend_on_the_micro_batches() -> None:
 
 
 @pytest.mark.parametrize("precision", ["mxfp8", "fp8-cs", "bf16"])
-@pytest.mark.parametrize("kind,recompute,modules", [("moe", "none", ()), ("moe", "full", ()),
+@pytest.mark.parametrize("kind,recompute,modules", [("moe", "none", ()), ("moe", "full", ()), ("mtp", "none", ()),
+                                                    ("moe", "selective", ("moe", "core_attn")), ("embedding", "none", ()),
                                                     ("dense", "selective", ("mlp", "core_attn")),
                                                     ("output", "none", ())])
 @pytest.mark.parametrize("capture", [NO_GRAPHS, GraphCapture("local", frozenset({"attn"}))])
+@pytest.mark.parametrize("host_sync", [False, True])
 def test_template_equals_a_fresh_build(precision: str, kind: str, recompute: str, modules: tuple[str, ...],
-                                       capture: GraphCapture) -> None:
+                                       capture: GraphCapture, host_sync: bool) -> None:
+    # host_sync: the dispatcher copies token counts to the host (alltoall): the passes cut into windows
     model, system = load_model("deepseek-v3"), load_system("gb300-nvl72")
+    options = KernelOptions(dispatcher_host_sync=host_sync)
     for mb in (1, 3, 8, 64):
-        shape = RankShape(2, 4096, tp=2, ep=8, sequence_parallel=True, precision=precision, microbatches=mb)
+        shape = RankShape(2, 4096, tp=2, ep=8, sequence_parallel=True, precision=precision, microbatches=mb,
+                          options=options)
         ops = layer_ops(model, shape, kind, recompute, modules)
         f, b, fa, ba = ops_time(ops, system, capture, kind)
         slack_f, slack_b = host_slack_s(ops, system, capture, kind)
