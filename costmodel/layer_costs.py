@@ -125,6 +125,8 @@ def pass_stream(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphCa
 
 def captured_flags(ops: tuple[Operation, ...], capture: GraphCapture, kind: str) -> tuple[bool, ...]:
     """Whether each of ``ops`` (of a layer of ``kind``) is replayed from a CUDA graph."""
+    if not capture.whole_iteration and capture.graphs_per_pass(kind) == 0:  # no graph covers this layer
+        return (False,) * len(ops)
     return tuple(capture.captures(o, kind) for o in ops)
 
 

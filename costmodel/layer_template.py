@@ -62,19 +62,34 @@ class PassIndex:
 def _pass_index(ops: tuple[Operation, ...], captured: tuple[bool, ...]) -> PassIndex:
     """The :class:`PassIndex` of one pass (the cuts as :func:`~costmodel.layer_costs.pass_windows`,
     the subsets as :func:`~costmodel.layer_costs.framework_host_s` and :func:`~costmodel.layer_costs.parts_of`)."""
-    cuts = [i for i, o in enumerate(ops) if o.host_sync and i > 0 and not captured[i]]
+    cuts: list[int] = []
+    eager: list[int] = []
+    own: list[int] = []
+    own_eager: list[int] = []
+    recomputed_eager: list[int] = []
+    mlp: list[int] = []
+    attn: list[int] = []
+    shared: list[int] = []
+    for i, (o, c) in enumerate(zip(ops, captured, strict=True)):
+        if o.host_sync and i > 0 and not c:
+            cuts.append(i)
+        (mlp if o.module in MLP_SIDE_MODULES else attn).append(i)
+        if o.name.startswith("recompute."):
+            if not c:
+                eager.append(i)
+                recomputed_eager.append(i)
+            continue
+        own.append(i)
+        if not c:
+            eager.append(i)
+            own_eager.append(i)
+        if o.module == "shared_experts":
+            shared.append(i)
     bounds = zip([0, *cuts], [*cuts, len(ops)], strict=True)
     windows = tuple((a, b, tuple(i for i in range(a, b) if captured[i])) for a, b in bounds)
-    own = tuple(i for i, o in enumerate(ops) if not o.name.startswith("recompute."))
-    own_set = set(own)
-    mlp = tuple(i for i, o in enumerate(ops) if o.module in MLP_SIDE_MODULES)
-    mlp_set = set(mlp)
-    return PassIndex(
-        windows=windows, cuts=len(cuts), eager=tuple(i for i in range(len(ops)) if not captured[i]), own=own,
-        own_eager=tuple(i for i in own if not captured[i]),
-        recomputed_eager=tuple(i for i in range(len(ops)) if i not in own_set and not captured[i]),
-        mlp_side=mlp, attn_side=tuple(i for i in range(len(ops)) if i not in mlp_set),
-        shared_expert=tuple(i for i in own if ops[i].module == "shared_experts"))
+    return PassIndex(windows=windows, cuts=len(cuts), eager=tuple(eager), own=tuple(own), own_eager=tuple(own_eager),
+                     recomputed_eager=tuple(recomputed_eager), mlp_side=tuple(mlp), attn_side=tuple(attn),
+                     shared_expert=tuple(shared))
 
 
 @dataclass(frozen=True)
@@ -116,7 +131,7 @@ def _template(model: ModelSpec, system: SystemSpec, shape: RankShape, kind: str,
     fa = sum(t for o, t in zip(ops.forward, times[0], strict=True) if o.kind == "attention")
     ba = sum(t for o, t in zip(ops.backward, times[1], strict=True) if o.kind == "attention")
     captured = (captured_flags(ops.forward, capture, kind), captured_flags(ops.backward, capture, kind))
-    parts = parts_of(ops, times)
+    parts = parts_of(ops, times)  # its GEMM and expert weight-gradient seconds (no weight cast is a GEMM)
     index = (_pass_index(ops.forward, captured[0]), _pass_index(ops.backward, captured[1]))
     kernels = (tuple(o.kernels for o in ops.forward), tuple(o.kernels for o in ops.backward))
     template = LayerTemplate(ops, times, captured, casts_f, casts_b, (fa, ba), index, kernels, parts.gemm_s,

@@ -29,6 +29,8 @@ _KIND_COSTS: IdentityMemo[dict[str, tuple[float, float]]] = IdentityMemo(_CACHE_
 _ITEMS: IdentityMemo[tuple[tuple[tuple[str, int], ...], ...]] = IdentityMemo(_CACHE_LIMIT)  # the model by identity
 
 
+_KIND_COSTS_BY_ID: IdentityMemo[dict[str, tuple[float, float]]] = IdentityMemo(_CACHE_LIMIT)  # _KIND_COSTS's
+# entries by the identity of the rank shape, group shapes, runtime, model and system (_kind_times)
 _NON_MOE_COSTS: IdentityMemo[tuple[float, float]] = IdentityMemo(_CACHE_LIMIT)  # model, system by identity
 NON_MOE_GROUPS = ("tp", "cp")  # the only group shapes a layer without an MoE block communicates in
 
@@ -60,13 +62,22 @@ def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kinds: s
     micro-batch. Memoised on the engine's layer cache key (hashed once for all the kinds); the kinds
     without an MoE block also on their narrower key (:func:`_non_moe_key`)."""
     from costmodel import layer_costs as lc
+    from costmodel.comm_exposure import ep_paired_share
     from costmodel.layer_comm import MOE_OPS_KINDS, base_kind
 
-    model, system = scenario.model, scenario.system
-    key = lc.layer_cache_key(scenario, shape, "", shapes)  # every kind's key but the kind
-    times = _KIND_COSTS.get(key, model, system)
+    model, system, p, runtime = scenario.model, scenario.system, scenario.par, scenario.runtime
+    # the layer cache key reads the parallelism settings below and, through the rank shape, the
+    # group shapes and the runtime settings, objects a search shares (_rank_shape, _layer_shapes,
+    # the candidates' runtime): keyed by their identity, most layouts skip building and hashing it
+    fast_key = (p.recompute, tuple(p.recompute_modules), p.uses_sequence_parallel, p.tp_comm_overlap,
+                p.ep_comm_overlap, ep_paired_share(scenario))
+    times = _KIND_COSTS_BY_ID.get(fast_key, shape, shapes, runtime, model, system)
     if times is None:
-        times = _KIND_COSTS.put({}, key, model, system)
+        key = lc.layer_cache_key(scenario, shape, "", shapes)  # every kind's key but the kind
+        times = _KIND_COSTS.get(key, model, system)
+        if times is None:
+            times = _KIND_COSTS.put({}, key, model, system)
+        _KIND_COSTS_BY_ID.put(times, fast_key, shape, shapes, runtime, model, system)
     missing = kinds - times.keys()
     if not missing:
         return times
