@@ -374,7 +374,9 @@ def layer_cache_key(scenario: Scenario, shape: RankShape, kind: str, shapes: dic
     """Everything one layer's compute and collective costs depend on besides ``overlap``.
 
     Shared by this module's cache and the planner's bound (:mod:`costmodel.planner.bound`); model
-    and system are keyed by identity, so caches must also hold the objects.
+    and system are keyed by identity, so caches must also hold the objects. A setting of
+    ``scenario.par`` added here must also go into the bound's identity key
+    (:func:`costmodel.planner.bound._kind_times`), which stands in for this key during a search.
     """
     p, rt = scenario.par, scenario.runtime
     return (id(scenario.model), id(scenario.system), shape, kind, p.recompute, tuple(p.recompute_modules),
