@@ -15,7 +15,7 @@ synchronisation per layer pair sits in ``dispatch_fwd``: the alltoall dispatcher
 the router, in ``attn_fwd``), DeepEP's CPU wait for the received-token count in ``buffer.dispatch``
 (which also waits for the communication stream, where ``combine_bwd`` runs), HybridEP's blocking
 copy when ``num_permuted_tokens`` is unknown (dropless). This script replays that order with each
-node's host seconds (its share of the framework time ``framework_host_s`` by launches, plus
+node's host seconds (its share of the framework time ``framework_host_s`` by operations, ``python_calls``, plus
 ``kernel_issue_s`` per uncaptured launch) and GPU seconds (``op_times_s``; the all-to-alls from the
 layer's EP collectives), each kernel starting when issued and when its stream and event allow, and
 prints the steady time per layer pair beside the model's plain per-pass sum and ``Σ host``,
@@ -40,6 +40,7 @@ from costmodel.layer_costs import (
     kernel_options,
     layer_ops,
     op_times_s,
+    python_calls,
     rank_shape,
 )
 from topologies.placement import placement_for
@@ -96,14 +97,14 @@ def nodes(scenario: Scenario) -> tuple[dict[str, float], dict[str, float], float
     host = dict.fromkeys(ORDER, system.efficiency.kernel_issue_s)  # a collective node: one launch
     gpu = dict.fromkeys(ORDER, 0.0)
     for pass_index, (seq, ts) in enumerate(zip((ops.forward, ops.backward), times, strict=True)):
-        launches = sum(o.kernels for o in seq) or 1.0
+        calls = sum(python_calls(o) for o in seq if not capture.captures(o, "moe")) or 1.0
         for o, t in zip(seq, ts, strict=True):
             side = "mlp" if o.module in MLP_MODULES else "attn"
             name = f"{side}_{'fwd' if pass_index == 0 else 'bwd'}"
             if pass_index == 1 and delayed and o.name.endswith(".wgrad") and o.kind in ("gemm", "grouped_gemm"):
                 name += "_dw"
-            eager = 0.0 if capture.captures(o, "moe") else o.kernels
-            host[name] += framework[pass_index] * eager / launches + eager * system.efficiency.kernel_issue_s
+            if not capture.captures(o, "moe"):  # the uncaptured framework time, shared per operation
+                host[name] += framework[pass_index] * python_calls(o) / calls + o.kernels * system.efficiency.kernel_issue_s
             gpu[name] += t
     placement = placement_for(scenario)
     shapes = {k: placement.shape(k) for k in LAYER_GROUP_KINDS}

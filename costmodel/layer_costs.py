@@ -142,8 +142,11 @@ def framework_host_s(ops: LayerOps, system: SystemSpec, capture: GraphCapture = 
     the MoE block's router, token dispatcher and expert modules in an MoE layer (``moe_host_s``).
 
     Forward and backward each cost ``layer_host_s``; a backward that recomputes forward work adds
-    that work's share of the forward kernels (full recompute: one more forward); kernels replayed
-    from a CUDA graph skip their Python, so each pass keeps only its uncaptured kernels' share.
+    that work's share of the forward operations (full recompute: one more forward); operations
+    replayed from a CUDA graph skip their Python, so each pass keeps only its uncaptured operations'
+    share. The share is counted in operations (:func:`python_calls`), not kernels: the Python runs
+    once per operation however many kernels its C++ launches (TE's grouped GEMM issues one GEMM per
+    local expert from one ``general_grouped_gemm`` call; those launches cost ``kernel_issue_s`` each).
     Embedding and output blocks count none (their host time is their kernels' issue time).
     ``captured_ops``: (forward, backward) :func:`captured_flags` when the caller has them already.
     """
@@ -155,18 +158,28 @@ def framework_host_s(ops: LayerOps, system: SystemSpec, capture: GraphCapture = 
         captured_ops = (captured_flags(ops.forward, capture, kind), captured_flags(ops.backward, capture, kind))
 
     def eager(part: tuple[tuple[Operation, bool], ...]) -> float:
-        return sum(o.kernels for o, c in part if not c)
+        return sum(python_calls(o) for o, c in part if not c)
 
-    fwd_kernels = sum(o.kernels for o in ops.forward)
-    if fwd_kernels <= 0:
+    fwd_calls = sum(python_calls(o) for o in ops.forward)
+    if fwd_calls <= 0:
         return 0.0, 0.0
     backward = tuple(zip(ops.backward, captured_ops[1], strict=True))
     recomputed = tuple(oc for oc in backward if oc[0].name.startswith("recompute."))
     own = tuple(oc for oc in backward if not oc[0].name.startswith("recompute."))
-    own_kernels = sum(o.kernels for o, _ in own)
-    fwd = per_pass * eager(tuple(zip(ops.forward, captured_ops[0], strict=True))) / fwd_kernels
-    bwd = per_pass * (eager(own) / own_kernels if own_kernels else 0.0) + per_pass * eager(recomputed) / fwd_kernels
+    own_calls = sum(python_calls(o) for o, _ in own)
+    fwd = per_pass * eager(tuple(zip(ops.forward, captured_ops[0], strict=True))) / fwd_calls
+    bwd = per_pass * (eager(own) / own_calls if own_calls else 0.0) + per_pass * eager(recomputed) / fwd_calls
     return fwd, bwd
+
+
+def python_calls(op: Operation) -> float:
+    """Framework (Python) calls of one operation: 1 when it launches any kernel, else 0.
+
+    The unit in which :func:`framework_host_s` shares a pass's framework host time between
+    operations (and :func:`pass_windows` between host-synchronisation windows): Megatron-Core and
+    Transformer Engine run their module Python once per operation whatever the number of kernels
+    its C++ then launches (a grouped GEMM's per-expert GEMMs, a fused cast's per-tensor kernels)."""
+    return 1.0 if op.kernels > 0 else 0.0
 
 
 def pass_windows(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphCapture = NO_GRAPHS,
@@ -179,7 +192,7 @@ def pass_windows(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphC
     copy, and cannot issue the next window's kernels ahead, so each window costs
     ``max(Σ GPU, Σ issue)`` on its own. Captured (CUDA-graph) work never syncs: Megatron cannot
     capture a host synchronisation. ``framework_s`` (:func:`framework_host_s`) is shared by the
-    windows in proportion to their launches; the slack is what the GPU waits for the host.
+    windows in proportion to their operations (:func:`python_calls`); the slack is what the GPU waits for the host.
     ``times_s``: each operation's :func:`operation_time_s` when the caller has them already;
     ``captured_ops``: their :func:`captured_flags` likewise."""
     if times_s is None:
@@ -188,11 +201,11 @@ def pass_windows(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphC
         captured_ops = captured_flags(ops, capture, kind)
     cuts = [i for i, o in enumerate(ops) if o.host_sync and i > 0 and not captured_ops[i]]
     bounds = list(zip([0, *cuts], [*cuts, len(ops)], strict=True))
-    launches = sum(o.kernels for o in ops) or 1.0
+    calls = sum(python_calls(o) for o in ops) or 1.0
     total = slack = 0.0
     for a, b in bounds:
         window = ops[a:b]
-        share = framework_s * sum(o.kernels for o in window) / launches
+        share = framework_s * sum(python_calls(o) for o in window) / calls
         st = pass_stream(window, system, capture, kind, share, times_s[a:b], captured_ops[a:b])
         total += st.time_s
         slack += max(0.0, st.issue_s - st.gpu_s)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from costmodel.cuda_graphs import GraphCapture
+from costmodel.cuda_graphs import NO_GRAPHS, GraphCapture
 from costmodel.iteration_work import COUNT_ZEROS_KERNELS, logging_kernels, logging_s
 from costmodel.layer_costs import (
     CommBlock,
@@ -29,6 +29,8 @@ from workloads.operations import (
     UNFUSED_ATTENTION_BYTES,
     UNFUSED_ATTENTION_KERNELS,
     KernelOptions,
+    LayerOps,
+    Operation,
     RankShape,
 )
 from workloads.scenario import build_config
@@ -60,6 +62,25 @@ def test_framework_host_time_per_layer_pass():
     # the pass's host time = its launches x kernel_issue_s + the framework time
     fwd = pass_stream(ops.forward, H100, framework_s=2e-3)
     assert fwd.issue_s == pytest.approx(sum(o.kernels for o in ops.forward) * 1e-5 + 2e-3)
+
+
+def test_graph_capture_removes_framework_time_per_operation_not_per_kernel():
+    # an MoE pass of four operations: two attention ones (1 kernel each) replayed from a graph, the
+    # grouped expert GEMM (16 GEMMs of 16 local experts launched from one TE call) and the unpermute
+    # eager. The framework's Python runs once per operation: 2 of the 4 calls remain, half of
+    # layer_host_s + moe_host_s = 3.5 ms; a per-kernel share would have kept 17/19 of it (3.13 ms).
+    fwd = (Operation("linear_qkv", "gemm", "fwd", "attn_proj", kernels=1),
+           Operation("core_attention", "attention", "fwd", "core_attn", kernels=1),
+           Operation("experts.linear_fc1", "grouped_gemm", "fwd", "moe", kernels=16),
+           Operation("unpermute", "elementwise", "fwd", "moe", kernels=1))
+    ops = LayerOps(fwd, fwd)
+    flags = (True, True, False, False)
+    assert framework_host_s(ops, H100, GraphCapture("transformer_engine", frozenset({"attn"})), "moe",
+                            (flags, flags)) == pytest.approx((1.75e-3, 1.75e-3))
+    # an operation without kernels (a no-op backward) carries no Python share
+    empty = LayerOps(fwd, (*fwd, Operation("dispatch_preprocess.grad", "elementwise", "bwd", "moe_preprocess",
+                                           kernels=0)))
+    assert framework_host_s(empty, H100, NO_GRAPHS, "moe") == pytest.approx((3.5e-3, 3.5e-3))
 
 
 def test_collectives_hide_in_the_gpu_wait_of_a_launch_bound_pass():
