@@ -179,7 +179,12 @@ def python_calls(op: Operation) -> float:
     operations (and :func:`pass_windows` between host-synchronisation windows): Megatron-Core and
     Transformer Engine run their module Python once per operation whatever the number of kernels
     its C++ then launches (a grouped GEMM's per-expert GEMMs, a fused cast's per-tensor kernels)."""
-    return 1.0 if op.kernels > 0 else 0.0
+    return python_calls_of(op.kernels)
+
+
+def python_calls_of(launches: float) -> float:
+    """:func:`python_calls` of an operation that launches ``launches`` kernels (count)."""
+    return 1.0 if launches > 0 else 0.0
 
 
 def pass_windows(ops: tuple[Operation, ...], system: SystemSpec, capture: GraphCapture = NO_GRAPHS,

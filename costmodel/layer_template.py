@@ -26,6 +26,7 @@ from costmodel.layer_costs import (
     layer_ops,
     op_times_s,
     parts_of,
+    python_calls_of,
 )
 from topologies.identity_memo import IdentityMemo
 from workloads.operations import LayerOps, Operation, RankShape, recast_operation
@@ -169,35 +170,39 @@ def _pick(values: list[float], at: tuple[int, ...]) -> list[float]:
     return [values[i] for i in at]
 
 
-def _host_s(t: LayerTemplate, kind: str, system: SystemSpec, kernels_f: list[float],
-            kernels_b: list[float]) -> tuple[float, float]:
-    """:func:`costmodel.layer_costs.framework_host_s` from the operations' launches (the same sums)."""
+def _calls(kernels: list[float]) -> list[float]:
+    """Each operation's framework calls from its launches (:func:`costmodel.layer_costs.python_calls`)."""
+    return [python_calls_of(k) for k in kernels]
+
+
+def _host_s(t: LayerTemplate, kind: str, system: SystemSpec, calls_f: list[float],
+            calls_b: list[float]) -> tuple[float, float]:
+    """:func:`costmodel.layer_costs.framework_host_s` from the operations' framework calls (the same sums)."""
     if kind not in TRANSFORMER_KINDS:
         return 0.0, 0.0
     eff = system.efficiency
     per_pass = eff.layer_host_s + (eff.moe_host_s if kind == "moe" else 0.0)
-    fwd_kernels = sum(kernels_f)
-    if fwd_kernels <= 0:
+    fwd_calls = sum(calls_f)
+    if fwd_calls <= 0:
         return 0.0, 0.0
     ix_f, ix_b = t.index
-    own_kernels = sum(_pick(kernels_b, ix_b.own))
-    fwd = per_pass * sum(_pick(kernels_f, ix_f.eager)) / fwd_kernels
-    bwd = (per_pass * (sum(_pick(kernels_b, ix_b.own_eager)) / own_kernels if own_kernels else 0.0)
-           + per_pass * sum(_pick(kernels_b, ix_b.recomputed_eager)) / fwd_kernels)
+    own_calls = sum(_pick(calls_b, ix_b.own))
+    fwd = per_pass * sum(_pick(calls_f, ix_f.eager)) / fwd_calls
+    bwd = (per_pass * (sum(_pick(calls_b, ix_b.own_eager)) / own_calls if own_calls else 0.0)
+           + per_pass * sum(_pick(calls_b, ix_b.recomputed_eager)) / fwd_calls)
     return fwd, bwd
 
 
-def _pass_s(ix: PassIndex, times: list[float], kernels: list[float], system: SystemSpec, graphs: int,
-            framework_s: float) -> tuple[float, float]:
-    """:func:`costmodel.layer_costs.pass_windows` from the operations' seconds and launches (the
-    same sums, window by window as :func:`~costmodel.layer_costs.pass_stream`)."""
+def _pass_s(ix: PassIndex, times: list[float], kernels: list[float], calls: list[float], system: SystemSpec,
+            graphs: int, framework_s: float) -> tuple[float, float]:
+    """:func:`costmodel.layer_costs.pass_windows` from the operations' seconds, launches and framework
+    calls (the same sums, window by window as :func:`~costmodel.layer_costs.pass_stream`)."""
     eff = system.efficiency
-    launches = sum(kernels) or 1.0
+    all_calls = sum(calls) or 1.0
     total = slack = 0.0
     for a, b, captured in ix.windows:
-        window_kernels = kernels[a:b]
-        window_launches = sum(window_kernels, 0.0)
-        share = framework_s * sum(window_kernels) / launches
+        window_launches = sum(kernels[a:b], 0.0)
+        share = framework_s * sum(calls[a:b]) / all_calls
         gpu = sum(times[a:b], 0.0)
         issued = window_launches - sum(_pick(kernels, captured), 0.0) + graphs
         issue = issued * eff.kernel_issue_s + share
@@ -218,11 +223,12 @@ def layer_compute_s(model: ModelSpec, system: SystemSpec, shape: RankShape, kind
     t = _template(model, system, shape, kind, recompute, modules, capture)
     times_f, kernels_f = _recast(t.ops.forward, t.times_s[0], t.kernels[0], t.casts_f, shape.microbatches, system)
     times_b, kernels_b = _recast(t.ops.backward, t.times_s[1], t.kernels[1], t.casts_b, shape.microbatches, system)
-    host_f, host_b = _host_s(t, kind, system, kernels_f, kernels_b)
+    calls_f, calls_b = _calls(kernels_f), _calls(kernels_b)
+    host_f, host_b = _host_s(t, kind, system, calls_f, calls_b)
     graphs = capture.graphs_per_pass(kind)
     ix_f, ix_b = t.index
-    f, slack_f = _pass_s(ix_f, times_f, kernels_f, system, graphs, host_f)
-    b, slack_b = _pass_s(ix_b, times_b, kernels_b, system, graphs, host_b)
+    f, slack_f = _pass_s(ix_f, times_f, kernels_f, calls_f, system, graphs, host_f)
+    b, slack_b = _pass_s(ix_b, times_b, kernels_b, calls_b, system, graphs, host_b)
     parts = LayerParts(dict(t.gemm_s),
                        (sum(_pick(times_f, ix_f.shared_expert), 0.0), sum(_pick(times_b, ix_b.shared_expert), 0.0)),
                        t.expert_wgrad_s,

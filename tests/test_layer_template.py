@@ -38,10 +38,16 @@ def test_only_the_weight_casts_depend_on_the_micro_batches() -> None:
                                                     ("output", "none", ())])
 @pytest.mark.parametrize("capture", [NO_GRAPHS, GraphCapture("local", frozenset({"attn"}))])
 @pytest.mark.parametrize("host_sync", [False, True])
+@pytest.mark.parametrize("framework_host", [False, True])
 def test_template_equals_a_fresh_build(precision: str, kind: str, recompute: str, modules: tuple[str, ...],
-                                       capture: GraphCapture, host_sync: bool) -> None:
-    # host_sync: the dispatcher copies token counts to the host (alltoall): the passes cut into windows
+                                       capture: GraphCapture, host_sync: bool, framework_host: bool) -> None:
+    # host_sync: the dispatcher copies token counts to the host (alltoall): the passes cut into windows;
+    # framework_host: the framework's Python per pass (a calibrated profile's layer_host_s / moe_host_s,
+    # 0 at datasheet values) shared by operations, so the template's replica of that sharing is checked
     model, system = load_model("deepseek-v3"), load_system("gb300-nvl72")
+    if framework_host:
+        host = {"layer_host_s": 4.2e-3, "moe_host_s": 2.9e-3}
+        system = system.model_copy(update={"efficiency": system.efficiency.model_copy(update=host)})
     options = KernelOptions(dispatcher_host_sync=host_sync)
     for mb in (1, 3, 8, 64):
         shape = RankShape(2, 4096, tp=2, ep=8, sequence_parallel=True, precision=precision, microbatches=mb,
