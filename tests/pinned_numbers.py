@@ -146,10 +146,27 @@ def _scenario(source: dict[str, Any]) -> Any:
     return DEFAULT_SCENARIO.resolve().with_updates(**source["overrides"])
 
 
+def calibrated_record(dataset: str) -> Any:
+    """Every run of a shipped dataset predicted with the built-in calibration profile (what
+    ``muonsim validate --dataset NAME`` prints): the pins above run at datasheet factors, where the
+    fitted host-time and efficiency factors of a profile do nothing."""
+    from cli.common import load_calibration
+    from costmodel.calibrate.validation import validate_runs
+    from workloads.datasets import load_dataset_rows
+
+    runs, skipped = load_dataset_rows(dataset)
+    report = validate_runs(runs, load_calibration(None), "analytic", skipped)
+    return {"calibration": report.calibration,
+            "predicted_step_time_s": {r.run_id: r.predicted_step_time_s for r in report.rows},
+            "unsupported": sorted(u.run_id for u in report.unsupported)}
+
+
 def scenario_record(source: dict[str, Any], with_des: bool) -> Any:
     """Everything pinned for one entry (or its one-line error)."""
     if "plan" in source:
         return plan_search_record(source["plan"])
+    if "calibrated" in source:
+        return calibrated_record(source["calibrated"])
     from costmodel.analytic import run_analytic
     from costmodel.optimizer.plan import build_optimizer_plan
     from costmodel.planner.fast_analytic import FastAnalytic

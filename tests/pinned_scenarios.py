@@ -2,8 +2,9 @@
 
 Each entry is (label, source, run the DES too). A source is {"overrides": {...}} (flat keys on the
 default scenario), {"dataset": name, "run_id": id} (a shipped measured run's scenario) or
-{"plan": {...}} (a small planner search, see ``pinned_numbers.plan_record``). :data:`SUBSET` is the
-representative subset the test suite checks.
+{"plan": {...}} (a small planner search, see ``pinned_numbers.plan_record``) or {"calibrated": dataset}
+(every run of a shipped dataset predicted with the built-in calibration profile). :data:`SUBSET` is
+the representative subset the test suite checks.
 """
 
 from __future__ import annotations
@@ -231,6 +232,7 @@ def scenario_set() -> list[tuple[str, dict[str, Any], bool]]:
     out = [(label, {"overrides": o}, des) for label, o, des in _kimi() + _llama_and_others()]
     out += _dataset_entries()
     out += [(label, {"plan": spec}, False) for label, spec in PLANS]
+    out += [(f"calibrated {name}", {"calibrated": name}, False) for name in ("megatron-bridge", "megatron-ci-all")]
     return out
 
 
@@ -251,5 +253,5 @@ SUBSET = (
     "megatron-bridge:mb-25.11-llama3-8b-gb300-nvl72-fp8-cs-8g-gbs128",
     "megatron-ci-all:gpt3_mcore_cp2_pp2_ep2_te_4experts2parallel_nondeterministic__gb200-nvl72__dev",
     "megatron-ci-all:gpt3_7b_tp1_pp4_memory_speed__gb200-nvl72__dev",
-    "plan kimi small exhaustive",
+    "plan kimi small exhaustive", "calibrated megatron-bridge",
 )
