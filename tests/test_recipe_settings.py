@@ -129,6 +129,25 @@ def test_the_table_wins_over_the_settings_and_every_run_resolves() -> None:
     assert "recompute_granularity" in unresolved  # 'unknown': muonsim's default, reported
 
 
+def test_fsdp_only_switches_do_not_follow_a_configuration_the_run_did_not_use() -> None:
+    # Megatron-Bridge's Megatron-FSDP override turns gradient-accumulation fusion and
+    # average_in_collective off: in the settings file exactly the FSDP rows have them off
+    with SETTINGS_FILE.open(newline="", encoding="utf-8") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["use_megatron_fsdp"] != "unknown"]
+    fsdp = {r["run_id"] for r in rows if r["use_megatron_fsdp"] == "true"}
+    assert len(fsdp) == 14 and len(rows) - len(fsdp) == 114
+    assert {r["run_id"] for r in rows if r["gradient_accumulation_fusion"] == "false"} == fsdp
+    assert {r["run_id"] for r in rows if r["average_in_collective"] != "true"} == fsdp
+    # the two 25.11 Llama 3.1 405B rows come from an FSDP configuration the table (fsdp 0) did not run:
+    # the run gets the non-FSDP switches; a run that did use Megatron-FSDP keeps its own
+    runs = by_id()
+    for system in ("gb300", "gb200"):
+        o = runs[f"mb-25.11-llama3.1-405b-{system}-nvl72-fp8-cs-256g-gbs1536"].scenario_overrides()
+        assert (o["fsdp"], o["gradient_accumulation_fusion"], o["average_in_collective"]) == (0, True, True)
+    o = runs["mb-25.11-llama3-70b-gb300-nvl72-fp8-cs-64g-gbs256"].scenario_overrides()
+    assert (o["fsdp"], o["gradient_accumulation_fusion"], o["average_in_collective"]) == (64, False, False)
+
+
 def test_user_csv_carries_recipe_columns(tmp_path: Path) -> None:
     path = tmp_path / "runs.csv"
     path.write_text(HEADER + ",cuda_graph_impl,overlap_moe_expert_parallel_comm,env_NCCL_NVLS_ENABLE,use_megatron_fsdp\n"

@@ -173,13 +173,22 @@ class MeasuredRun(BaseModel):
             out["recompute"] = self.recompute.strip().lower()
         if resolved.use_megatron_fsdp and not out.get("fsdp", recipe.get("fsdp")):
             # the settings come from a Megatron-FSDP configuration the run did not use (the two 25.11
-            # Llama 3.1 405B rows, RECIPE_SETTINGS.md): its FSDP-only data-parallel choices do not apply
+            # Llama 3.1 405B rows, RECIPE_SETTINGS.md): its FSDP-only choices do not apply
             recipe.pop("num_distributed_optimizer_instances", None)
+            recipe.update(NON_FSDP_RECIPE_SWITCHES)
         if recipe.get("cpu_offloading") and self.pp > 1:
             # Megatron has no activation CPU offloading with pipeline parallelism: such a settings row
             # describes another layout (the same two rows, reconstructed from a pp 1 configuration)
             recipe["cpu_offloading"] = False
         return recipe | out | (self.scenario_settings or {})
+
+
+# What Megatron-Bridge's perf recipes set without Megatron-FSDP for the two switches its Megatron-FSDP
+# override changes: in the settings file each of the 14 Megatron-FSDP rows (25.09-26.04.01) has
+# gradient_accumulation_fusion false and average_in_collective false (default), each of the 114 other rows
+# with known values fusion on and average_in_collective true. A run whose settings come from an FSDP
+# configuration it did not use (table fsdp 0) gets the non-FSDP values.
+NON_FSDP_RECIPE_SWITCHES: dict[str, Any] = {"gradient_accumulation_fusion": True, "average_in_collective": True}
 
 
 @dataclass(frozen=True)
