@@ -113,3 +113,29 @@ def test_host_probe_times_the_reference_update_of_the_tiny_router():
     local = measure_reference_host(BASE)
     assert local.muon_update_host_s is not None and local.muon_update_host_s >= 0
     assert local.muon_orthogonalize_host_s is not None and local.muon_orthogonalize_host_s >= 0
+
+
+def test_host_probe_times_only_the_call_not_the_context_before_it():
+    """``cpu_s_after`` times each call of ``fn`` after ``before`` has run, and counts none of
+    ``before``: a ``before`` burning >= 2 ms of CPU per call ahead of an empty ``fn`` gives well under
+    1 ms per call (the clock itself costs ~1 us)."""
+    import time
+
+    from cli.reference_host import cpu_s_after
+
+    def burn() -> None:
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 2e-3:
+            pass
+
+    assert cpu_s_after(lambda: None, burn, calls=5) < 1e-4
+
+
+def test_host_probe_context_call_is_on_the_main_gemm_path():
+    """The context call before each probe call must evict (an NS call on oneDNN's main path, see
+    ``cli.reference_host``): every GEMM of a 128 x 128 NS call is 2·128³ FLOPs ≈ 4.2 MFLOP, above the
+    small path's 2·16³ ≈ 8.2 kFLOP bound (torch's plain loop for m·n·k ≤ 16³)."""
+    from cli.reference_host import CONTEXT_NS_SHAPE
+
+    m = min(CONTEXT_NS_SHAPE)
+    assert 2.0 * m * m * max(CONTEXT_NS_SHAPE) > 2.0 * 16 ** 3

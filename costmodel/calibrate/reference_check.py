@@ -25,7 +25,7 @@ predicts the same run from its own description of the work:
   ``NewtonSchulzFit.shape_change_s`` more: the microbenchmark times its shapes in blocks of equal
   calls, a step changes shape between layers and roles. The reference's Python around the kernels
   (``update_param``, the orthogonaliser's layers), measured on a tiny matrix by ``calibrate
-  --microbench`` (``LocalMeasurements.muon_update_host_s`` per Muon tensor,
+  --microbench`` (each call right after a main-path NS call, whose eviction the step's updates pay) (``LocalMeasurements.muon_update_host_s`` per Muon tensor,
   ``muon_orthogonalize_host_s`` per NS call), is added when the profile has it. The kernel sequence is Megatron's and EO's,
   plus the one copy per Muon tensor the reference makes and EO does not (without Nesterov,
   ``muon_prepare`` returns ``buf.clone()`` where EO reads the momentum buffer in place:
