@@ -160,3 +160,29 @@ def test_far_reference_gets_a_range_holding_its_exact_rank(default_scenario) -> 
     assert ref.rank is None and ref.rank_range is not None and ref.rank_estimate is not None
     assert ref.rank_range[0] <= exact <= ref.rank_range[1]
     assert ref.rank_range[0] <= ref.rank_estimate <= ref.rank_range[1]
+
+
+def test_des_runs_longest_first_with_the_same_answer(default_scenario) -> None:
+    from costmodel.planner.plan import des_chunk_passes
+
+    # Kimi K2 defaults: 256 GPUs, global batch 4,096. pp8 vpp7 mbs2: dp 32, 64 microbatches, 2·8·7·64
+    # passes; pp4 vpp8 mbs2: dp 64, 32 microbatches; tp2 pp4 vpp2 cp2 mbs4: dp 16, 64 microbatches.
+    def cand(tp, pp, vpp, cp, mbs):  # noqa: ANN001, ANN202
+        return Candidate(tp, pp, vpp, cp, 64, 1, mbs, "none", "muon", "layer_wise")
+
+    assert default_scenario.gpus == 256 and default_scenario.par.global_batch_size == 4096
+    assert des_chunk_passes(default_scenario, cand(1, 8, 7, 1, 2)) == 7168
+    assert des_chunk_passes(default_scenario, cand(1, 4, 8, 1, 2)) == 2048
+    assert des_chunk_passes(default_scenario, cand(2, 4, 2, 2, 4)) == 1024
+    order: list[tuple[int, int, int]] = []
+
+    def recording_des(sc):  # noqa: ANN001, ANN202
+        order.append((sc.par.pp, sc.par.vpp, sc.num_microbatches))
+        return stub_des(sc)
+
+    options = PlanOptions(pins=parse_pins(PINS), jobs=1, samples=0, top_k=6)
+    res = run_plan(default_scenario, options, engine=StubEngine(), memory_fn=stub_memory, des_fn=recording_des).result
+    passes = [2 * pp * vpp * m for pp, vpp, m in order]
+    assert len(order) >= 6 and len(set(passes)) > 1 and passes == sorted(passes, reverse=True)
+    head = [r for r in res.ranking if r.des_step_time_s is not None]
+    assert [r.des_step_time_s for r in head] == sorted(r.des_step_time_s for r in head)  # re-ranked by DES time
