@@ -175,3 +175,38 @@ def test_first_candidates_are_the_groups_first_candidates(default_scenario, pins
             expected.setdefault(g.structure, g.candidates()[0])
     assert first_candidates(parsed, grid, rc) == list(expected.values())
     assert len(expected) == len(grid)
+
+
+@pytest.mark.parametrize("flags", [
+    {"model": "kimi-k2", "gpus": 64, "global_batch_size": 256, "seq_length": 4096},
+    {"model": "llama3-8b", "gpus": 16, "global_batch_size": 48, "seq_length": 8192, "fsdp": 1},
+    {"model": "qwen3-30b-a3b", "gpus": 24, "global_batch_size": 96, "seq_length": 4096, "ep_comm_overlap": True},
+])
+def test_build_scenario_gives_the_validators_verdict_and_message(flags) -> None:
+    """build_scenario memoises the size and settings rules across micro-batch sizes: on candidates
+    (valid ones and ones breaking one or several rules, before and after the batch rule) it must
+    raise exactly what Scenario.validate raises on the same config, or nothing when that passes."""
+    from workloads.scenario import Scenario
+
+    base = _base(**flags)
+    rng = random.Random(3)
+    outcomes = set()
+    for _ in range(1500):
+        cand = Candidate(rng.choice([1, 2, 3, 4, 8]), rng.choice([1, 2, 4, 5]), rng.choice([1, 2, 3]),
+                         rng.choice([1, 2, 3]), rng.choice([1, 2, 4, 8]), rng.choice([1, 2]), rng.choice([1, 2, 3, 4, 64]),
+                         rng.choice(["none", "selective", "full"]), *rng.choice([("muon", "layer_wise"),
+                         ("muon", "element_wise"), ("adamw", "element_wise"), ("adamw", "replicated")]))
+        direct = Scenario(config=candidate_config(base.config, cand), system=base.system, model=base.model)
+        try:
+            direct.validate()
+            expected = None
+        except UserInputError as err:
+            expected = str(err)
+        try:
+            build_scenario(base, cand)
+            got = None
+        except UserInputError as err:
+            got = str(err)
+        assert got == expected, cand
+        outcomes.add(expected.split()[0] if expected else None)
+    assert None in outcomes and len(outcomes) >= 4  # valid ones and several different rules broken

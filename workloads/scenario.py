@@ -299,7 +299,16 @@ class Scenario:
 
     def validate(self) -> None:
         """Raise UserInputError (one line) on the first rule this scenario breaks."""
-        p, m, o = self.par, self.model, self.optimizer
+        self.validate_sizes()
+        self.validate_batch()
+        self.validate_settings()
+
+    def validate_sizes(self) -> None:
+        """The rules :meth:`validate` checks before the batch rule (sizes, divisibility, pipeline split).
+
+        Reads nothing of ``micro_batch_size`` (the planner memoises it across micro-batch sizes).
+        """
+        p, m = self.par, self.model
         mp = p.tp * p.pp * p.cp
         self.check_precision()
         if self.gpus > self.system.max_gpus:
@@ -340,12 +349,23 @@ class Scenario:
                     f"ep·etp = {p.ep * p.expert_tp} does not divide the data-parallel×tp×cp domain of "
                     f"{domain} GPUs per pipeline stage (Megatron requires it)"
                 )
+
+    def validate_batch(self) -> None:
+        """The global batch rule of :meth:`validate`: micro_batch_size · dp divides global_batch_size."""
+        p = self.par
         per_step = p.micro_batch_size * self.dp
         if p.global_batch_size % per_step:
             raise UserInputError(
                 f"global_batch_size {p.global_batch_size} is not divisible by micro_batch_size·dp = "
                 f"{per_step} (micro_batch_size {p.micro_batch_size} × dp {self.dp})"
             )
+
+    def validate_settings(self) -> None:
+        """The rules :meth:`validate` checks after the batch rule (optimizer, recipe settings, placement).
+
+        Reads nothing of ``micro_batch_size`` (the planner memoises it across micro-batch sizes).
+        """
+        p, o = self.par, self.optimizer
         dist = o.resolved_distribution
         if o.kind == "muon" and dist == "element_wise":
             raise UserInputError("optimizer muon cannot use the element_wise distributed optimizer; use layer_wise or replicated")

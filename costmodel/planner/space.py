@@ -29,6 +29,7 @@ import numpy as np
 
 from costmodel.planner.pins import CATEGORICAL_KEYS, Pins
 from topologies.identity_memo import IdentityMemo
+from topologies.inputs import UserInputError
 from workloads.recipe_settings import LAYOUT_KEYS, layout_bound_skip
 from workloads.runtime import RuntimeSettings
 from workloads.scenario import (
@@ -188,13 +189,50 @@ def candidate_config(base: ScenarioConfig, cand: Candidate) -> ScenarioConfig:
     return base.model_copy(update={"parallelism": par, "runtime": runtime, "optimizer": _optimizer_spec(base, cand)})
 
 
+_RULES: IdentityMemo[tuple[str | None, str | None]] = IdentityMemo(50_000)
+# (the error message of Scenario.validate_sizes, of validate_settings) by the candidate without its micro-batch
+# size and the base's config, system and model by identity
+
+
+def _rule_errors(scenario: Scenario, cand: Candidate, base: Scenario) -> tuple[str | None, str | None]:
+    """(the error message of ``scenario.validate_sizes()``, of ``scenario.validate_settings()``), or None for
+    a rule set that passes. Neither reads the micro-batch size and the candidate's config is a
+    function of the base's config and the candidate (:func:`candidate_config`), so they are memoised
+    on the candidate's other settings: a search's layouts differing only in micro-batch size (a
+    quarter of them for Kimi K2 on 256 GPUs) are checked once."""
+    key = (cand.tp, cand.pp, cand.vpp, cand.cp, cand.ep, cand.etp, cand.recompute, cand.optimizer, cand.distribution,
+           cand.layout, cand.tp_mode, cand.load_balance, cand.hide)
+    hit = _RULES.get(key, base.config, base.system, base.model)
+    if hit is not None:
+        return hit
+    errors: list[str | None] = []  # messages, not the errors: their tracebacks would hold the scenario
+    for check in (scenario.validate_sizes, scenario.validate_settings):
+        try:
+            check()
+            errors.append(None)
+        except UserInputError as err:
+            errors.append(str(err))
+    return _RULES.put((errors[0], errors[1]), key, base.config, base.system, base.model)
+
+
 def build_scenario(base: Scenario, cand: Candidate) -> Scenario:
     """The validated scenario of a candidate, sharing the base's (possibly calibrated) system.
 
-    Raises UserInputError with the validator's message when the candidate is invalid.
+    Raises UserInputError with the validator's message when the candidate is invalid: the first
+    rule of ``Scenario.validate`` it breaks (sizes, then the batch rule, then the settings; the first
+    and last memoised by :func:`_rule_errors`).
     """
     scenario = Scenario(config=candidate_config(base.config, cand), system=base.system, model=base.model)
-    scenario.validate()
+    try:
+        sizes_error, settings_error = _rule_errors(scenario, cand, base)
+    except Exception:  # a rule failing otherwise than with a message: the validator's own order decides
+        scenario.validate()
+        raise
+    if sizes_error is not None:
+        raise UserInputError(sizes_error)
+    scenario.validate_batch()
+    if settings_error is not None:
+        raise UserInputError(settings_error)
     return scenario
 
 
