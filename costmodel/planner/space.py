@@ -22,7 +22,7 @@ describe the same run.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, get_args
 
 import numpy as np
@@ -200,8 +200,7 @@ def _rule_errors(scenario: Scenario, cand: Candidate, base: Scenario) -> tuple[s
     function of the base's config and the candidate (:func:`candidate_config`), so they are memoised
     on the candidate's other settings: a search's layouts differing only in micro-batch size (a
     quarter of them for Kimi K2 on 256 GPUs) are checked once."""
-    key = (cand.tp, cand.pp, cand.vpp, cand.cp, cand.ep, cand.etp, cand.recompute, cand.optimizer, cand.distribution,
-           cand.layout, cand.tp_mode, cand.load_balance, cand.hide)
+    key = replace(cand, mbs=0)  # every field but the micro-batch size (a field added later is keyed too)
     hit = _RULES.get(key, base.config, base.system, base.model)
     if hit is not None:
         return hit
