@@ -10,7 +10,8 @@ from costmodel.compute import gemm_efficiency, gemm_time_s, operation_time_s
 from topologies.hardware import load_system
 from workloads.flops import model_flop_terms
 from workloads.models import load_model
-from workloads.operations import RankShape, layer_operations, output_operations
+from workloads.operations import RankShape, layer_operations
+from workloads.stage_end_operations import output_operations
 
 
 def _gemm_flops(ops, kinds=("gemm", "grouped_gemm")) -> float:
