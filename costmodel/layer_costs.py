@@ -144,23 +144,32 @@ def framework_host_s(ops: LayerOps, system: SystemSpec, capture: GraphCapture = 
     """
     if kind not in TRANSFORMER_KINDS:
         return 0.0, 0.0
-    eff = system.efficiency
-    per_pass = eff.layer_host_s + (eff.moe_host_s if kind == "moe" else 0.0)
     if captured_ops is None:
         captured_ops = (captured_flags(ops.forward, capture, kind), captured_flags(ops.backward, capture, kind))
 
     def eager(part: tuple[tuple[Operation, bool], ...]) -> float:
         return sum(python_calls(o) for o, c in part if not c)
 
-    fwd_calls = sum(python_calls(o) for o in ops.forward)
-    if fwd_calls <= 0:
-        return 0.0, 0.0
     backward = tuple(zip(ops.backward, captured_ops[1], strict=True))
     recomputed = tuple(oc for oc in backward if oc[0].name.startswith("recompute."))
     own = tuple(oc for oc in backward if not oc[0].name.startswith("recompute."))
-    own_calls = sum(python_calls(o) for o, _ in own)
-    fwd = per_pass * eager(tuple(zip(ops.forward, captured_ops[0], strict=True))) / fwd_calls
-    bwd = per_pass * (eager(own) / own_calls if own_calls else 0.0) + per_pass * eager(recomputed) / fwd_calls
+    return framework_share_s(kind, system, sum(python_calls(o) for o in ops.forward),
+                             eager(tuple(zip(ops.forward, captured_ops[0], strict=True))),
+                             sum(python_calls(o) for o, _ in own), eager(own), eager(recomputed))
+
+
+def framework_share_s(kind: str, system: SystemSpec, fwd_calls: float, fwd_eager: float, own_calls: float,
+                      own_eager: float, recomputed_eager: float) -> tuple[float, float]:
+    """(forward, backward) framework host seconds of one layer pass pair from its framework calls
+    (:func:`python_calls` counts): all forward ones, the forward's eager (uncaptured) ones, the
+    backward's own (not recomputed) ones, their eager ones and the recomputed eager ones. The rule
+    of :func:`framework_host_s`, shared with the planner's layer template."""
+    if kind not in TRANSFORMER_KINDS or fwd_calls <= 0:
+        return 0.0, 0.0
+    eff = system.efficiency
+    per_pass = eff.layer_host_s + (eff.moe_host_s if kind == "moe" else 0.0)
+    fwd = per_pass * fwd_eager / fwd_calls
+    bwd = per_pass * (own_eager / own_calls if own_calls else 0.0) + per_pass * recomputed_eager / fwd_calls
     return fwd, bwd
 
 

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 from costmodel.compute import operation_time_s
 from costmodel.layer_costs import (
     MLP_SIDE_MODULES,
-    TRANSFORMER_KINDS,
     LayerParts,
     captured_flags,
+    framework_share_s,
     layer_ops,
     op_times_s,
     parts_of,
@@ -178,19 +178,9 @@ def _calls(kernels: list[float]) -> list[float]:
 def _host_s(t: LayerTemplate, kind: str, system: SystemSpec, calls_f: list[float],
             calls_b: list[float]) -> tuple[float, float]:
     """:func:`costmodel.layer_costs.framework_host_s` from the operations' framework calls (the same sums)."""
-    if kind not in TRANSFORMER_KINDS:
-        return 0.0, 0.0
-    eff = system.efficiency
-    per_pass = eff.layer_host_s + (eff.moe_host_s if kind == "moe" else 0.0)
-    fwd_calls = sum(calls_f)
-    if fwd_calls <= 0:
-        return 0.0, 0.0
     ix_f, ix_b = t.index
-    own_calls = sum(_pick(calls_b, ix_b.own))
-    fwd = per_pass * sum(_pick(calls_f, ix_f.eager)) / fwd_calls
-    bwd = (per_pass * (sum(_pick(calls_b, ix_b.own_eager)) / own_calls if own_calls else 0.0)
-           + per_pass * sum(_pick(calls_b, ix_b.recomputed_eager)) / fwd_calls)
-    return fwd, bwd
+    return framework_share_s(kind, system, sum(calls_f), sum(_pick(calls_f, ix_f.eager)), sum(_pick(calls_b, ix_b.own)),
+                             sum(_pick(calls_b, ix_b.own_eager)), sum(_pick(calls_b, ix_b.recomputed_eager)))
 
 
 def _pass_s(ix: PassIndex, times: list[float], kernels: list[float], calls: list[float], system: SystemSpec,
