@@ -135,7 +135,9 @@ def _stage_state_key(scenario: Scenario, runs: tuple[TensorRun, ...]) -> tuple |
     number (such stages are computed afresh)."""
     if scenario.par.fsdp > 0:
         return None
-    return tuple((r.kind, r.count, tuple(id(t) for t in r.templates), tuple(layer_in_bf16(scenario, x) for x in r.layers))
+    if scenario.runtime.bf16_layers == (0, 0):  # no layer is kept in BF16: the same answer for every layer
+        return tuple((r.kind, r.count, tuple(map(id, r.templates))) for r in runs)
+    return tuple((r.kind, r.count, tuple(map(id, r.templates)), tuple(layer_in_bf16(scenario, x) for x in r.layers))
                  for r in runs)
 
 
