@@ -44,9 +44,10 @@ synchronous parameter gather): the mode in which the two engines must agree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import TYPE_CHECKING
+from operator import attrgetter
+from typing import TYPE_CHECKING, NamedTuple
 
 from costmodel.compute import kernel_gpu_s
 from costmodel.layer_comm import base_kind, layer_kind_costs
@@ -115,9 +116,9 @@ class ChunkCost:
         return self.fwd.time_s + self.bwd.time_s
 
 
-@dataclass(frozen=True)
-class BucketCost:
-    """One DP bucket: its collectives' times and where it sits in its chunk's pass."""
+class BucketCost(NamedTuple):
+    """One DP bucket: its collectives' times and where it sits in its chunk's pass (a named tuple:
+    a stage of a layer-wise plan has hundreds, and a frozen dataclass took ~4 us each to build)."""
 
     chunk: int
     group: str
@@ -246,27 +247,28 @@ def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placemen
         group_shapes[rep.reduce_group] = placement.shape(rep.reduce_group)
         if rep.instances > 1:
             group_shapes[rep.across_group] = placement.shape(rep.across_group)
-    times: dict[tuple, tuple[tuple[float, float, str], tuple[float, float, str], float]] = {}
-    for b in sorted(sp.buckets, key=lambda x: x.order):
+    times: dict[tuple, tuple[float, float, str, float, float, float, float, float]] = {}
+    for b in sorted(sp.buckets, key=_ORDER):
         same = _bucket_cost_fields(b)  # the buckets of a buffer of identical matrices are often alike
         hit = times.get(same)
         if hit is None:
-            hit = times[same] = _bucket_times(b, group_shapes, system)
-        red, gat, prescale_s = hit
+            red, gat, prescale_s = _bucket_times(b, group_shapes, system)
+            hit = times[same] = (red[0], gat[0], red[2], red[1], gat[1], float(b.grad_bytes),
+                                 float(b.param_bytes * b.param_gathers) if b.gather_op else 0.0, prescale_s)
         key = (b.chunk, b.dp_group)
         seen[key] = seen.get(key, 0) + b.numel
         frac = seen[key] / groups[key] if groups[key] else 1.0
-        out.append(BucketCost(b.chunk, b.dp_group, red[0], gat[0], red[2], frac if overlap else 1.0,
-                              red[1], gat[1], reduce_bytes=float(b.grad_bytes),
-                              gather_bytes=float(b.param_bytes * b.param_gathers) if b.gather_op else 0.0,
-                              prescale_s=prescale_s))
+        out.append(BucketCost(b.chunk, b.dp_group, hit[0], hit[1], hit[2], frac if overlap else 1.0, *hit[3:]))
     return tuple(out)
 
 
-def _bucket_cost_fields(b: Bucket) -> tuple:
-    """What a bucket's collective and pre-scaling times depend on (its groups, sizes and ops)."""
-    return (b.dp_group, b.instances, b.group_size, b.numel, b.grad_bytes, b.reduce_op, b.gather_op,
-            b.param_bytes, b.param_gathers, b.averaged)
+# Bucket fields no bucket time reads (:func:`_bucket_times`; tests/test_step_buckets_key.py checks it):
+# every other field, one added later included, keys the memo of bucket times
+BUCKET_FIELDS_NOT_READ = ("stage", "used_numel", "kind", "param_dtype")
+_COST_FIELDS = tuple(f.name for f in fields(Bucket) if f.name not in (*BUCKET_FIELDS_NOT_READ, "chunk", "order"))
+_bucket_cost_fields = attrgetter(*_COST_FIELDS)  # what a bucket's collective and pre-scaling times depend on
+_bucket_content = attrgetter("chunk", "order", *_COST_FIELDS)  # ... and where it sits in its stage
+_ORDER = attrgetter("order")
 
 
 def _bucket_times(b: Bucket, group_shapes: dict[str, GroupShape],
@@ -318,7 +320,7 @@ def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placem
     crit = sp.ranks[sp.critical_rank] if sp and sp.ranks else None  # the slowest GPU class (first of equals)
     # the buckets' costs depend on their sizes and groups, not on the stage: stages of a plan (and
     # plans) with the same buckets share them
-    content = tuple((b.chunk, b.order, *_bucket_cost_fields(b)) for b in sp.buckets) if sp else ()
+    content = tuple(map(_bucket_content, sp.buckets)) if sp else ()
     buckets = _BUCKET_COSTS.get((content, shapes, overlap), system)
     if buckets is None:
         buckets = _BUCKET_COSTS.put(_stage_buckets(plan, stage, scenario, placement, overlap),
