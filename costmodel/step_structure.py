@@ -158,15 +158,47 @@ class StageCost:
         """Compute-stream seconds per micro-batch (all chunks, forward + backward)."""
         return sum(c.time_s for c in self.chunks)
 
-    @cached_property
+    @property
     def forward_buckets(self) -> tuple[BucketCost, ...]:
         """Buckets in the order the next forward needs their parameters (chunk, then position)."""
-        return tuple(sorted(self.buckets, key=lambda b: (b.chunk, b.fwd_need_fraction)))
+        return bucket_views(self.buckets).forward
 
-    @cached_property
+    @property
     def backward_buckets(self) -> tuple[BucketCost, ...]:
         """Buckets in the order their gradients complete (chunks last to first, then position)."""
-        return tuple(sorted(self.buckets, key=lambda b: (-b.chunk, b.bwd_ready_fraction)))
+        return bucket_views(self.buckets).backward
+
+
+@dataclass(frozen=True)
+class BucketViews:
+    """What the engines read of a stage's buckets besides the list itself: both orders, the
+    pre-scaling seconds per chunk and the reduction and gather seconds summed (backprop order)."""
+
+    forward: tuple[BucketCost, ...]
+    backward: tuple[BucketCost, ...]
+    prescale_by_chunk_s: dict[int, float]  # shared: callers must not change it
+    reduce_s: float
+    gather_s: float
+
+
+# keyed by the bucket tuple's identity: the stages of a layout with the same buckets share one tuple
+# (_stage_optimizer's memo), so their orders and sums are computed once
+_BUCKET_VIEWS: IdentityMemo[BucketViews] = IdentityMemo(4096)
+
+
+def bucket_views(buckets: tuple[BucketCost, ...]) -> BucketViews:
+    """The :class:`BucketViews` of a stage's ``buckets`` (memoised per tuple object)."""
+    hit = _BUCKET_VIEWS.get((), buckets)
+    if hit is None:
+        prescale: dict[int, float] = {}
+        for b in buckets:
+            prescale[b.chunk] = prescale.get(b.chunk, 0.0) + b.prescale_s
+        hit = _BUCKET_VIEWS.put(BucketViews(
+            forward=tuple(sorted(buckets, key=lambda b: (b.chunk, b.fwd_need_fraction))),
+            backward=tuple(sorted(buckets, key=lambda b: (-b.chunk, b.bwd_ready_fraction))),
+            prescale_by_chunk_s=prescale, reduce_s=sum(b.reduce_s for b in buckets),
+            gather_s=sum(b.gather_s for b in buckets)), (), buckets)
+    return hit
 
 
 @dataclass(frozen=True)

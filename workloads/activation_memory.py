@@ -229,8 +229,14 @@ def _stage_activation_bytes(scenario: Scenario, stage: int, table: list[LayerByt
         extra = max(extra, recompute_peak)
     if stage == p.pp - 1:
         per_chunk[-1] += loss_activation_bytes(scenario)
-    counts = inflight_chunk_microbatches(p.pp, p.vpp, stage, scenario.num_microbatches)
+    counts = _inflight(p.pp, p.vpp, stage, scenario.num_microbatches)
     return sum(c * b for c, b in zip(counts, per_chunk, strict=True)) + extra
+
+
+@lru_cache(maxsize=8192)
+def _inflight(pp: int, vpp: int, stage: int, num_microbatches: int) -> tuple[int, ...]:
+    """:func:`inflight_chunk_microbatches` (memoised: a search meets the same pipelines again)."""
+    return tuple(inflight_chunk_microbatches(pp, vpp, stage, num_microbatches))
 
 
 def offloaded_layer_fraction(scenario: Scenario) -> float:
