@@ -239,6 +239,13 @@ def layer_passes(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_G
 def op_times_s(ops: LayerOps, system: SystemSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(forward, backward) GPU seconds of each operation of one layer (:func:`operation_time_s`),
     computed once for the pass times, the attention-core times and the layer parts."""
+    return priced_ops_s(ops, system)
+
+
+def priced_ops_s(ops: LayerOps, system: SystemSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """:func:`op_times_s` without its cache of layers (for a caller that prices a layer once: the
+    cache would hash every operation of it and the system once more); operations are priced once
+    per system all the same."""
     prices = _OP_PRICES.get((), system)
     if prices is None:
         prices = _OP_PRICES.put({}, (), system)
