@@ -9,7 +9,7 @@ import time
 
 import numpy  # noqa: F401 - imported up front so timings exclude its one-off import
 
-from topologies import algorithms, collectives, layout, placement
+from topologies import collectives, layout, placement
 from topologies.flows import collective_flows
 from topologies.hardware import load_system
 from topologies.placement import GROUP_KINDS, place_job
@@ -23,8 +23,7 @@ def _per_call_us(fn, repeat: int) -> float:  # noqa: ANN001
 
 
 def _clear() -> None:
-    collectives.collective_cost.cache_clear()
-    algorithms.links_for.cache_clear()
+    collectives.clear_cost_cache()
     layout.fabric_layout.cache_clear()
     placement._shape.cache_clear()
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from costmodel.pipeline import p2p_exposed_s, pipeline_time_s
 from costmodel.report import Breakdown, StepReport
-from costmodel.step_structure import StageCost, StepStructure, build_step_structure
+from costmodel.step_structure import StageCost, StepStructure, bucket_views, build_step_structure
 
 if TYPE_CHECKING:
     from workloads.scenario import Scenario
@@ -57,11 +57,9 @@ class AnalyticTiming:
 
 
 def _chunk_prescale_s(stage: StageCost) -> dict[int, float]:
-    """Seconds of 1/dp gradient pre-scaling per chunk of ``stage`` (in its last backward)."""
-    out: dict[int, float] = {}
-    for b in stage.buckets:
-        out[b.chunk] = out.get(b.chunk, 0.0) + b.prescale_s
-    return out
+    """Seconds of 1/dp gradient pre-scaling per chunk of ``stage`` (in its last backward; shared,
+    not to be changed)."""
+    return bucket_views(stage.buckets).prescale_by_chunk_s
 
 
 def _prescale_delays_s(st: StepStructure) -> list[list[float]]:
@@ -168,8 +166,9 @@ def analytic_timing(st: StepStructure) -> AnalyticTiming:
     if embd:  # the shared embedding's all-reduce starts when both of its stages have reduced their grads
         barrier = max(barrier, max(done[s] for s in embd) + max(st.stages[s].embedding_grad_s for s in embd))
     dp_grad = barrier - t_base  # the exposed reductions and every pre-scaling on the critical path
-    reduce_total = [sum(b.reduce_s for b in s.buckets) for s in st.stages]
-    gather_total = [sum(b.gather_s for b in s.buckets) for s in st.stages]
+    views = [bucket_views(s.buckets) for s in st.stages]
+    reduce_total = [v.reduce_s for v in views]
+    gather_total = [v.gather_s for v in views]
     sync_gather = [0.0 if st.hide_param_gather else g for g in gather_total]
     tails = [s.optimizer_compute_s + s.optimizer_tp_s + sync_gather[i] for i, s in enumerate(st.stages)]
     tail_stage = max(range(pp), key=lambda s: tails[s])

@@ -239,8 +239,37 @@ def layer_passes(ops: LayerOps, system: SystemSpec, capture: GraphCapture = NO_G
 def op_times_s(ops: LayerOps, system: SystemSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(forward, backward) GPU seconds of each operation of one layer (:func:`operation_time_s`),
     computed once for the pass times, the attention-core times and the layer parts."""
-    return (tuple(operation_time_s(o, system) for o in ops.forward),
-            tuple(operation_time_s(o, system) for o in ops.backward))
+    return priced_ops_s(ops, system)
+
+
+def priced_ops_s(ops: LayerOps, system: SystemSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """:func:`op_times_s` without its cache of layers (for a caller that prices a layer once: the
+    cache would hash every operation of it and the system once more); operations are priced once
+    per system all the same."""
+    prices = _OP_PRICES.get((), system)
+    if prices is None:
+        prices = _OP_PRICES.put({}, (), system)
+    if len(prices) > OP_PRICES_LIMIT:
+        prices.clear()
+    return _priced(ops.forward, system, prices), _priced(ops.backward, system, prices)
+
+
+# per system (by identity): operation -> operation_time_s. The layers of different layouts share most
+# operations (a MoE layer's attention block does not change with the expert layout; its norms and
+# element-wise work recur across layer kinds), and hashing one costs a seventh of pricing it.
+_OP_PRICES: IdentityMemo[dict[Operation, float]] = IdentityMemo(64)
+OP_PRICES_LIMIT = 200_000
+
+
+def _priced(ops: tuple[Operation, ...], system: SystemSpec, prices: dict[Operation, float]) -> tuple[float, ...]:
+    """:func:`operation_time_s` of each of ``ops``, looked up in (or added to) ``prices``."""
+    out = []
+    for o in ops:
+        t = prices.get(o)
+        if t is None:
+            t = prices[o] = operation_time_s(o, system)
+        out.append(t)
+    return tuple(out)
 
 
 @lru_cache(maxsize=4096)

@@ -24,8 +24,8 @@ from costmodel.layer_costs import (
     captured_flags,
     framework_share_s,
     layer_ops,
-    op_times_s,
     parts_of,
+    priced_ops_s,
     python_calls_of,
 )
 from topologies.identity_memo import IdentityMemo
@@ -126,7 +126,7 @@ def _template(model: ModelSpec, system: SystemSpec, shape: RankShape, kind: str,
     if hit is not None:
         return hit
     ops = layer_ops(model, one, kind, recompute, modules)
-    times = op_times_s(ops, system)
+    times = priced_ops_s(ops, system)  # built once per key: no use caching the layer
     casts_f = tuple(i for i, o in enumerate(ops.forward) if o.weight_cast is not None)
     casts_b = tuple(i for i, o in enumerate(ops.backward) if o.weight_cast is not None)
     fa = sum(t for o, t in zip(ops.forward, times[0], strict=True) if o.kind == "attention")

@@ -31,12 +31,17 @@ def memory_report(scenario: Scenario) -> tuple[MemoryReport | None, list[str]]:
 
 def _memory_report(scenario: Scenario) -> tuple[MemoryReport | None, list[str]]:
     try:
-        from workloads.memory import memory_breakdown
+        from workloads.memory import MemoryBreakdown, memory_breakdown
     except ImportError:
         return None, ["memory model not available yet: memory_per_gpu_bytes is 0"]
     mb: Any = memory_breakdown(scenario)
     if isinstance(mb, MemoryReport):
         return mb, []
+    if isinstance(mb, MemoryBreakdown):  # the memory model's own type: read its fields (what the generic path finds)
+        total = float(mb.total_bytes)
+        capacity = float(mb.capacity_bytes)
+        return MemoryReport(total_bytes=total, components_bytes={k: float(v) for k, v in mb.components_bytes.items()},
+                            capacity_bytes=capacity, fits=total <= capacity), []
     if isinstance(mb, dict):
         mb_dict = mb
     elif hasattr(mb, "model_dump"):
@@ -56,6 +61,18 @@ def optimizer_section(plan: OptimizerPlan, exposed_s: float, hidden_s: float) ->
     from costmodel.optimizer.plan import optimizer_report
 
     return optimizer_report(plan, exposed_s, hidden_s)
+
+
+_FLOPS_PER_TOKEN: IdentityMemo[float] = IdentityMemo(4096)  # the model keyed by identity
+
+
+def _flops_per_token(scenario: Scenario) -> float:
+    """:func:`model_flops_per_token` of the scenario's model, sequence and tp (memoised: it reads only these)."""
+    key = (scenario.par.seq_length, scenario.par.tp)
+    hit = _FLOPS_PER_TOKEN.get(key, scenario.model)
+    if hit is None:
+        hit = _FLOPS_PER_TOKEN.put(model_flops_per_token(scenario.model, *key), key, scenario.model)
+    return hit
 
 
 MFU_FLOOR = 0.05  # below: the step is almost all waiting (published runs reach 20-50 %)
@@ -87,7 +104,7 @@ def build_report(scenario: Scenario, engine: str, step_time_s: float, breakdown:
     """A complete StepReport (throughput, MFU, memory, optimizer section) for one engine's result."""
     gpus = scenario.gpus
     tokens = scenario.tokens_per_step
-    fpt = model_flops_per_token(scenario.model, scenario.par.seq_length, scenario.par.tp)
+    fpt = _flops_per_token(scenario)
     tflops = fpt * tokens / step_time_s / gpus / 1e12
     peak = scenario.system.peak_flops_per_s(scenario.precision)
     mem, mem_warn = memory_report(scenario)

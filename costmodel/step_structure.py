@@ -44,9 +44,10 @@ synchronous parameter gather): the mode in which the two engines must agree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, fields
+from functools import cached_property, lru_cache
+from operator import attrgetter
+from typing import TYPE_CHECKING, NamedTuple
 
 from costmodel.compute import kernel_gpu_s
 from costmodel.layer_comm import base_kind, layer_kind_costs
@@ -66,6 +67,7 @@ from costmodel.optimizer.plan_types import Bucket, OptimizerPlan
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from topologies.identity_memo import IdentityMemo
+from workloads.fp8_params import layer_kept_bf16
 from workloads.operations import ACT_BYTES
 
 if TYPE_CHECKING:
@@ -115,9 +117,9 @@ class ChunkCost:
         return self.fwd.time_s + self.bwd.time_s
 
 
-@dataclass(frozen=True)
-class BucketCost:
-    """One DP bucket: its collectives' times and where it sits in its chunk's pass."""
+class BucketCost(NamedTuple):
+    """One DP bucket: its collectives' times and where it sits in its chunk's pass (a named tuple:
+    a stage of a layer-wise plan has hundreds, and a frozen dataclass took ~4 us each to build)."""
 
     chunk: int
     group: str
@@ -156,15 +158,47 @@ class StageCost:
         """Compute-stream seconds per micro-batch (all chunks, forward + backward)."""
         return sum(c.time_s for c in self.chunks)
 
-    @cached_property
+    @property
     def forward_buckets(self) -> tuple[BucketCost, ...]:
         """Buckets in the order the next forward needs their parameters (chunk, then position)."""
-        return tuple(sorted(self.buckets, key=lambda b: (b.chunk, b.fwd_need_fraction)))
+        return bucket_views(self.buckets).forward
 
-    @cached_property
+    @property
     def backward_buckets(self) -> tuple[BucketCost, ...]:
         """Buckets in the order their gradients complete (chunks last to first, then position)."""
-        return tuple(sorted(self.buckets, key=lambda b: (-b.chunk, b.bwd_ready_fraction)))
+        return bucket_views(self.buckets).backward
+
+
+@dataclass(frozen=True)
+class BucketViews:
+    """What the engines read of a stage's buckets besides the list itself: both orders, the
+    pre-scaling seconds per chunk and the reduction and gather seconds summed (backprop order)."""
+
+    forward: tuple[BucketCost, ...]
+    backward: tuple[BucketCost, ...]
+    prescale_by_chunk_s: dict[int, float]  # shared: callers must not change it
+    reduce_s: float
+    gather_s: float
+
+
+# keyed by the bucket tuple's identity: the stages of a layout with the same buckets share one tuple
+# (_stage_optimizer's memo), so their orders and sums are computed once
+_BUCKET_VIEWS: IdentityMemo[BucketViews] = IdentityMemo(4096)
+
+
+def bucket_views(buckets: tuple[BucketCost, ...]) -> BucketViews:
+    """The :class:`BucketViews` of a stage's ``buckets`` (memoised per tuple object)."""
+    hit = _BUCKET_VIEWS.get((), buckets)
+    if hit is None:
+        prescale: dict[int, float] = {}
+        for b in buckets:
+            prescale[b.chunk] = prescale.get(b.chunk, 0.0) + b.prescale_s
+        hit = _BUCKET_VIEWS.put(BucketViews(
+            forward=tuple(sorted(buckets, key=lambda b: (b.chunk, b.fwd_need_fraction))),
+            backward=tuple(sorted(buckets, key=lambda b: (-b.chunk, b.bwd_ready_fraction))),
+            prescale_by_chunk_s=prescale, reduce_s=sum(b.reduce_s for b in buckets),
+            gather_s=sum(b.gather_s for b in buckets)), (), buckets)
+    return hit
 
 
 @dataclass(frozen=True)
@@ -206,16 +240,24 @@ def _chunk_items(scenario: Scenario) -> list[list[str]]:
     """Layer kinds of every virtual stage (index chunk * pp + stage); layers kept in BF16 by
     ``first_last_layers_bf16`` in a low-precision run are marked ``:bf16`` (``dense:bf16``, see
     :func:`costmodel.layer_comm.layer_kind_costs`), layers full recompute leaves out ``:norc``."""
-    from workloads.weight_memory import layer_in_bf16
-
     model, p = scenario.model, scenario.par
-    counts = scenario.virtual_stage_layers
     first_moe = model.moe.first_dense_layers if model.moe is not None else model.num_layers
     block = p.recompute_num_layers if p.recompute == "full" and p.recompute_method == "block" else None
-    lowp = scenario.precision.tensor_core_class != "bf16"
+    bf16_layers = scenario.runtime.bf16_layers if scenario.precision.tensor_core_class != "bf16" else None
+    items = _layer_kinds(tuple(scenario.virtual_stage_layers), model.num_layers, model.mtp_layers, first_moe,
+                         block, bf16_layers)
+    assert len(items) == p.pp * p.vpp
+    return [list(kinds) for kinds in items]
 
+
+@lru_cache(maxsize=4096)
+def _layer_kinds(counts: tuple[int, ...], num_layers: int, mtp_layers: int, first_moe: int, block: int | None,
+                 bf16_layers: tuple[int, int] | None) -> tuple[tuple[str, ...], ...]:
+    """:func:`_chunk_items` from what it reads (memoised): layers per virtual stage, the model's layer,
+    MTP and first MoE layer counts, full recompute's block size (None: not block) and the layers kept
+    in BF16 (None: a BF16 run)."""
     def bf16(layer: int) -> str:
-        return BF16_SUFFIX if lowp and layer_in_bf16(scenario, layer) else ""
+        return BF16_SUFFIX if bf16_layers is not None and layer_kept_bf16(layer, num_layers, bf16_layers) else ""
 
     items: list[list[str]] = []
     layer = 0
@@ -225,48 +267,57 @@ def _chunk_items(scenario: Scenario) -> list[list[str]]:
                       for i in range(layer, layer + n)])
         layer += n
     items[0].insert(0, "embedding")
-    items[-1].extend(["mtp" + bf16(model.num_layers)] * model.mtp_layers)
+    items[-1].extend(["mtp" + bf16(num_layers)] * mtp_layers)
     items[-1].append("output")
-    assert len(items) == p.pp * p.vpp
-    return items
+    return tuple(tuple(kinds) for kinds in items)
 
 
 def _stage_buckets(plan: OptimizerPlan, stage: int, scenario: Scenario, placement, overlap: bool) -> tuple[BucketCost, ...]:  # noqa: ANN001
+    """The :class:`BucketCost` of each of ``stage``'s buckets (backprop order). A layer-wise stage has
+    hundreds of buckets but a handful of distinct ones (a buffer of identical matrices): each distinct
+    content (:data:`_bucket_cost_fields`) is priced once, the rest is bulk list work."""
     sp = next((s for s in plan.stages if s.stage == stage), None)
     if sp is None:
         return ()
     system = scenario.system
+    ordered = sorted(sp.buckets, key=_ORDER)
+    keys = list(map(_bucket_cost_fields, ordered))
+    where = list(map(_CHUNK_GROUP, ordered))
+    numel = list(map(_NUMEL, ordered))
     groups: dict[tuple[int, str], int] = {}
-    for b in sp.buckets:
-        groups[(b.chunk, b.dp_group)] = groups.get((b.chunk, b.dp_group), 0) + b.numel
-    seen: dict[tuple[int, str], int] = {}
-    out = []
+    for key, n in zip(where, numel, strict=True):
+        groups[key] = groups.get(key, 0) + n
     group_shapes = {}
-    for rep in {(b.dp_group, b.instances): b for b in sp.buckets}.values():  # one bucket per group pair
+    for rep in {(b.dp_group, b.instances): b for b in ordered}.values():  # one bucket per group pair
         group_shapes[rep.reduce_group] = placement.shape(rep.reduce_group)
         if rep.instances > 1:
             group_shapes[rep.across_group] = placement.shape(rep.across_group)
-    times: dict[tuple, tuple[tuple[float, float, str], tuple[float, float, str], float]] = {}
-    for b in sorted(sp.buckets, key=lambda x: x.order):
-        same = _bucket_cost_fields(b)  # the buckets of a buffer of identical matrices are often alike
-        hit = times.get(same)
-        if hit is None:
-            hit = times[same] = _bucket_times(b, group_shapes, system)
-        red, gat, prescale_s = hit
-        key = (b.chunk, b.dp_group)
-        seen[key] = seen.get(key, 0) + b.numel
-        frac = seen[key] / groups[key] if groups[key] else 1.0
-        out.append(BucketCost(b.chunk, b.dp_group, red[0], gat[0], red[2], frac if overlap else 1.0,
-                              red[1], gat[1], reduce_bytes=float(b.grad_bytes),
-                              gather_bytes=float(b.param_bytes * b.param_gathers) if b.gather_op else 0.0,
-                              prescale_s=prescale_s))
-    return tuple(out)
+    times: dict[tuple, tuple[float, float, str, float, float, float, float, float]] = {}
+    for same, b in dict(zip(keys, ordered, strict=True)).items():  # one bucket per content: the times read only it
+        red, gat, prescale_s = _bucket_times(b, group_shapes, system)
+        times[same] = (red[0], gat[0], red[2], red[1], gat[1], float(b.grad_bytes),
+                       float(b.param_bytes * b.param_gathers) if b.gather_op else 0.0, prescale_s)
+    if overlap:  # the share of its chunk's (dp group's) gradients complete once the bucket's are
+        seen: dict[tuple[int, str], int] = {}
+        fractions = []
+        for key, n in zip(where, numel, strict=True):
+            done = seen[key] = seen.get(key, 0) + n
+            fractions.append(done / groups[key] if groups[key] else 1.0)
+    else:
+        fractions = [1.0] * len(ordered)
+    return tuple(BucketCost(c, g, h[0], h[1], h[2], f, h[3], h[4], h[5], h[6], h[7])
+                 for (c, g), h, f in zip(where, map(times.__getitem__, keys), fractions, strict=True))
 
 
-def _bucket_cost_fields(b: Bucket) -> tuple:
-    """What a bucket's collective and pre-scaling times depend on (its groups, sizes and ops)."""
-    return (b.dp_group, b.instances, b.group_size, b.numel, b.grad_bytes, b.reduce_op, b.gather_op,
-            b.param_bytes, b.param_gathers, b.averaged)
+# Bucket fields no bucket time reads (:func:`_bucket_times`; tests/test_speed_memo_keys.py checks it):
+# every other field, one added later included, keys the memo of bucket times
+BUCKET_FIELDS_NOT_READ = ("stage", "used_numel", "kind", "param_dtype")
+_COST_FIELDS = tuple(f.name for f in fields(Bucket) if f.name not in (*BUCKET_FIELDS_NOT_READ, "chunk", "order"))
+_bucket_cost_fields = attrgetter(*_COST_FIELDS)  # what a bucket's collective and pre-scaling times depend on
+_bucket_content = attrgetter("chunk", "order", *_COST_FIELDS)  # ... and where it sits in its stage
+_ORDER = attrgetter("order")
+_CHUNK_GROUP = attrgetter("chunk", "dp_group")
+_NUMEL = attrgetter("numel")
 
 
 def _bucket_times(b: Bucket, group_shapes: dict[str, GroupShape],
@@ -318,7 +369,7 @@ def _stage_optimizer(plan: OptimizerPlan, stage: int, scenario: Scenario, placem
     crit = sp.ranks[sp.critical_rank] if sp and sp.ranks else None  # the slowest GPU class (first of equals)
     # the buckets' costs depend on their sizes and groups, not on the stage: stages of a plan (and
     # plans) with the same buckets share them
-    content = tuple((b.chunk, b.order, *_bucket_cost_fields(b)) for b in sp.buckets) if sp else ()
+    content = tuple(map(_bucket_content, sp.buckets)) if sp else ()
     buckets = _BUCKET_COSTS.get((content, shapes, overlap), system)
     if buckets is None:
         buckets = _BUCKET_COSTS.put(_stage_buckets(plan, stage, scenario, placement, overlap),

@@ -55,6 +55,7 @@ from math import log2
 
 from topologies.groups import GroupShape
 from topologies.hardware import EfficiencyFactors, SystemSpec
+from topologies.identity_memo import IdentityMemo
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,21 @@ class Links:
         return self.nic_Bps / self.oversubscription if shape.fabric_tiers >= 2 else self.nic_Bps
 
 
-@lru_cache(maxsize=256)
+_LINKS: IdentityMemo[Links] = IdentityMemo(256)  # keyed by the system's identity (hashing it costs more than a hit)
+
+
 def links_for(system: SystemSpec) -> Links:
-    """The effective link rates of ``system`` (cached per system)."""
+    """The effective link rates of ``system`` (cached per system object)."""
+    hit = _LINKS.get((), system)
+    return hit if hit is not None else _LINKS.put(_links(system), (), system)
+
+
+def clear_links_cache() -> None:
+    """Forget the memoised link rates."""
+    _LINKS.clear()
+
+
+def _links(system: SystemSpec) -> Links:
     e, nv, so = system.efficiency, system.nvlink, system.scale_out
     raw_nvl = nv.gpu_bandwidth_Bps
     return Links(

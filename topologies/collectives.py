@@ -31,12 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 
 from topologies import algorithms as alg
 from topologies import hierarchical as hier
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
+from topologies.identity_memo import IdentityMemo
 from topologies.inputs import UserInputError
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_gather_v", "broadcast", "all_to_all", "send_recv")
@@ -155,15 +155,33 @@ def _check(op: str, size_bytes: float, algorithm: str | None) -> None:
         raise UserInputError(f"unknown algorithm '{algorithm}'; valid: {', '.join(ALGORITHMS)}")
 
 
-@lru_cache(maxsize=65536)
+_COSTS: IdentityMemo[CollectiveCost] = IdentityMemo(65536)  # the system keyed by identity (hashing it costs more than a hit)
+
+
+def clear_cost_cache() -> None:
+    """Forget every memoised collective cost and link rate (benchmarks time cold queries)."""
+    _COSTS.clear()
+    alg.clear_links_cache()
+
+
 def collective_cost(op: str, size_bytes: float, shape: GroupShape, system: SystemSpec,
                     algorithm: str | None = None) -> CollectiveCost:
     """Cost of ``op`` on ``size_bytes`` over a group of ``shape``: time (s), algorithm, bytes.
 
     The tuner evaluates every eligible algorithm and keeps the fastest unless ``algorithm`` forces
     one (``candidates`` then also lists the forced one). Groups of one rank and empty messages cost
-    nothing (algorithm ``none``).
+    nothing (algorithm ``none``). Memoised per (op, size, shape, algorithm) and system identity.
     """
+    key = (op, size_bytes, shape, algorithm)
+    hit = _COSTS.get(key, system)
+    if hit is None:
+        hit = _COSTS.put(_collective_cost(op, size_bytes, shape, system, algorithm), key, system)
+    return hit
+
+
+def _collective_cost(op: str, size_bytes: float, shape: GroupShape, system: SystemSpec,
+                     algorithm: str | None) -> CollectiveCost:
+    """:func:`collective_cost` computed afresh."""
     _check(op, size_bytes, algorithm)
     n = shape.size
     if n <= 1 or size_bytes == 0:

@@ -122,10 +122,11 @@ def _is_moe(scenario: Scenario, layer: int) -> bool:
     return model.is_moe_layer(min(layer, model.num_layers - 1))
 
 
-LayerBytesMemo = dict[tuple[bool, bool], tuple[float, float, float, float]]
+LayerBytes = tuple[float, float, float, float]  # (kept, layer input, fine-grained offloaded, every saved tensor)
+LayerBytesMemo = dict[tuple[bool, bool], LayerBytes]
 
 
-def _memo_bytes_of(scenario: Scenario, layer: int, memo: LayerBytesMemo) -> tuple[float, float, float, float]:
+def _memo_bytes_of(scenario: Scenario, layer: int, memo: LayerBytesMemo) -> LayerBytes:
     """:func:`_bytes_of` of ``layer`` (MoE or not as the model says), memoised in ``memo`` (one
     scenario's) on what it depends on besides the scenario: whether the layer is kept in BF16 and
     whether it is an MoE layer (a stage's layers come in two or three such classes)."""
@@ -137,70 +138,135 @@ def _memo_bytes_of(scenario: Scenario, layer: int, memo: LayerBytesMemo) -> tupl
     return hit
 
 
+@lru_cache(maxsize=1024)
+def _class_bounds(num_layers: int, mtp_layers: int, bf16_layers: tuple[int, int],
+                  first_moe: int | None) -> tuple[int, ...]:
+    """The layers (main, then MTP) at which the (kept in BF16, MoE) class can change: every layer
+    between two consecutive bounds is of the first one's class (:func:`layer_kept_bf16` and
+    :meth:`ModelSpec.is_moe_layer` change only at these; ``first_moe``: the MoE model's first MoE layer)."""
+    first, last = bf16_layers
+    cuts = {0, first, num_layers - last, num_layers, num_layers + mtp_layers}
+    if first_moe is not None:
+        cuts.add(first_moe)
+    return tuple(sorted(c for c in cuts if 0 <= c <= num_layers + mtp_layers))
+
+
+def _layer_table(scenario: Scenario, memo: LayerBytesMemo) -> list[LayerBytes]:
+    """:func:`_memo_bytes_of` of every layer (index: layer, main then MTP), one call per class run
+    of :func:`_class_bounds` (the same values, without a call per layer)."""
+    model = scenario.model
+    first_moe = model.moe.first_dense_layers if model.moe is not None else None
+    bounds = _class_bounds(model.num_layers, model.mtp_layers, scenario.runtime.bf16_layers, first_moe)
+    table: list[LayerBytes] = []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        table += [_memo_bytes_of(scenario, a, memo)] * (b - a)
+    return table
+
+
 def _chunk_bytes(scenario: Scenario, layers: list[int], offload_first: int,
-                 memo: LayerBytesMemo | None = None) -> tuple[float, float, float]:
+                 memo: LayerBytesMemo | None = None, table: list[LayerBytes] | None = None) -> tuple[float, float, float]:
     """(resident bytes per micro-batch, extra bytes while recomputing, offloaded bytes per micro-batch)
     of one virtual chunk's layers; the first ``offload_first`` layers are CPU-offloaded (``memo``:
-    the scenario's per-layer bytes so far, :func:`_memo_bytes_of`)."""
+    the scenario's per-layer bytes so far, :func:`_memo_bytes_of`; ``table``: every layer's,
+    :func:`_layer_table`)."""
     p = scenario.par
     memo = {} if memo is None else memo
-    per_layer, transit = [], 0.0
-    for k, i in enumerate(layers):
-        kept, inp, off, full = _memo_bytes_of(scenario, i, memo)
-        per_layer.append((kept, inp, full))
-        if k >= offload_first:  # the first layers' saved tensors are in host memory at the peak
-            transit = max(transit, off)  # fine-grained offloading: one layer's copy in transit
-    if p.recompute != "full":
-        resident = sum(kept for kept, _, _ in per_layer[offload_first:])
-        return resident + transit, 0.0, sum(kept for kept, _, _ in per_layer[:offload_first])
-    n, group = len(per_layer), p.recompute_num_layers or 1
-    largest = max((full for _, _, full in per_layer), default=0.0)
+    rows = [table[i] for i in layers] if table is not None else [_memo_bytes_of(scenario, i, memo) for i in layers]
+    transit = max((0.0, *(off for _, _, off, _ in rows[offload_first:])))  # fine-grained offloading: one layer's copy in transit
+    if p.recompute != "full":  # the first layers' saved tensors are in host memory at the peak
+        resident = sum([kept for kept, _, _, _ in rows[offload_first:]])
+        return resident + transit, 0.0, sum([kept for kept, _, _, _ in rows[:offload_first]])
+    n, group = len(rows), p.recompute_num_layers or 1
+    largest = max((full for _, _, _, full in rows), default=0.0)
     if p.recompute_method == "block":
         checkpointed = min(group, n)
-        resident = sum(inp for _, inp, _ in per_layer[:checkpointed]) + sum(full for _, _, full in per_layer[checkpointed:])
+        resident = sum(inp for _, inp, _, _ in rows[:checkpointed]) + sum(full for _, _, _, full in rows[checkpointed:])
         return resident, (largest if checkpointed else 0.0), 0.0
-    resident = sum(per_layer[k][1] for k in range(0, n, group))  # uniform: one input per group
+    resident = sum(rows[k][1] for k in range(0, n, group))  # uniform: one input per group
     return resident, min(group, n) * largest, 0.0
 
 
-_STAGE_BYTES: dict[tuple[Any, ...], tuple[Any, Any, float]] = {}
+_STAGE_BYTES: dict[tuple[Any, ...], tuple[Any, Any, tuple[float, ...]]] = {}
 _STAGE_BYTES_LIMIT = 50_000
 
 
 def stage_activation_bytes(scenario: Scenario, stage: int) -> float:
-    """Peak activation bytes per GPU on pipeline stage ``stage`` (micro-batches in flight included).
+    """Peak activation bytes per GPU on pipeline stage ``stage`` (micro-batches in flight included)."""
+    return activation_bytes_by_stage(scenario)[stage]
+
+
+def activation_bytes_by_stage(scenario: Scenario) -> tuple[float, ...]:
+    """Peak activation bytes per GPU of every pipeline stage (index: stage), in bytes.
 
     Memoised on everything of the scenario but its optimizer section, which activations do not read:
     the planner's candidates of one layout differ only there. Model and system are keyed by identity
-    and the entry holds them, so their ids stay unique.
+    and the entry holds them, so their ids stay unique. The stages share one per-layer table
+    (:func:`_layer_table`): a layer's bytes depend on its class, not on its stage.
     """
     c = scenario.config
-    key = (id(scenario.model), id(scenario.system), c.gpus, c.precision, c.parallelism, c.placement, c.runtime, stage)
+    key = (id(scenario.model), id(scenario.system), c.gpus, c.precision, c.parallelism, c.placement, c.runtime)
     hit = _STAGE_BYTES.get(key)
     if hit is not None and hit[0] is scenario.model and hit[1] is scenario.system:
         return hit[2]
-    out = _stage_activation_bytes(scenario, stage)
+    out = _all_stages_bytes(scenario)
     if len(_STAGE_BYTES) > _STAGE_BYTES_LIMIT:
         _STAGE_BYTES.clear()
     _STAGE_BYTES[key] = (scenario.model, scenario.system, out)
     return out
 
 
-def _stage_activation_bytes(scenario: Scenario, stage: int) -> float:
+def _all_stages_bytes(scenario: Scenario) -> tuple[float, ...]:
+    """:func:`activation_bytes_by_stage` computed: per stage, its chunks' bytes (:func:`_chunk_bytes`)
+    times the micro-batches in flight, plus the recompute peak and, on the last stage, the loss.
+    Chunks of the same layer classes in the same order (a pipeline's middle stages) are summed once."""
+    p, rt, model = scenario.par, scenario.runtime, scenario.model
+    table = _layer_table(scenario, {})
+    layout = _stage_chunk_layers(model.num_layers, p.pp, p.vpp, p.stage_split, model.mtp_layers)
+    offload = rt.cpu_offloading_num_layers if rt.cpu_offloading else 0
+    chunk_memo: dict[tuple, tuple[float, float, float]] = {}
+    out = []
+    for stage in range(p.pp):
+        per_chunk, extra = [], 0.0
+        for c, layers in enumerate(layout[stage]):
+            first = min(offload, len(layers)) if c == 0 else 0
+            rows = [table[i] for i in layers]
+            key = (first, *map(id, rows))  # the rows are the table's per-class objects
+            hit = chunk_memo.get(key)
+            if hit is None:
+                hit = chunk_memo[key] = _chunk_bytes(scenario, list(layers), first, table=table)
+            resident, recompute_peak, _ = hit
+            per_chunk.append(resident)
+            extra = max(extra, recompute_peak)
+        if stage == p.pp - 1:
+            per_chunk[-1] += loss_activation_bytes(scenario)
+        counts = _inflight(p.pp, p.vpp, stage, scenario.num_microbatches)
+        out.append(sum(c * b for c, b in zip(counts, per_chunk, strict=True)) + extra)
+    return tuple(out)
+
+
+def _stage_activation_bytes(scenario: Scenario, stage: int, table: list[LayerBytes] | None = None) -> float:
+    """Peak activation bytes per GPU on ``stage`` computed on its own (the definition
+    :func:`_all_stages_bytes` follows for every stage at once)."""
     p, rt = scenario.par, scenario.runtime
     chunks = _chunk_layers(scenario, stage)
     offload = rt.cpu_offloading_num_layers if rt.cpu_offloading else 0
     per_chunk, extra = [], 0.0
-    memo: LayerBytesMemo = {}
+    table = _layer_table(scenario, {}) if table is None else table
     for c, layers in enumerate(chunks):
         first = min(offload, len(layers)) if c == 0 else 0
-        resident, recompute_peak, _ = _chunk_bytes(scenario, layers, first, memo)
+        resident, recompute_peak, _ = _chunk_bytes(scenario, layers, first, table=table)
         per_chunk.append(resident)
         extra = max(extra, recompute_peak)
     if stage == p.pp - 1:
         per_chunk[-1] += loss_activation_bytes(scenario)
-    counts = inflight_chunk_microbatches(p.pp, p.vpp, stage, scenario.num_microbatches)
+    counts = _inflight(p.pp, p.vpp, stage, scenario.num_microbatches)
     return sum(c * b for c, b in zip(counts, per_chunk, strict=True)) + extra
+
+
+@lru_cache(maxsize=8192)
+def _inflight(pp: int, vpp: int, stage: int, num_microbatches: int) -> tuple[int, ...]:
+    """:func:`inflight_chunk_microbatches` (memoised: a search meets the same pipelines again)."""
+    return tuple(inflight_chunk_microbatches(pp, vpp, stage, num_microbatches))
 
 
 def offloaded_layer_fraction(scenario: Scenario) -> float:

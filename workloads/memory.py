@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from workloads.activation_memory import stage_activation_bytes
+from workloads.activation_memory import activation_bytes_by_stage, stage_activation_bytes
 from workloads.inventory import Inventory, TensorRun, inventory_for
 from workloads.optimizer_memory import (
     StateBytes,
@@ -100,9 +100,11 @@ StageStateBytes = tuple[StageWeights, StateBytes, float]  # weights, optimizer s
 
 
 def stage_memory(scenario: Scenario, stage: int, inventory: Inventory | None = None,
-                 memo: dict[tuple, StageStateBytes] | None = None) -> MemoryBreakdown:
+                 memo: dict[tuple, StageStateBytes] | None = None,
+                 activations_bytes: tuple[float, ...] | None = None) -> MemoryBreakdown:
     """Memory per GPU on pipeline stage ``stage``, by component, in bytes (``memo``: the weight and
-    optimizer bytes of the scenario's stages so far, see :func:`_stage_state_key`)."""
+    optimizer bytes of the scenario's stages so far, see :func:`_stage_state_key`;
+    ``activations_bytes``: every stage's :func:`activation_bytes_by_stage` when the caller has them)."""
     inv = inventory if inventory is not None else inventory_for(scenario)
     runs = inv.stage_runs(stage)
     key = _stage_state_key(scenario, runs) if memo is not None else None
@@ -123,7 +125,8 @@ def stage_memory(scenario: Scenario, stage: int, inventory: Inventory | None = N
         gradients_bytes=weights.gradients_bytes,
         optimizer_state_bytes=opt.persistent,
         optimizer_workspace_bytes=opt.transient + workspace,
-        activations_bytes=stage_activation_bytes(scenario, stage),
+        activations_bytes=stage_activation_bytes(scenario, stage) if activations_bytes is None
+        else activations_bytes[stage],
         capacity_bytes=scenario.system.gpu.hbm_bytes,
     )
 
@@ -135,7 +138,9 @@ def _stage_state_key(scenario: Scenario, runs: tuple[TensorRun, ...]) -> tuple |
     number (such stages are computed afresh)."""
     if scenario.par.fsdp > 0:
         return None
-    return tuple((r.kind, r.count, tuple(id(t) for t in r.templates), tuple(layer_in_bf16(scenario, x) for x in r.layers))
+    if scenario.runtime.bf16_layers == (0, 0):  # no layer is kept in BF16: the same answer for every layer
+        return tuple((r.kind, r.count, tuple(map(id, r.templates))) for r in runs)
+    return tuple((r.kind, r.count, tuple(map(id, r.templates)), tuple(layer_in_bf16(scenario, x) for x in r.layers))
                  for r in runs)
 
 
@@ -143,7 +148,8 @@ def memory_by_stage(scenario: Scenario) -> list[MemoryBreakdown]:
     """Memory per GPU for every pipeline stage, in bytes."""
     inv = inventory_for(scenario)
     memo: dict[tuple, StageStateBytes] = {}
-    return [stage_memory(scenario, s, inv, memo) for s in range(scenario.par.pp)]
+    activations = activation_bytes_by_stage(scenario)
+    return [stage_memory(scenario, s, inv, memo, activations) for s in range(scenario.par.pp)]
 
 
 def memory_breakdown(scenario: Scenario) -> MemoryBreakdown:

@@ -92,6 +92,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from topologies.hardware import TENSOR_CORE_CLASS
+from topologies.identity_memo import IdentityMemo
 from workloads.models import GqaAttention, MlaAttention, ModelSpec
 
 OpKind = Literal["gemm", "grouped_gemm", "attention", "elementwise", "quantize"]
@@ -455,12 +456,33 @@ def _builder(model: ModelSpec, shape: RankShape) -> _Builder:
     return _Builder(shape, model.hidden_size, layernorm=model.normalization == "layernorm", bias=model.add_bias_linear)
 
 
+# (forward, backward) operations of a layer's attention block and pre-MLP norm per rank shape without
+# its expert layout (model keyed by identity): the same for every expert layout (module docstring)
+_ATTENTION_OPS: IdentityMemo[tuple[tuple[Operation, ...], tuple[Operation, ...]]] = IdentityMemo(4096)
+
+
+def _attention_ops(model: ModelSpec, shape: RankShape) -> tuple[tuple[Operation, ...], tuple[Operation, ...]]:
+    """(forward, backward) operations of the attention block and the pre-MLP norm of a layer at
+    ``shape``, memoised on the shape with its expert fields (ep, etp, dispatcher) reset: only the MoE
+    block reads them (:func:`_moe_mlp`), so the layers of every expert layout share these objects
+    (and what is derived from them, such as their prices)."""
+    key = replace(shape, ep=1, etp=1, moe_dispatcher="flex")
+    hit = _ATTENTION_OPS.get(key, model)
+    if hit is None:
+        b = _builder(model, key)
+        _attention_block(b, model)
+        b.norm("pre_mlp_layernorm", key.sp_tokens, model.hidden_size)
+        hit = _ATTENTION_OPS.put((tuple(b.fwd), tuple(b.bwd)), key, model)
+    return hit
+
+
 def layer_operations(model: ModelSpec, shape: RankShape, moe: bool, recompute: str = "none",
                      recompute_modules: tuple[str, ...] = ("core_attn",)) -> LayerOps:
     """Operations of one transformer layer (attention + dense or MoE MLP) for one micro-batch."""
     b = _builder(model, shape)
-    _attention_block(b, model)
-    b.norm("pre_mlp_layernorm", shape.sp_tokens, model.hidden_size)
+    fwd, bwd = _attention_ops(model, shape)
+    b.fwd.extend(fwd)
+    b.bwd.extend(bwd)
     if moe:
         _moe_mlp(b, model)
     else:

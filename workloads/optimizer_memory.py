@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from topologies.identity_memo import IdentityMemo
 from workloads.comm import DTYPE_BYTES
 from workloads.weight_memory import fsdp_group_size
 
@@ -171,5 +172,16 @@ def optimizer_workspace_bytes(scenario: Scenario, tensors: Iterable[TensorSpec])
     if opt.kind != "muon":
         return 0.0
     matmul_bytes = 2 if opt.matmul_precision == "bf16" else FP32_BYTES
-    return max((newton_schulz_workspace_bytes(t, opt.tp_mode, matmul_bytes)
-                for t in tensors if t.optimizer == "muon"), default=0.0)
+    key = (opt.tp_mode, matmul_bytes)
+    out = 0.0
+    for t in tensors:
+        if t.optimizer != "muon":
+            continue
+        ws = _WORKSPACE.get(key, t)  # the stages of a layout share their layers' tensors
+        if ws is None:
+            ws = _WORKSPACE.put(newton_schulz_workspace_bytes(t, *key), key, t)
+        out = max(out, ws)
+    return out
+
+
+_WORKSPACE: IdentityMemo[float] = IdentityMemo(50_000)  # (tp mode, matmul bytes) + the tensor by identity
