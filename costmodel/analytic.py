@@ -101,12 +101,16 @@ def _grad_done_s(stage: StageCost, end_s: float, overlap: bool, delays_s: list[f
     for ch in stage.chunks:  # chunk 0's last backward runs last
         chunk_start[ch.chunk] = t + delays_s[ch.chunk] - ch.bwd.time_s - scaling.get(ch.chunk, 0.0)
         t -= ch.bwd.time_s
+    bwd_s = [ch.bwd.time_s for ch in stage.chunks]
     busy = 0.0
     scaled: dict[int, float] = {}
-    for b in stage.backward_buckets:
-        scaled[b.chunk] = scaled.get(b.chunk, 0.0) + b.prescale_s  # its own and the earlier buckets' scaling
-        ready = chunk_start[b.chunk] + b.bwd_ready_fraction * stage.chunks[b.chunk].bwd.time_s + scaled[b.chunk]
-        busy = max(busy, ready) + b.reduce_s
+    for b in stage.backward_buckets:  # hundreds in a layer-wise stage: plain locals, no call per bucket
+        c = b.chunk
+        done = scaled[c] = scaled.get(c, 0.0) + b.prescale_s  # its own and the earlier buckets' scaling
+        ready = chunk_start[c] + b.bwd_ready_fraction * bwd_s[c] + done
+        if ready > busy:  # busy = max(busy, ready)
+            busy = ready
+        busy += b.reduce_s
     return max(end_s + delays_s[0], busy)
 
 

@@ -14,6 +14,7 @@ the same order, so the result is the same float as building the layer afresh. Ti
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,6 @@ from costmodel.layer_costs import (
     captured_flags,
     framework_share_s,
     layer_ops,
-    parts_of,
     priced_ops_s,
     python_calls_of,
 )
@@ -45,9 +45,9 @@ LayerComputeS = tuple[float, float, float, float, LayerParts, float, float]
 class PassIndex:
     """Positions in one pass's operation list that its sums read, none of which depends on the
     micro-batch count: the windows between host synchronisations (with the positions of their
-    captured operations), the framework host time's operation subsets and the layer parts' ones.
-    Each sum is then taken over the same operations in the same order as :mod:`costmodel.layer_costs`
-    does, so it is the same float."""
+    captured operations), the framework host time's operation subsets, the layer parts' ones, and
+    those of the weight casts, the attention core and the GEMMs. Each sum is then taken over the same
+    operations in the same order as :mod:`costmodel.layer_costs` does, so it is the same float."""
 
     windows: tuple[tuple[int, int, tuple[int, ...]], ...]  # (start, end, captured positions in it)
     cuts: int  # host synchronisations (windows - 1)
@@ -58,11 +58,19 @@ class PassIndex:
     mlp_side: tuple[int, ...]  # the MoE block's side (MLP_SIDE_MODULES); the rest is the attention side
     attn_side: tuple[int, ...]
     shared_expert: tuple[int, ...]  # own operations of the shared experts
+    casts: tuple[int, ...] = ()  # weight casts (re-priced per micro-batch count)
+    attention: tuple[int, ...] = ()  # attention-core operations (kind "attention")
+    gemm: tuple[int, ...] = ()  # own GEMM and grouped-GEMM operations (LayerParts.gemm_s)
+    expert_wgrad: tuple[int, ...] = ()  # own routed-expert weight-gradient GEMMs (LayerParts.expert_wgrad_s)
+
+
+_GEMM_KINDS = frozenset({"gemm", "grouped_gemm"})
 
 
 def _pass_index(ops: tuple[Operation, ...], captured: tuple[bool, ...]) -> PassIndex:
-    """The :class:`PassIndex` of one pass (the cuts as :func:`~costmodel.layer_costs.pass_windows`,
-    the subsets as :func:`~costmodel.layer_costs.framework_host_s` and :func:`~costmodel.layer_costs.parts_of`)."""
+    """The :class:`PassIndex` of one pass, in one walk over its operations (the cuts as
+    :func:`~costmodel.layer_costs.pass_windows`, the subsets as :func:`~costmodel.layer_costs.framework_host_s`
+    and :func:`~costmodel.layer_costs.parts_of`, the attention core as :func:`~costmodel.layer_costs.ops_time`)."""
     cuts: list[int] = []
     eager: list[int] = []
     own: list[int] = []
@@ -71,10 +79,20 @@ def _pass_index(ops: tuple[Operation, ...], captured: tuple[bool, ...]) -> PassI
     mlp: list[int] = []
     attn: list[int] = []
     shared: list[int] = []
+    casts: list[int] = []
+    attention: list[int] = []
+    gemm: list[int] = []
+    wgrad: list[int] = []
     for i, (o, c) in enumerate(zip(ops, captured, strict=True)):
         if o.host_sync and i > 0 and not c:
             cuts.append(i)
-        (mlp if o.module in MLP_SIDE_MODULES else attn).append(i)
+        module = o.module
+        (mlp if module in MLP_SIDE_MODULES else attn).append(i)
+        if o.weight_cast is not None:
+            casts.append(i)
+        kind = o.kind
+        if kind == "attention":
+            attention.append(i)
         if o.name.startswith("recompute."):
             if not c:
                 eager.append(i)
@@ -84,13 +102,33 @@ def _pass_index(ops: tuple[Operation, ...], captured: tuple[bool, ...]) -> PassI
         if not c:
             eager.append(i)
             own_eager.append(i)
-        if o.module == "shared_experts":
+        if kind in _GEMM_KINDS:
+            gemm.append(i)
+            if module == "moe" and o.name.endswith(".wgrad"):
+                wgrad.append(i)
+        if module == "shared_experts":
             shared.append(i)
     bounds = zip([0, *cuts], [*cuts, len(ops)], strict=True)
     windows = tuple((a, b, tuple(i for i in range(a, b) if captured[i])) for a, b in bounds)
     return PassIndex(windows=windows, cuts=len(cuts), eager=tuple(eager), own=tuple(own), own_eager=tuple(own_eager),
                      recomputed_eager=tuple(recomputed_eager), mlp_side=tuple(mlp), attn_side=tuple(attn),
-                     shared_expert=tuple(shared))
+                     shared_expert=tuple(shared), casts=tuple(casts), attention=tuple(attention), gemm=tuple(gemm),
+                     expert_wgrad=tuple(wgrad))
+
+
+def _gemm_parts_s(ops: LayerOps, times_s: tuple[tuple[float, ...], tuple[float, ...]],
+                  index: tuple[PassIndex, PassIndex]) -> tuple[dict[str, float], float]:
+    """(:attr:`LayerParts.gemm_s`, :attr:`LayerParts.expert_wgrad_s`) in seconds, summed over the same
+    operations in the same order (forward, then backward) as :func:`~costmodel.layer_costs.parts_of`."""
+    gemm: dict[str, float] = {}
+    wgrad = 0.0
+    for seq, times, ix in zip((ops.forward, ops.backward), times_s, index, strict=True):
+        for i in ix.gemm:
+            name = seq[i].name
+            gemm[name] = gemm.get(name, 0.0) + times[i]
+        for i in ix.expert_wgrad:
+            wgrad += times[i]
+    return gemm, wgrad
 
 
 @dataclass(frozen=True)
@@ -127,16 +165,14 @@ def _template(model: ModelSpec, system: SystemSpec, shape: RankShape, kind: str,
         return hit
     ops = layer_ops(model, one, kind, recompute, modules)
     times = priced_ops_s(ops, system)  # built once per key: no use caching the layer
-    casts_f = tuple(i for i, o in enumerate(ops.forward) if o.weight_cast is not None)
-    casts_b = tuple(i for i, o in enumerate(ops.backward) if o.weight_cast is not None)
-    fa = sum(t for o, t in zip(ops.forward, times[0], strict=True) if o.kind == "attention")
-    ba = sum(t for o, t in zip(ops.backward, times[1], strict=True) if o.kind == "attention")
     captured = (captured_flags(ops.forward, capture, kind), captured_flags(ops.backward, capture, kind))
-    parts = parts_of(ops, times)  # its GEMM and expert weight-gradient seconds (no weight cast is a GEMM)
     index = (_pass_index(ops.forward, captured[0]), _pass_index(ops.backward, captured[1]))
+    fa = sum(_pick(times[0], index[0].attention))  # as ops_time: from 0, in operation order
+    ba = sum(_pick(times[1], index[1].attention))
+    gemm_s, expert_wgrad_s = _gemm_parts_s(ops, times, index)  # no weight cast is a GEMM
     kernels = (tuple(o.kernels for o in ops.forward), tuple(o.kernels for o in ops.backward))
-    template = LayerTemplate(ops, times, captured, casts_f, casts_b, (fa, ba), index, kernels, parts.gemm_s,
-                             parts.expert_wgrad_s)
+    template = LayerTemplate(ops, times, captured, index[0].casts, index[1].casts, (fa, ba), index, kernels, gemm_s,
+                             expert_wgrad_s)
     return _TEMPLATES.put(template, key, model, system)
 
 
@@ -166,7 +202,7 @@ def _recast(ops: tuple[Any, ...], times: tuple[float, ...], kernels: tuple[float
     return new_times, new_kernels
 
 
-def _pick(values: list[float], at: tuple[int, ...]) -> list[float]:
+def _pick(values: Sequence[float], at: tuple[int, ...]) -> list[float]:
     return [values[i] for i in at]
 
 

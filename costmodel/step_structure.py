@@ -172,18 +172,34 @@ class StageCost:
 @dataclass(frozen=True)
 class BucketViews:
     """What the engines read of a stage's buckets besides the list itself: both orders, the
-    pre-scaling seconds per chunk and the reduction and gather seconds summed (backprop order)."""
+    pre-scaling seconds per chunk and the reduction and gather seconds summed (backprop order).
+    The forward order is sorted on first use (only hidden parameter gathers read it)."""
 
-    forward: tuple[BucketCost, ...]
+    buckets: tuple[BucketCost, ...]  # backprop order
     backward: tuple[BucketCost, ...]
     prescale_by_chunk_s: dict[int, float]  # shared: callers must not change it
     reduce_s: float
     gather_s: float
 
+    @cached_property
+    def forward(self) -> tuple[BucketCost, ...]:
+        """The buckets by chunk, then by the fraction of its forward at which they are needed."""
+        return tuple(sorted(self.buckets, key=lambda b: (b.chunk, b.fwd_need_fraction)))
+
 
 # keyed by the bucket tuple's identity: the stages of a layout with the same buckets share one tuple
 # (_stage_optimizer's memo), so their orders and sums are computed once
 _BUCKET_VIEWS: IdentityMemo[BucketViews] = IdentityMemo(4096)
+_READY = attrgetter("bwd_ready_fraction")
+_CHUNK = attrgetter("chunk")
+
+
+def backward_order(buckets: tuple[BucketCost, ...]) -> tuple[BucketCost, ...]:
+    """``buckets`` in the order their gradients complete: chunks last to first, then by the fraction
+    of the chunk's backward after which they are ready, ties in list order. The same order as
+    sorting on ``(-chunk, bwd_ready_fraction)``, in two stable sorts on C-level keys (a reversed
+    sort keeps equal keys in their order)."""
+    return tuple(sorted(sorted(buckets, key=_READY), key=_CHUNK, reverse=True))
 
 
 def bucket_views(buckets: tuple[BucketCost, ...]) -> BucketViews:
@@ -194,10 +210,8 @@ def bucket_views(buckets: tuple[BucketCost, ...]) -> BucketViews:
         for b in buckets:
             prescale[b.chunk] = prescale.get(b.chunk, 0.0) + b.prescale_s
         hit = _BUCKET_VIEWS.put(BucketViews(
-            forward=tuple(sorted(buckets, key=lambda b: (b.chunk, b.fwd_need_fraction))),
-            backward=tuple(sorted(buckets, key=lambda b: (-b.chunk, b.bwd_ready_fraction))),
-            prescale_by_chunk_s=prescale, reduce_s=sum(b.reduce_s for b in buckets),
-            gather_s=sum(b.gather_s for b in buckets)), (), buckets)
+            buckets=buckets, backward=backward_order(buckets), prescale_by_chunk_s=prescale,
+            reduce_s=sum(b.reduce_s for b in buckets), gather_s=sum(b.gather_s for b in buckets)), (), buckets)
     return hit
 
 
