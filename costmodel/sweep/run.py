@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from costmodel.planner.cluster import open_pool
-from costmodel.planner.pool import default_jobs, set_evaluators
+from costmodel.planner.pool import default_jobs, relaxed_gc, set_evaluators
 from costmodel.sweep.journal import Journal
 from costmodel.sweep.points import Grid, SweepPoint
 from costmodel.sweep.tables import full_rows
@@ -126,7 +126,9 @@ def run_sweep(grid: Grid, journal_path: Path, jobs: int = 0, scheduler: str | No
                 import costmodel.des  # noqa: F401
                 import costmodel.planner.plan  # noqa: F401
             try:
-                with open_pool(min(jobs or default_jobs(), len(todo)), scheduler) as pool:
+                # the planner's GC thresholds: each point leaves thousands of small cached objects that
+                # the default thresholds walk again and again (local workers fork inside and inherit them)
+                with relaxed_gc(), open_pool(min(jobs or default_jobs(), len(todo)), scheduler) as pool:
                     pool_jobs = pool.jobs
                     for key, result in pool.map(task_point, list(todo.values())):
                         with _sigint_deferred():  # journal and counts agree, whenever Ctrl-C comes
