@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 
 import numpy as np
 
 PARAM_ALIGN = 64  # elements: parameter starts in distributed-optimizer buffers
 BATCH_WORK = 1024  # a run of k items on d shards goes in one step when k·d reaches this
+BATCH_RUN = 8  # ... or when k reaches this (a step costs about as much as this many single placements)
 EXACT_LIMIT = 2 ** 53  # loads below this are exact integers in float64
 
 
@@ -77,49 +79,60 @@ class _Shards:
 
     def place_run(self, k: int, size: int, cost: int) -> tuple[np.ndarray, np.ndarray, int]:
         """(shards, starts) of the first items of a run of ``k`` identical items that fit under the
-        cap (all of them without a cap), in placement order, and how many that is."""
-        d = self.d
-        load = np.array(self.load, dtype=np.float64).astype(np.int64)
-        padded = np.array(self.padded, dtype=np.int64)
-        step = _aligned(size)
+        cap (all of them without a cap), in placement order, and how many that is.
+
+        Shard ``r`` offers the slots ``(level q_r + j, ρ_r, r)`` for ``j`` below its room ``m_r``
+        (``load_r = c·q_r + ρ_r``); the slots are taken in that order. Between two consecutive
+        values of the ``q_r`` and ``q_r + m_r`` the shards offering a slot at every level are the
+        same, so the order is a few segments of one fixed shard order (by ρ, then shard) repeated:
+        plain integer arithmetic per segment, one list append per item."""
+        d, step = self.d, _aligned(size)
+        padded = self.padded
+        load = [int(x) for x in self.load]
         if self.cap is None:
-            room = np.full(d, k, dtype=np.int64)
+            room = [k] * d
         else:
-            free = math.floor(self.cap) - size - padded
-            room = np.where(free >= 0, free // max(step, 1) + 1, 0) if step else np.where(free >= 0, k, 0)
-            room = np.minimum(room, k)
-        fit = int(min(k, int(room.sum())))
+            top = math.floor(self.cap) - size
+            room = [min(k, (top - p) // max(step, 1) + 1 if step else k) if top - p >= 0 else 0 for p in padded]
+        fit = min(k, sum(room))
         if fit == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), 0
-        level0, rho = np.divmod(load, cost)
-        live = room > 0
-        lo, hi = int(level0[live].min()), int((level0 + room - 1)[live].max())
-        while lo < hi:  # the smallest level at which the slots up to it reach ``fit``
-            mid = (lo + hi) // 2
-            if int(np.clip(mid - level0 + 1, 0, room).sum()) >= fit:
-                hi = mid
-            else:
-                lo = mid + 1
-        taken = np.clip(lo - level0, 0, room)  # slots below the level
-        extra = fit - int(taken.sum())
-        if extra:  # slots at the level, by (ρ, shard)
-            at_level = np.flatnonzero((level0 <= lo) & (taken < room))
-            at_level = at_level[np.lexsort((at_level, rho[at_level]))][:extra]
-            taken[at_level] += 1
-        shard = np.repeat(np.arange(d, dtype=np.int64), taken)
-        j = np.arange(fit, dtype=np.int64) - np.repeat(np.cumsum(taken) - taken, taken)
-        order = np.lexsort((shard, rho[shard], level0[shard] + j))
-        shard, j = shard[order], j[order]
-        starts = padded[shard] + j * step
-        used = taken > 0
-        cursor = np.array(self.cursor, dtype=np.int64)
-        cursor[used] = padded[used] + (taken[used] - 1) * step + size
-        self.cursor = cursor.tolist()
-        self.padded = (padded + taken * step).tolist()
-        self.load = (load + taken * cost).astype(np.float64).tolist()
+        split = [divmod(x, cost) for x in load]
+        ranked = sorted((r for r in range(d) if room[r] > 0), key=lambda r: (split[r][1], r))  # by (ρ, shard)
+        bounds = sorted({split[r][0] for r in ranked} | {split[r][0] + room[r] for r in ranked})
+        seq: list[int] = []
+        left = fit
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=False):  # levels lo..hi-1 offer the same shards
+            active = [r for r in ranked if split[r][0] <= lo < split[r][0] + room[r]]
+            if not active:
+                continue
+            reps = min(hi - lo, left // len(active))
+            seq += active * reps
+            left -= reps * len(active)
+            if reps < hi - lo and left:  # the last, partial level lies in this segment
+                seq += active[:left]
+                left = 0
+            if left == 0:
+                break
+        nxt = list(padded)
+        starts = []
+        for r in seq:
+            starts.append(nxt[r])
+            nxt[r] += step
+        taken = [(b - a) // step if step else 0 for a, b in zip(padded, nxt, strict=True)]
+        if not step:  # zero-size items: count them directly
+            taken = [0] * d
+            for r in seq:
+                taken[r] += 1
+        cursor = self.cursor
+        for r in range(d):
+            if taken[r]:
+                cursor[r] = padded[r] + (taken[r] - 1) * step + size
+        self.padded = [p + t * step for p, t in zip(padded, taken, strict=True)]
+        self.load = [float(x + t * cost) for x, t in zip(load, taken, strict=True)]
         self.heap = [(x, r) for r, x in enumerate(self.load)]
         heapq.heapify(self.heap)
-        return shard, starts, fit
+        return np.array(seq, dtype=np.int64), np.array(starts, dtype=np.int64), fit
 
 
 def _one_per_shard(sizes: list[int], costs: list[float], load: list[float]) -> list[int] | None:
@@ -180,6 +193,14 @@ def lpt_place_small(sizes: list[int], costs: list[float], load: list[float],
     return owner, start, cursor
 
 
+def _has_long_run(numel: np.ndarray, cost: np.ndarray) -> bool:
+    """Whether some (size, cost) pair repeats at least :data:`BATCH_RUN` times (then the batched
+    path is faster than the plain-list walk; either gives the same placement)."""
+    if len(numel) < BATCH_RUN:
+        return False
+    return max(Counter(zip(np.asarray(numel).tolist(), np.asarray(cost).tolist(), strict=True)).values()) >= BATCH_RUN
+
+
 def lpt_place(numel: np.ndarray, cost: np.ndarray, loads: np.ndarray,
               cap: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(shard, start within the shard, shard cursors) of every item, by greedy LPT (module
@@ -195,7 +216,7 @@ def lpt_place(numel: np.ndarray, cost: np.ndarray, loads: np.ndarray,
             cursor[one] = sizes_l
             loads[one] += costs_l  # one addition per shard
             return np.array(one, dtype=np.int64), np.zeros(n, dtype=np.int64), cursor
-    if n * d < BATCH_WORK:  # no run can be batched: the plain-list walk (same placement)
+    if n * d < BATCH_WORK and not _has_long_run(numel, cost):  # the plain-list walk (same placement)
         load = loads.astype(np.float64).tolist()
         owner_l, start_l, cursor_l = lpt_place_small(np.asarray(numel, dtype=np.int64).tolist(),
                                                      np.asarray(cost, dtype=np.float64).tolist(), load, cap)
@@ -217,7 +238,7 @@ def lpt_place(numel: np.ndarray, cost: np.ndarray, loads: np.ndarray,
         idx = order[a:b]
         size, c = int(s_o[a]), float(c_o[a])
         done = 0
-        if batches and (b - a) * d >= BATCH_WORK:
+        if batches and (b - a >= BATCH_RUN or (b - a) * d >= BATCH_WORK):
             shards, starts, done = state.place_run(b - a, size, int(c))
             owner[idx[:done]] = shards
             start[idx[:done]] = starts

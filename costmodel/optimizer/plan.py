@@ -51,13 +51,14 @@ def cached_inventory(scenario) -> Inventory:  # noqa: ANN001 - workloads.scenari
 
 def clear_caches() -> None:
     """Forget every memoised plan, inventory, layer-wise layout and Newton–Schulz work (cold timings)."""
-    from costmodel.optimizer import buffers, newton_schulz, stage_builder
+    from costmodel.optimizer import buffers, newton_schulz, stage_builder, timer
     from workloads.inventory import clear_inventory_cache
 
     _CACHE.clear()
     _BUFFERS.clear()
-    stage_builder._MUON_KERNELS.clear()
+    timer._MUON_KERNELS.clear()
     stage_builder._MUON_ROWS.clear()
+    timer._CALL_S.clear()
     clear_inventory_cache()
     lay.clear_memo()
     buffers.clear_memo()
