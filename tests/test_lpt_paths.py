@@ -49,12 +49,12 @@ def test_lpt_place_small_path_equals_batched_runs() -> None:
     costs = np.where(sizes > 5000, 9.0, 2.0)
     loads_a, loads_b = np.zeros(16), np.zeros(16)
     small = lpt.lpt_place(sizes, costs, loads_a, 1.3 * sizes.sum() / 16)
-    saved = lpt.BATCH_WORK
+    saved = lpt.BATCH_WORK, lpt.BATCH_RUN, lpt.BATCH_SHARDS
     try:
-        lpt.BATCH_WORK = 1  # every run batched, no list walk
+        lpt.BATCH_WORK, lpt.BATCH_RUN, lpt.BATCH_SHARDS = 1, 1, 10**9  # every run batched, no list walk
         batched = lpt.lpt_place(sizes, costs, loads_b, 1.3 * sizes.sum() / 16)
     finally:
-        lpt.BATCH_WORK = saved
+        lpt.BATCH_WORK, lpt.BATCH_RUN, lpt.BATCH_SHARDS = saved
     assert all(np.array_equal(a, b) for a, b in zip(small, batched, strict=True))
     assert np.array_equal(loads_a, loads_b)
 
@@ -87,12 +87,12 @@ def test_one_item_per_shard_shortcut_equals_heap_walk(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_batched_runs_equal_heap_walk(seed: int) -> None:
     """Every run of identical items placed in one step (:meth:`lpt._Shards.place_run`, forced with
-    BATCH_RUN = 1) gives the heap walk's shards, starts, cursors and loads (integer costs and
+    BATCH_RUN = 1, no shard limit) gives the heap walk's shards, starts, cursors and loads (integer costs and
     loads, with and without a cap, including caps some or every item exceeds)."""
     rng = random.Random(200 + seed)
-    saved = lpt.BATCH_RUN
+    saved = lpt.BATCH_RUN, lpt.BATCH_SHARDS
     try:
-        lpt.BATCH_RUN = 1
+        lpt.BATCH_RUN, lpt.BATCH_SHARDS = 1, 10**9
         for _ in range(200):
             d = rng.choice([1, 2, 3, 4, 8, 16, 64])
             kinds = [(rng.choice([0, 64, 100, 4096, 5000, 14_680_064]), float(rng.choice([1, 2, 7, 64, 3_000_000_000])))
@@ -106,4 +106,4 @@ def test_batched_runs_equal_heap_walk(seed: int) -> None:
             owner, start, cursor = lpt.lpt_place(np.array(sizes, dtype=np.int64), np.array(costs), mine, cap)
             assert (owner.tolist(), start.tolist(), cursor.tolist(), mine.tolist()) == expected
     finally:
-        lpt.BATCH_RUN = saved
+        lpt.BATCH_RUN, lpt.BATCH_SHARDS = saved

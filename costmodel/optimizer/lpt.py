@@ -10,8 +10,9 @@ the cost sort next to each other. :func:`lpt_place` walks them as runs of identi
 items: a short run item by item (a heap of (load, shard)), a long one in one step. For ``k``
 identical items of cost ``c`` the greedy picks are the ``k`` smallest of the slots ``(load_r + j·c,
 r)``, ``j`` below the number of items shard ``r`` can still take under the cap (``m_r``): with
-``load_r = c·q_r + ρ_r`` a slot is ``(level q_r + j, ρ_r, r)``, so the level where the count of
-slots reaches ``k`` is found by bisection and the slots are taken in (level, ρ, shard) order. The
+``load_r = c·q_r + ρ_r`` a slot is ``(level q_r + j, ρ_r, r)``: the slots are taken in (level, ρ,
+shard) order, level after level (between two consecutive ``q_r`` or ``q_r + m_r`` the same shards
+offer a slot at every level, so whole stretches of levels are one repeated shard order). The
 arithmetic is exact in integers; the batches are used only while every load stays below 2⁵³, where
 the scalar walk's float additions are exact too, so both give the same placement to the bit.
 """
@@ -25,8 +26,9 @@ from collections import Counter
 import numpy as np
 
 PARAM_ALIGN = 64  # elements: parameter starts in distributed-optimizer buffers
-BATCH_WORK = 1024  # a run of k items on d shards goes in one step when k·d reaches this
-BATCH_RUN = 8  # ... or when k reaches this (a step costs about as much as this many single placements)
+BATCH_WORK = 1024  # below n·d = this (n items, d shards) and without a long run: the plain-list walk
+BATCH_RUN = 8  # a run of k identical items goes in one step when k reaches this ...
+BATCH_SHARDS = 4  # ... and k·BATCH_SHARDS reaches d (a step costs O(d), a single placement O(log d))
 EXACT_LIMIT = 2 ** 53  # loads below this are exact integers in float64
 
 
@@ -238,7 +240,7 @@ def lpt_place(numel: np.ndarray, cost: np.ndarray, loads: np.ndarray,
         idx = order[a:b]
         size, c = int(s_o[a]), float(c_o[a])
         done = 0
-        if batches and (b - a >= BATCH_RUN or (b - a) * d >= BATCH_WORK):
+        if batches and b - a >= BATCH_RUN and BATCH_SHARDS * (b - a) >= d:
             shards, starts, done = state.place_run(b - a, size, int(c))
             owner[idx[:done]] = shards
             start[idx[:done]] = starts

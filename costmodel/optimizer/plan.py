@@ -128,6 +128,7 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
     seen: dict[tuple, tuple[StageOptimizerPlan, list[_Buffer]]] = {}
     stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp, fp8, precision, bf16_layers, seen, critical_only)
                    for s in range(inventory.pp))
+    timer.release()
     layer_wise = dist == "layer_wise"
     gathers = any(b.gather_op for s in stages for b in s.buckets)
     return OptimizerPlan(

@@ -37,6 +37,7 @@ from costmodel.optimizer.newton_schulz import (
 )
 from costmodel.optimizer.plan_types import (
     Bucket,
+    LazyTuple,
     RankTable,
     RoleOwnership,
     StageOptimizerPlan,
@@ -426,8 +427,12 @@ class StageBuilder:
                                    padding_overhead=padding, tp=g.tp, etp=g.etp, ep=g.ep, roles=roles,
                                    bucket_calls=tuple(merge_calls(bucket_calls)))
         crit = max(range(len(ranks)), key=ranks.column("total_s").__getitem__) if len(ranks) else 0
-        calls = tuple(proto.gpu_collectives(ranks[crit].rank)) if len(ranks) else ()
+        # the critical GPU's collectives and their seconds, listed when first read (a new scenario's
+        # report reads the critical stage's only)
+        first = ranks[crit].rank if len(ranks) else None
+        calls = LazyTuple(lambda: tuple(proto.gpu_collectives(first)) if first is not None else ())
+        call_s = self.timer.call_s
         return StageOptimizerPlan(
             stage=self.stage, buckets=buckets, ranks=ranks, collectives=calls, padding_overhead=padding,
-            collective_times_s=tuple(self.timer.call_s(c) for c in calls), critical_rank=crit,
+            collective_times_s=LazyTuple(lambda: tuple(call_s(c) for c in calls)), critical_rank=crit,
             tp=g.tp, etp=g.etp, ep=g.ep, roles=roles, bucket_calls=proto.bucket_calls)

@@ -47,6 +47,11 @@ class Timer:
             self.s_per_byte = memory_time_s(1e9, system) / 1e9
             self.min_s, self.issue_s = system.efficiency.kernel_min_s, system.efficiency.kernel_issue_s
 
+    def release(self) -> None:
+        """Forget the per-plan memos of the plan's construction (the finished plan keeps this timer
+        only for :meth:`call_s`, to time its stages' collectives when first read)."""
+        self.muon_rows, self.adam_rows, self.element_wise_spans, self.spans_effects = {}, {}, {}, {}
+
     def kernels_s(self, kernels: tuple[KernelSpec, ...]) -> tuple[float, float]:
         """(GPU seconds of the Newton-Schulz GEMMs, GPU seconds of the other kernels) of ``kernels``."""
         if self.system is None:
