@@ -29,7 +29,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.optimizer.lpt import BATCH_WORK, EXACT_LIMIT, PARAM_ALIGN, lpt_place, lpt_place_small
+from costmodel.optimizer.lpt import (
+    BATCH_RUN,
+    BATCH_WORK,
+    EXACT_LIMIT,
+    PARAM_ALIGN,
+    has_long_run,
+    lpt_place,
+    lpt_place_small,
+)
 
 LPT_CAP = 1.3  # a shard stops being an LPT candidate beyond 1.3 × the chunk's mean shard size
 STRATEGIES = ("none", "ping_pong", "lpt")
@@ -334,7 +342,10 @@ def _layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size
         if d == 1:  # one shard: every item on it, loads irrelevant
             out.append(_single_shard_span(lo, hi, sizes[lo:hi], costs[lo:hi], strategy))
             continue
-        if strategy == "lpt" and (hi - lo) * d < BATCH_WORK:  # a small chunk: plain lists
+        if strategy == "lpt" and (hi - lo) * d < BATCH_WORK and (
+                len(bounds) > 2 or hi - lo < BATCH_RUN or not has_long_run(numel, cost)):
+            # a small chunk of several (their placements memoised), or a small buffer without a long
+            # run of identical items: plain lists
             out.append(_small_lpt_span(lo, hi, sizes[lo:hi], costs[lo:hi], d, load, exact))
             continue
         loads = np.array(load)

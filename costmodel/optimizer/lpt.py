@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter
 
 import numpy as np
 
@@ -29,6 +28,7 @@ PARAM_ALIGN = 64  # elements: parameter starts in distributed-optimizer buffers
 BATCH_WORK = 1024  # below n·d = this (n items, d shards) and without a long run: the plain-list walk
 BATCH_RUN = 8  # a run of k identical items goes in one step when k reaches this ...
 BATCH_SHARDS = 4  # ... and k·BATCH_SHARDS reaches d (a step costs O(d), a single placement O(log d))
+RUN_ARRAYS = 64  # a batched run of this many items or more is laid out with numpy, a shorter one on lists
 EXACT_LIMIT = 2 ** 53  # loads below this are exact integers in float64
 
 
@@ -45,13 +45,19 @@ class _Shards:
         self.padded = [0] * self.d
         self.cursor = [0] * self.d
         self.cap = cap
+        self.top = 0  # max(padded): while it plus an item's size is under the cap, every shard fits
         self.heap = [(x, r) for r, x in enumerate(self.load)]
         heapq.heapify(self.heap)
 
     def place_one(self, size: int, cost: float) -> tuple[int, int]:
         """(shard, start) of one item: the least-loaded shard it fits on, else the lowest cursor."""
         heap, cap, padded = self.heap, self.cap, self.padded
-        if cap is not None and min(padded) + size > cap:  # fits nowhere: the shortest shard, heap untouched
+        if cap is None or self.top + size <= cap:  # every shard fits: the least loaded (stale entries dropped)
+            load = self.load
+            while heap[0][0] != load[heap[0][1]]:
+                heapq.heappop(heap)
+            return self._put(heapq.heappop(heap)[1], size, cost)
+        if min(padded) + size > cap:  # fits nowhere: the shortest shard, heap untouched
             return self._put(min(range(self.d), key=self.cursor.__getitem__), size, cost)
         skipped = []
         while heap and heap[0][0] != self.load[heap[0][1]]:  # stale entry
@@ -75,6 +81,7 @@ class _Shards:
         at = self.padded[r]
         self.cursor[r] = at + size
         self.padded[r] = _aligned(at + size)
+        self.top = max(self.top, self.padded[r])
         self.load[r] += cost
         heapq.heappush(self.heap, (self.load[r], r))
         return r, at
@@ -87,7 +94,7 @@ class _Shards:
         (``load_r = c·q_r + ρ_r``); the slots are taken in that order. Between two consecutive
         values of the ``q_r`` and ``q_r + m_r`` the shards offering a slot at every level are the
         same, so the order is a few segments of one fixed shard order (by ρ, then shard) repeated:
-        plain integer arithmetic per segment, one list append per item."""
+        a few numpy operations per segment."""
         d, step = self.d, _aligned(size)
         padded = self.padded
         load = [int(x) for x in self.load]
@@ -102,39 +109,52 @@ class _Shards:
         split = [divmod(x, cost) for x in load]
         ranked = sorted((r for r in range(d) if room[r] > 0), key=lambda r: (split[r][1], r))  # by (ρ, shard)
         bounds = sorted({split[r][0] for r in ranked} | {split[r][0] + room[r] for r in ranked})
-        seq: list[int] = []
+        # the item of stretch level lo + t on shard r is its (lo + t - q_r)-th: start padded_r + that·step
+        segments: list[tuple[list[int], int, int, int]] = []  # (shard order, first level, levels, items)
         left = fit
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=False):  # levels lo..hi-1 offer the same shards
             active = [r for r in ranked if split[r][0] <= lo < split[r][0] + room[r]]
             if not active:
                 continue
             reps = min(hi - lo, left // len(active))
-            seq += active * reps
-            left -= reps * len(active)
-            if reps < hi - lo and left:  # the last, partial level lies in this segment
-                seq += active[:left]
-                left = 0
+            part = reps + 1 if reps < hi - lo and left > reps * len(active) else reps  # + the last, partial level
+            take = min(left, part * len(active))
+            segments.append((active, lo, part, take))
+            left -= take
             if left == 0:
                 break
-        nxt = list(padded)
-        starts = []
-        for r in seq:
-            starts.append(nxt[r])
-            nxt[r] += step
-        taken = [(b - a) // step if step else 0 for a, b in zip(padded, nxt, strict=True)]
-        if not step:  # zero-size items: count them directly
+        if fit < RUN_ARRAYS:  # few items: plain lists
+            seq_l: list[int] = []
+            for active, _, part, take in segments:
+                seq_l += (active * part)[:take]
+            nxt = list(padded)
+            starts_l = []
+            for r in seq_l:
+                starts_l.append(nxt[r])
+                nxt[r] += step
             taken = [0] * d
-            for r in seq:
+            for r in seq_l:
                 taken[r] += 1
+            seq, starts = np.array(seq_l, dtype=np.int64), np.array(starts_l, dtype=np.int64)
+        else:  # the item of level lo + t on shard r is its (lo + t - q_r)-th: start padded_r + that·step
+            shard_parts, start_parts = [], []
+            for active, lo, part, take in segments:
+                first = np.array([padded[r] + (lo - split[r][0]) * step for r in active], dtype=np.int64)
+                levels = np.arange(part, dtype=np.int64)[:, None] * step + first[None, :]
+                shard_parts.append(np.tile(np.array(active, dtype=np.int64), part)[:take])
+                start_parts.append(levels.ravel()[:take])
+            seq, starts = np.concatenate(shard_parts), np.concatenate(start_parts)
+            taken = np.bincount(seq, minlength=d).tolist()
         cursor = self.cursor
         for r in range(d):
             if taken[r]:
                 cursor[r] = padded[r] + (taken[r] - 1) * step + size
         self.padded = [p + t * step for p, t in zip(padded, taken, strict=True)]
+        self.top = max(self.padded)
         self.load = [float(x + t * cost) for x, t in zip(load, taken, strict=True)]
         self.heap = [(x, r) for r, x in enumerate(self.load)]
         heapq.heapify(self.heap)
-        return np.array(seq, dtype=np.int64), np.array(starts, dtype=np.int64), fit
+        return seq, starts, fit
 
 
 def _one_per_shard(sizes: list[int], costs: list[float], load: list[float]) -> list[int] | None:
@@ -195,12 +215,18 @@ def lpt_place_small(sizes: list[int], costs: list[float], load: list[float],
     return owner, start, cursor
 
 
-def _has_long_run(numel: np.ndarray, cost: np.ndarray) -> bool:
-    """Whether some (size, cost) pair repeats at least :data:`BATCH_RUN` times (then the batched
-    path is faster than the plain-list walk; either gives the same placement)."""
-    if len(numel) < BATCH_RUN:
+def has_long_run(numel: np.ndarray, cost: np.ndarray) -> bool:
+    """Whether :data:`BATCH_RUN` consecutive items are identical (size and cost): then the batched
+    path is faster than the plain-list walk (a speed choice only: either gives the same placement;
+    the identical items of a buffer, a layer's expert copies, are consecutive)."""
+    n = len(numel)
+    if n < BATCH_RUN:
         return False
-    return max(Counter(zip(np.asarray(numel).tolist(), np.asarray(cost).tolist(), strict=True)).values()) >= BATCH_RUN
+    change = np.flatnonzero((numel[1:] != numel[:-1]) | (cost[1:] != cost[:-1]))
+    if len(change) == 0:
+        return True
+    lengths = np.diff(change, prepend=-1, append=n - 1)
+    return bool(lengths.max() >= BATCH_RUN)
 
 
 def lpt_place(numel: np.ndarray, cost: np.ndarray, loads: np.ndarray,
@@ -218,7 +244,7 @@ def lpt_place(numel: np.ndarray, cost: np.ndarray, loads: np.ndarray,
             cursor[one] = sizes_l
             loads[one] += costs_l  # one addition per shard
             return np.array(one, dtype=np.int64), np.zeros(n, dtype=np.int64), cursor
-    if n * d < BATCH_WORK and not _has_long_run(numel, cost):  # the plain-list walk (same placement)
+    if n * d < BATCH_WORK and not has_long_run(np.asarray(numel), np.asarray(cost)):  # the plain-list walk (same placement)
         load = loads.astype(np.float64).tolist()
         owner_l, start_l, cursor_l = lpt_place_small(np.asarray(numel, dtype=np.int64).tolist(),
                                                      np.asarray(cost, dtype=np.float64).tolist(), load, cap)
