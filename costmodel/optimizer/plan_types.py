@@ -59,6 +59,14 @@ class Bucket:
         b.__dict__["order"] = order
         return b
 
+    def at_order(self, order: int) -> Bucket:
+        """This bucket at position ``order`` (``replace(self, order=order)``, without the frozen
+        ``__init__``: the buckets of a layer-wise expert buffer are mostly alike)."""
+        b = object.__new__(Bucket)
+        b.__dict__.update(self.__dict__)
+        b.__dict__["order"] = order
+        return b
+
     @property
     def prescaled(self) -> bool:
         """Whether Megatron-Core's ``start_grad_sync`` scales this bucket by its gradient scaling factor

@@ -21,6 +21,7 @@ its expert-role work (see :mod:`costmodel.optimizer.plan_types`).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -160,7 +161,8 @@ class StageBuilder:
         self.fp8_gather_bytes = fp8_gather_bytes  # bytes per element gathered for FP8-parameter buffers
         self.fp8_gathers = fp8_gathers  # all-gathers per FP8-parameter bucket (workloads.fp8_params)
         self.roles = {g: _Role(g, grid.size(g)) for g in GROUPS}
-        self.buckets: list[tuple[tuple[int, int], dict]] = []  # (sort key, Bucket kwargs)
+        # (sort key, (buffer key of _bucket_common, numel, used, reduce op, gather op, kind)) per bucket
+        self.buckets: list[tuple[tuple[int, int], tuple]] = []
         self.gb = spec.grad_bytes
         self.adam = ks.AdamBytes.of(spec)
         self.grad_dtype = "fp32" if self.gb == 4 else "bf16"
@@ -181,15 +183,21 @@ class StageBuilder:
         if ready is None:
             assert idx is not None
             ready = int(buf.position[idx].max())
-        per, common = self._bucket_common(buf)
+        self.buckets.append(((-buf.chunk, ready), (self._bucket_common(buf), numel, used, reduce_op, gather_op, kind)))
+
+    def _bucket_fields(self, what: tuple) -> dict:
+        """The Bucket field values (but ``order``) of a bucket recorded by :meth:`add_bucket` as ``what``."""
+        common_key, numel, used, reduce_op, gather_op, kind = what
+        per, common = self._common[common_key]
         gather_bytes = (used if gather_op == "all_gather_v" else numel) * per
         kw = dict(common)
         kw.update(numel=numel, grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * per,
                   reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind)
-        self.buckets.append(((-buf.chunk, ready), kw))
+        return kw
 
-    def _bucket_common(self, buf: _Buffer) -> tuple[int, dict]:
-        """(parameter bytes per element, the Bucket fields every bucket of ``buf`` shares but its order)."""
+    def _bucket_common(self, buf: _Buffer) -> tuple[int, str, bool]:
+        """The key in ``self._common`` of (parameter bytes per element, the Bucket fields every bucket
+        of ``buf`` shares but its order), made on first use."""
         key = (buf.chunk, buf.group, buf.fp8)
         hit = self._common.get(key)
         if hit is None:
@@ -200,7 +208,7 @@ class StageBuilder:
                 param_dtype="fp8" if per == 1 else "bf16", param_gathers=self.fp8_gathers if buf.fp8 else 1,
                 instances=self.grid.instances,
                 averaged=self.spec.average_in_collective and (buf.group == "dp" or gs * self.grid.instances == self.grid.dp)))
-        return hit
+        return key
 
     def muon_item(self, t: TensorSpec) -> tuple[np.ndarray, tuple[CollectiveCall, ...]]:
         """(row of :data:`COLUMNS`, TP calls) of stepping one copy of Muon tensor ``t``: its kernel
@@ -354,8 +362,9 @@ class StageBuilder:
             role.name_parts.append((buf, effect.picked))
             role.call_parts.append((effect.calls, buf.tid[effect.picked]))
         role.owners.append(effect.owners)
-        for numel, used, ready in effect.buckets:
-            self.add_bucket(buf, None, numel, used, "reduce_scatter", "all_gather", "layer_wise", ready)
+        common, chunk = self._bucket_common(buf), -buf.chunk  # add_bucket of every span
+        self.buckets.extend(((chunk, ready), (common, numel, used, "reduce_scatter", "all_gather", "layer_wise"))
+                            for numel, used, ready in effect.buckets)
 
     def _spans_effect(self, buf: _Buffer, sel: np.ndarray, spans: list[lay.BucketSpan]) -> _SpansEffect | None:
         """The :class:`_SpansEffect` of stepping every layer-wise span of ``buf[sel]`` by its owners
@@ -397,20 +406,34 @@ class StageBuilder:
 
     def finish(self, rank_work: Callable[[StageBuilder], RankTable]) -> StageOptimizerPlan:
         self.buckets.sort(key=lambda kb: kb[0])
-        buckets = tuple(Bucket.from_fields(kw, order=i) for i, (_, kw) in enumerate(self.buckets))
-        # the buckets' collectives, identical ones counted together (what merge_calls makes of them)
+        # the field values of each distinct bucket, made once (a layer-wise expert buffer's buckets are alike)
+        distinct: dict[tuple, Bucket] = {}
+        buckets_l = []
+        for i, (_, what) in enumerate(self.buckets):
+            hit = distinct.get(what)
+            if hit is None:
+                b = Bucket.from_fields(self._bucket_fields(what), order=i)
+                distinct[what] = b
+            else:
+                b = hit.at_order(i)
+            buckets_l.append(b)
+        buckets = tuple(buckets_l)
+        multiplicity = Counter(what for _, what in self.buckets)
+        # the buckets' collectives, identical ones counted together (what merge_calls makes of them); per
+        # distinct bucket in the order of first occurrence (the keys enter ``counted`` in the same order)
         counted: dict[tuple, int] = {}
         key: tuple
-        for b in buckets:
+        for what, b in distinct.items():
+            times = multiplicity[what]
             if b.reduce_op is not None:
                 key = (b.reduce_op, b.reduce_group, b.group_size, self.grad_dtype, b.grad_bytes, "grad_reduce")
-                counted[key] = counted.get(key, 0) + 1
+                counted[key] = counted.get(key, 0) + times
             if b.instances > 1:  # the instances all-reduce each rank's reduced shard
                 key = ("all_reduce", b.across_group, b.instances, self.grad_dtype, b.across_bytes, "grad_reduce_across")
-                counted[key] = counted.get(key, 0) + 1
+                counted[key] = counted.get(key, 0) + times
             if b.gather_op:
                 key = (b.gather_op, b.reduce_group, b.group_size, b.param_dtype, b.param_bytes, "param_gather")
-                counted[key] = counted.get(key, 0) + b.param_gathers
+                counted[key] = counted.get(key, 0) + b.param_gathers * times
         bucket_calls = [CollectiveCall(op, group, size, dtype, nbytes, count, phase)  # type: ignore[arg-type]
                         for (op, group, size, dtype, nbytes, phase), count in counted.items()]
         bucket_calls += self.extra_calls
