@@ -68,6 +68,15 @@ class BucketSpan:
     starts: np.ndarray
     owner: np.ndarray | None = None
 
+    @classmethod
+    def of(cls, first: int, stop: int, numel: int, used: int, starts: np.ndarray,
+           owner: np.ndarray | None = None) -> BucketSpan:
+        """``BucketSpan(first, stop, numel, used, starts, owner)`` without the frozen ``__init__``'s
+        per-field ``object.__setattr__`` (a layer-wise buffer has a bucket per few parameters)."""
+        span = object.__new__(cls)
+        span.__dict__.update(first=first, stop=stop, numel=numel, used=used, starts=starts, owner=owner)
+        return span
+
 
 def ddp_buckets(numel: np.ndarray, dp: int, bucket_size: int | None, distributed_optimizer: bool,
                 isolate: np.ndarray | None = None) -> list[BucketSpan]:
@@ -311,7 +320,7 @@ def layer_wise_layout(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size: 
     for i in [*np.flatnonzero(isolate).tolist(), len(numel)]:
         if i > lo:
             for span in layer_wise_buckets(numel[lo:i], cost[lo:i], d, bucket_size, strategy):
-                out.append(BucketSpan(span.first + lo, span.stop + lo, span.numel, span.used, span.starts, span.owner))
+                out.append(BucketSpan.of(span.first + lo, span.stop + lo, span.numel, span.used, span.starts, span.owner))
         if i < len(numel):
             out.append(isolated_bucket(i, int(numel[i]), d))
         lo = i + 1
@@ -381,12 +390,12 @@ def _small_lpt_span(lo: int, hi: int, sizes: list[int], costs: list[float], d: i
         if hit is not None:
             padded_numel, chunk_used, starts, owners, after = hit
             load[:] = [base + x for x in after]
-            return BucketSpan(lo, hi, padded_numel, chunk_used, starts, owners)
+            return BucketSpan.of(lo, hi, padded_numel, chunk_used, starts, owners)
     used = sum(sizes)
     owner, start, cursor = lpt_place_small(sizes, costs, load, LPT_CAP * float(used) / d)
     shard = round_up(max(max(cursor), 1), shard_pad_multiple(d))
-    span = BucketSpan(lo, hi, shard * d, used, np.array([o * shard + a for o, a in zip(owner, start, strict=True)],
-                                                        dtype=np.int64), np.array(owner, dtype=np.int64))
+    span = BucketSpan.of(lo, hi, shard * d, used, np.array([o * shard + a for o, a in zip(owner, start, strict=True)],
+                                                           dtype=np.int64), np.array(owner, dtype=np.int64))
     if key is not None:
         span.starts.setflags(write=False)
         span.owner.setflags(write=False)  # type: ignore[union-attr]
