@@ -8,7 +8,7 @@ across plans on the system (identity), as they depend on nothing else.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -21,9 +21,6 @@ from topologies.hardware import SystemSpec
 from topologies.identity_memo import IdentityMemo
 from workloads.comm import CollectiveCall
 from workloads.inventory import TensorSpec
-
-if TYPE_CHECKING:
-    from costmodel.optimizer.stage_builder import _SpansEffect
 
 _MUON_KERNELS: IdentityMemo[tuple[float, float, float, float]] = IdentityMemo(4096)  # the system by identity
 _CALL_S: IdentityMemo[float] = IdentityMemo(16384)  # Timer.call_s per (op, bytes, group shape), the system by identity
@@ -40,7 +37,7 @@ class Timer:
         self.muon_rows: dict[tuple, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}  # see StageBuilder.muon_item
         self.adam_rows: dict[tuple[int, tuple[float, ...]], np.ndarray] = {}  # see StageBuilder.adam_item
         self.element_wise_spans: dict[tuple, list[tuple[lay.BucketSpan, np.ndarray]]] = {}  # see StageBuilder.element_wise
-        self.spans_effects: dict[tuple, tuple[np.ndarray, _SpansEffect]] = {}  # see StageBuilder.layer_wise_current
+        self.spans_effects: dict[tuple, tuple[np.ndarray, Any]] = {}  # stage_builder._SpansEffect: StageBuilder.layer_wise_current
         if system is not None:
             from costmodel.compute import memory_time_s
 
