@@ -107,3 +107,23 @@ def test_batched_runs_equal_heap_walk(seed: int) -> None:
             assert (owner.tolist(), start.tolist(), cursor.tolist(), mine.tolist()) == expected
     finally:
         lpt.BATCH_RUN, lpt.BATCH_SHARDS = saved
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_per_shard_head_then_walk_equals_heap_walk(seed: int) -> None:
+    """More items than shards on equally loaded shards: the first d items of the cost order go one
+    per shard (_Shards.seed_one_per_shard) and the rest are walked from there; the result is the
+    heap walk's, item by item from the start (shards, starts, cursors, loads)."""
+    rng = random.Random(300 + seed)
+    for _ in range(200):
+        d = rng.choice([2, 3, 8, 16, 64])
+        kinds = [(rng.choice([64, 100, 4096, 14_680_064]), float(rng.choice([1, 2.5, 7, 64, 3_000_000_000])))
+                 for _ in range(rng.randint(1, 8))]
+        items = [rng.choice(kinds) for _ in range(rng.randint(d + 1, 4 * d + 20))]
+        sizes, costs = [s for s, _ in items], [c for _, c in items]
+        level = float(rng.choice([0, 7, 3_000_000_000]))
+        cap = rng.choice([None, 1.3 * sum(sizes) / d, 5e6])
+        expected = _heap_walk(sizes, costs, [level] * d, cap)
+        mine = np.full(d, level)
+        owner, start, cursor = lpt.lpt_place(np.array(sizes, dtype=np.int64), np.array(costs), mine, cap)
+        assert (owner.tolist(), start.tolist(), cursor.tolist(), mine.tolist()) == expected

@@ -49,6 +49,22 @@ class _Shards:
         self.heap = [(x, r) for r, x in enumerate(self.load)]
         heapq.heapify(self.heap)
 
+    def seed_one_per_shard(self, sizes: list[int], costs: list[float]) -> int:
+        """Place the first ``d`` items of the cost order (``sizes``, ``costs``) one per shard, item k
+        on shard k at start 0, when :func:`_one_per_shard` proves the greedy does (a greedy placement
+        does not depend on the items after it); returns how many items that is (``d``, else 0)."""
+        one = _one_per_shard(sizes, costs, self.load)
+        if one is None or one != list(range(self.d)):
+            return 0
+        for r in range(self.d):
+            self.cursor[r] = sizes[r]
+            self.padded[r] = _aligned(sizes[r])
+            self.load[r] += costs[r]
+        self.top = max(self.padded)
+        self.heap = [(x, r) for r, x in enumerate(self.load)]
+        heapq.heapify(self.heap)
+        return self.d
+
     def place_one(self, size: int, cost: float) -> tuple[int, int]:
         """(shard, start) of one item: the least-loaded shard it fits on, else the lowest cursor."""
         heap, cap, padded = self.heap, self.cap, self.padded
@@ -260,8 +276,12 @@ def lpt_place(numel: np.ndarray, cost: np.ndarray, loads: np.ndarray,
     batches = bool(n) and float(loads.max(initial=0.0)) + float(costs.sum()) < EXACT_LIMIT \
         and bool(np.all(costs == np.floor(costs))) and bool(np.all(costs > 0))
     s_o, c_o = sizes[order], costs[order]
-    cuts = np.flatnonzero((s_o[1:] != s_o[:-1]) | (c_o[1:] != c_o[:-1])) + 1 if n else np.zeros(0, dtype=np.int64)
-    bounds = [0, *cuts.tolist(), n] if n else [0]
+    head = state.seed_one_per_shard(s_o[:d].tolist(), c_o[:d].tolist()) if n > d > 1 else 0
+    if head:  # the first d items of the cost order, one per shard in that order (_one_per_shard)
+        owner[order[:head]] = np.arange(head)
+        start[order[:head]] = 0
+    cuts = np.flatnonzero((s_o[head + 1:] != s_o[head:-1]) | (c_o[head + 1:] != c_o[head:-1])) + head + 1
+    bounds = [head, *cuts.tolist(), n] if n > head else [head]
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         idx = order[a:b]
         size, c = int(s_o[a]), float(c_o[a])
