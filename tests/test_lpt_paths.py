@@ -49,12 +49,12 @@ def test_lpt_place_small_path_equals_batched_runs() -> None:
     costs = np.where(sizes > 5000, 9.0, 2.0)
     loads_a, loads_b = np.zeros(16), np.zeros(16)
     small = lpt.lpt_place(sizes, costs, loads_a, 1.3 * sizes.sum() / 16)
-    saved = lpt.BATCH_WORK
+    saved = lpt.BATCH_WORK, lpt.BATCH_RUN, lpt.BATCH_SHARDS
     try:
-        lpt.BATCH_WORK = 1  # every run batched, no list walk
+        lpt.BATCH_WORK, lpt.BATCH_RUN, lpt.BATCH_SHARDS = 1, 1, 10**9  # every run batched, no list walk
         batched = lpt.lpt_place(sizes, costs, loads_b, 1.3 * sizes.sum() / 16)
     finally:
-        lpt.BATCH_WORK = saved
+        lpt.BATCH_WORK, lpt.BATCH_RUN, lpt.BATCH_SHARDS = saved
     assert all(np.array_equal(a, b) for a, b in zip(small, batched, strict=True))
     assert np.array_equal(loads_a, loads_b)
 
@@ -82,3 +82,48 @@ def test_one_item_per_shard_shortcut_equals_heap_walk(seed: int) -> None:
     # hand case: three items on four shards, costs 1, 3, 2: shards 2, 0, 1 by descending cost
     assert lpt._one_per_shard([10, 20, 30], [1.0, 3.0, 2.0], [0.0] * 4) == [2, 0, 1]
     assert lpt._one_per_shard([10, 20], [1.0, 3.0], [0.0, 1.0]) is None  # unequal loads: the walk
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_runs_equal_heap_walk(seed: int) -> None:
+    """Every run of identical items placed in one step (:meth:`lpt._Shards.place_run`, forced with
+    BATCH_RUN = 1, no shard limit) gives the heap walk's shards, starts, cursors and loads (integer costs and
+    loads, with and without a cap, including caps some or every item exceeds)."""
+    rng = random.Random(200 + seed)
+    saved = lpt.BATCH_RUN, lpt.BATCH_SHARDS
+    try:
+        lpt.BATCH_RUN, lpt.BATCH_SHARDS = 1, 10**9
+        for _ in range(200):
+            d = rng.choice([1, 2, 3, 4, 8, 16, 64])
+            kinds = [(rng.choice([0, 64, 100, 4096, 5000, 14_680_064]), float(rng.choice([1, 2, 7, 64, 3_000_000_000])))
+                     for _ in range(3)]
+            items = [rng.choice(kinds) for _ in range(rng.randint(1, 120))]
+            sizes, costs = [s for s, _ in items], [c for _, c in items]
+            loads = [float(rng.choice([0, 1, 7, 64, 3_000_000_000])) for _ in range(d)]
+            cap = rng.choice([None, 1.3 * sum(sizes) / d, 100.0, 5e6, 3e7])
+            expected = _heap_walk(sizes, costs, loads, cap)
+            mine = np.array(loads)
+            owner, start, cursor = lpt.lpt_place(np.array(sizes, dtype=np.int64), np.array(costs), mine, cap)
+            assert (owner.tolist(), start.tolist(), cursor.tolist(), mine.tolist()) == expected
+    finally:
+        lpt.BATCH_RUN, lpt.BATCH_SHARDS = saved
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_per_shard_head_then_walk_equals_heap_walk(seed: int) -> None:
+    """More items than shards on equally loaded shards: the first d items of the cost order go one
+    per shard (_Shards.seed_one_per_shard) and the rest are walked from there; the result is the
+    heap walk's, item by item from the start (shards, starts, cursors, loads)."""
+    rng = random.Random(300 + seed)
+    for _ in range(200):
+        d = rng.choice([2, 3, 8, 16, 64])
+        kinds = [(rng.choice([64, 100, 4096, 14_680_064]), float(rng.choice([1, 2.5, 7, 64, 3_000_000_000])))
+                 for _ in range(rng.randint(1, 8))]
+        items = [rng.choice(kinds) for _ in range(rng.randint(d + 1, 4 * d + 20))]
+        sizes, costs = [s for s, _ in items], [c for _, c in items]
+        level = float(rng.choice([0, 7, 3_000_000_000]))
+        cap = rng.choice([None, 1.3 * sum(sizes) / d, 5e6])
+        expected = _heap_walk(sizes, costs, [level] * d, cap)
+        mine = np.full(d, level)
+        owner, start, cursor = lpt.lpt_place(np.array(sizes, dtype=np.int64), np.array(costs), mine, cap)
+        assert (owner.tolist(), start.tolist(), cursor.tolist(), mine.tolist()) == expected

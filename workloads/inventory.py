@@ -389,11 +389,18 @@ def build_inventory(
         else:
             runs.append([loc[0], loc[1], kind, [i], [prefix], *hit])
 
-    for i in range(model.num_layers):
-        moe = model.is_moe_layer(i)
+    i, n = 0, model.num_layers
+    while i < n:  # consecutive layers of one kind on one model chunk: one run, built from the first
+        moe, loc = model.is_moe_layer(i), where[i]
+        j = i + 1
+        while j < n and where[j] == loc and model.is_moe_layer(j) == moe:
+            j += 1
         prefix = f"decoder.layers.{i}"
-        add_layer_of("moe" if moe else "dense", i, where[i], prefix,
-                     partial(add_layer, i, where[i], prefix, moe))
+        add_layer_of("moe" if moe else "dense", i, loc, prefix, partial(add_layer, i, loc, prefix, moe))
+        if j > i + 1:  # the run add_layer_of extended or opened holds layer i: append the others
+            runs[-1][3].extend(range(i + 1, j))
+            runs[-1][4].extend(f"decoder.layers.{k}" for k in range(i + 1, j))
+        i = j
     mtp_moe = model.is_moe_layer(model.num_layers - 1)
 
     def add_mtp(j: int) -> None:

@@ -171,7 +171,7 @@ def _arrays(parts: list[_Part], kind: str) -> _Arrays:
             ids += [u] * copies
             offsets += range(at, at + copies)
         layers = len(part.layers)
-        tids.append(np.array(ids * layers, dtype=np.int64))
+        tids.append(np.tile(np.array(ids, dtype=np.int64), layers))
         first = part.position + part.per_layer * np.arange(layers, dtype=np.int64)
         positions.append((first[:, None] + np.array(offsets, dtype=np.int64)[None, :]).ravel())
     tid = np.concatenate(tids)

@@ -29,7 +29,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.optimizer.lpt import BATCH_WORK, EXACT_LIMIT, PARAM_ALIGN, lpt_place, lpt_place_small
+from costmodel.optimizer.lpt import (
+    BATCH_RUN,
+    BATCH_WORK,
+    EXACT_LIMIT,
+    PARAM_ALIGN,
+    has_long_run,
+    lpt_place,
+    lpt_place_small,
+)
 
 LPT_CAP = 1.3  # a shard stops being an LPT candidate beyond 1.3 × the chunk's mean shard size
 STRATEGIES = ("none", "ping_pong", "lpt")
@@ -59,6 +67,15 @@ class BucketSpan:
     used: int
     starts: np.ndarray
     owner: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, first: int, stop: int, numel: int, used: int, starts: np.ndarray,
+           owner: np.ndarray | None = None) -> BucketSpan:
+        """``BucketSpan(first, stop, numel, used, starts, owner)`` without the frozen ``__init__``'s
+        per-field ``object.__setattr__`` (a layer-wise buffer has a bucket per few parameters)."""
+        span = object.__new__(cls)
+        span.__dict__.update(first=first, stop=stop, numel=numel, used=used, starts=starts, owner=owner)
+        return span
 
 
 def ddp_buckets(numel: np.ndarray, dp: int, bucket_size: int | None, distributed_optimizer: bool,
@@ -303,7 +320,7 @@ def layer_wise_layout(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size: 
     for i in [*np.flatnonzero(isolate).tolist(), len(numel)]:
         if i > lo:
             for span in layer_wise_buckets(numel[lo:i], cost[lo:i], d, bucket_size, strategy):
-                out.append(BucketSpan(span.first + lo, span.stop + lo, span.numel, span.used, span.starts, span.owner))
+                out.append(BucketSpan.of(span.first + lo, span.stop + lo, span.numel, span.used, span.starts, span.owner))
         if i < len(numel):
             out.append(isolated_bucket(i, int(numel[i]), d))
         lo = i + 1
@@ -334,7 +351,10 @@ def _layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size
         if d == 1:  # one shard: every item on it, loads irrelevant
             out.append(_single_shard_span(lo, hi, sizes[lo:hi], costs[lo:hi], strategy))
             continue
-        if strategy == "lpt" and (hi - lo) * d < BATCH_WORK:  # a small chunk: plain lists
+        if strategy == "lpt" and (hi - lo) * d < BATCH_WORK and (
+                len(bounds) > 2 or hi - lo < BATCH_RUN or not has_long_run(numel, cost)):
+            # a small chunk of several (their placements memoised), or a small buffer without a long
+            # run of identical items: plain lists
             out.append(_small_lpt_span(lo, hi, sizes[lo:hi], costs[lo:hi], d, load, exact))
             continue
         loads = np.array(load)
@@ -370,12 +390,12 @@ def _small_lpt_span(lo: int, hi: int, sizes: list[int], costs: list[float], d: i
         if hit is not None:
             padded_numel, chunk_used, starts, owners, after = hit
             load[:] = [base + x for x in after]
-            return BucketSpan(lo, hi, padded_numel, chunk_used, starts, owners)
+            return BucketSpan.of(lo, hi, padded_numel, chunk_used, starts, owners)
     used = sum(sizes)
     owner, start, cursor = lpt_place_small(sizes, costs, load, LPT_CAP * float(used) / d)
     shard = round_up(max(max(cursor), 1), shard_pad_multiple(d))
-    span = BucketSpan(lo, hi, shard * d, used, np.array([o * shard + a for o, a in zip(owner, start, strict=True)],
-                                                        dtype=np.int64), np.array(owner, dtype=np.int64))
+    span = BucketSpan.of(lo, hi, shard * d, used, np.array([o * shard + a for o, a in zip(owner, start, strict=True)],
+                                                           dtype=np.int64), np.array(owner, dtype=np.int64))
     if key is not None:
         span.starts.setflags(write=False)
         span.owner.setflags(write=False)  # type: ignore[union-attr]

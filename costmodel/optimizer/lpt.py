@@ -10,8 +10,9 @@ the cost sort next to each other. :func:`lpt_place` walks them as runs of identi
 items: a short run item by item (a heap of (load, shard)), a long one in one step. For ``k``
 identical items of cost ``c`` the greedy picks are the ``k`` smallest of the slots ``(load_r + j·c,
 r)``, ``j`` below the number of items shard ``r`` can still take under the cap (``m_r``): with
-``load_r = c·q_r + ρ_r`` a slot is ``(level q_r + j, ρ_r, r)``, so the level where the count of
-slots reaches ``k`` is found by bisection and the slots are taken in (level, ρ, shard) order. The
+``load_r = c·q_r + ρ_r`` a slot is ``(level q_r + j, ρ_r, r)``: the slots are taken in (level, ρ,
+shard) order, level after level (between two consecutive ``q_r`` or ``q_r + m_r`` the same shards
+offer a slot at every level, so whole stretches of levels are one repeated shard order). The
 arithmetic is exact in integers; the batches are used only while every load stays below 2⁵³, where
 the scalar walk's float additions are exact too, so both give the same placement to the bit.
 """
@@ -24,7 +25,10 @@ import math
 import numpy as np
 
 PARAM_ALIGN = 64  # elements: parameter starts in distributed-optimizer buffers
-BATCH_WORK = 1024  # a run of k items on d shards goes in one step when k·d reaches this
+BATCH_WORK = 1024  # below n·d = this (n items, d shards) and without a long run: the plain-list walk
+BATCH_RUN = 8  # a run of k identical items goes in one step when k reaches this ...
+BATCH_SHARDS = 4  # ... and k·BATCH_SHARDS reaches d (a step costs O(d), a single placement O(log d))
+RUN_ARRAYS = 64  # a batched run of this many items or more is laid out with numpy, a shorter one on lists
 EXACT_LIMIT = 2 ** 53  # loads below this are exact integers in float64
 
 
@@ -41,13 +45,35 @@ class _Shards:
         self.padded = [0] * self.d
         self.cursor = [0] * self.d
         self.cap = cap
+        self.top = 0  # max(padded): while it plus an item's size is under the cap, every shard fits
         self.heap = [(x, r) for r, x in enumerate(self.load)]
         heapq.heapify(self.heap)
+
+    def seed_one_per_shard(self, sizes: list[int], costs: list[float]) -> int:
+        """Place the first ``d`` items of the cost order (``sizes``, ``costs``) one per shard, item k
+        on shard k at start 0, when :func:`_one_per_shard` proves the greedy does (a greedy placement
+        does not depend on the items after it); returns how many items that is (``d``, else 0)."""
+        one = _one_per_shard(sizes, costs, self.load)
+        if one is None or one != list(range(self.d)):
+            return 0
+        for r in range(self.d):
+            self.cursor[r] = sizes[r]
+            self.padded[r] = _aligned(sizes[r])
+            self.load[r] += costs[r]
+        self.top = max(self.padded)
+        self.heap = [(x, r) for r, x in enumerate(self.load)]
+        heapq.heapify(self.heap)
+        return self.d
 
     def place_one(self, size: int, cost: float) -> tuple[int, int]:
         """(shard, start) of one item: the least-loaded shard it fits on, else the lowest cursor."""
         heap, cap, padded = self.heap, self.cap, self.padded
-        if cap is not None and min(padded) + size > cap:  # fits nowhere: the shortest shard, heap untouched
+        if cap is None or self.top + size <= cap:  # every shard fits: the least loaded (stale entries dropped)
+            load = self.load
+            while heap[0][0] != load[heap[0][1]]:
+                heapq.heappop(heap)
+            return self._put(heapq.heappop(heap)[1], size, cost)
+        if min(padded) + size > cap:  # fits nowhere: the shortest shard, heap untouched
             return self._put(min(range(self.d), key=self.cursor.__getitem__), size, cost)
         skipped = []
         while heap and heap[0][0] != self.load[heap[0][1]]:  # stale entry
@@ -71,55 +97,80 @@ class _Shards:
         at = self.padded[r]
         self.cursor[r] = at + size
         self.padded[r] = _aligned(at + size)
+        self.top = max(self.top, self.padded[r])
         self.load[r] += cost
         heapq.heappush(self.heap, (self.load[r], r))
         return r, at
 
     def place_run(self, k: int, size: int, cost: int) -> tuple[np.ndarray, np.ndarray, int]:
         """(shards, starts) of the first items of a run of ``k`` identical items that fit under the
-        cap (all of them without a cap), in placement order, and how many that is."""
-        d = self.d
-        load = np.array(self.load, dtype=np.float64).astype(np.int64)
-        padded = np.array(self.padded, dtype=np.int64)
-        step = _aligned(size)
+        cap (all of them without a cap), in placement order, and how many that is.
+
+        Shard ``r`` offers the slots ``(level q_r + j, ρ_r, r)`` for ``j`` below its room ``m_r``
+        (``load_r = c·q_r + ρ_r``); the slots are taken in that order. Between two consecutive
+        values of the ``q_r`` and ``q_r + m_r`` the shards offering a slot at every level are the
+        same, so the order is a few segments of one fixed shard order (by ρ, then shard) repeated:
+        a few numpy operations per segment."""
+        d, step = self.d, _aligned(size)
+        padded = self.padded
+        load = [int(x) for x in self.load]
         if self.cap is None:
-            room = np.full(d, k, dtype=np.int64)
+            room = [k] * d
         else:
-            free = math.floor(self.cap) - size - padded
-            room = np.where(free >= 0, free // max(step, 1) + 1, 0) if step else np.where(free >= 0, k, 0)
-            room = np.minimum(room, k)
-        fit = int(min(k, int(room.sum())))
+            top = math.floor(self.cap) - size
+            room = [min(k, (top - p) // max(step, 1) + 1 if step else k) if top - p >= 0 else 0 for p in padded]
+        fit = min(k, sum(room))
         if fit == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), 0
-        level0, rho = np.divmod(load, cost)
-        live = room > 0
-        lo, hi = int(level0[live].min()), int((level0 + room - 1)[live].max())
-        while lo < hi:  # the smallest level at which the slots up to it reach ``fit``
-            mid = (lo + hi) // 2
-            if int(np.clip(mid - level0 + 1, 0, room).sum()) >= fit:
-                hi = mid
-            else:
-                lo = mid + 1
-        taken = np.clip(lo - level0, 0, room)  # slots below the level
-        extra = fit - int(taken.sum())
-        if extra:  # slots at the level, by (ρ, shard)
-            at_level = np.flatnonzero((level0 <= lo) & (taken < room))
-            at_level = at_level[np.lexsort((at_level, rho[at_level]))][:extra]
-            taken[at_level] += 1
-        shard = np.repeat(np.arange(d, dtype=np.int64), taken)
-        j = np.arange(fit, dtype=np.int64) - np.repeat(np.cumsum(taken) - taken, taken)
-        order = np.lexsort((shard, rho[shard], level0[shard] + j))
-        shard, j = shard[order], j[order]
-        starts = padded[shard] + j * step
-        used = taken > 0
-        cursor = np.array(self.cursor, dtype=np.int64)
-        cursor[used] = padded[used] + (taken[used] - 1) * step + size
-        self.cursor = cursor.tolist()
-        self.padded = (padded + taken * step).tolist()
-        self.load = (load + taken * cost).astype(np.float64).tolist()
+        split = [divmod(x, cost) for x in load]
+        ranked = sorted((r for r in range(d) if room[r] > 0), key=lambda r: (split[r][1], r))  # by (ρ, shard)
+        bounds = sorted({split[r][0] for r in ranked} | {split[r][0] + room[r] for r in ranked})
+        # the item of stretch level lo + t on shard r is its (lo + t - q_r)-th: start padded_r + that·step
+        segments: list[tuple[list[int], int, int, int]] = []  # (shard order, first level, levels, items)
+        left = fit
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=False):  # levels lo..hi-1 offer the same shards
+            active = [r for r in ranked if split[r][0] <= lo < split[r][0] + room[r]]
+            if not active:
+                continue
+            reps = min(hi - lo, left // len(active))
+            part = reps + 1 if reps < hi - lo and left > reps * len(active) else reps  # + the last, partial level
+            take = min(left, part * len(active))
+            segments.append((active, lo, part, take))
+            left -= take
+            if left == 0:
+                break
+        if fit < RUN_ARRAYS:  # few items: plain lists
+            seq_l: list[int] = []
+            for active, _, part, take in segments:
+                seq_l += (active * part)[:take]
+            nxt = list(padded)
+            starts_l = []
+            for r in seq_l:
+                starts_l.append(nxt[r])
+                nxt[r] += step
+            taken = [0] * d
+            for r in seq_l:
+                taken[r] += 1
+            seq, starts = np.array(seq_l, dtype=np.int64), np.array(starts_l, dtype=np.int64)
+        else:  # the item of level lo + t on shard r is its (lo + t - q_r)-th: start padded_r + that·step
+            shard_parts, start_parts = [], []
+            for active, lo, part, take in segments:
+                first = np.array([padded[r] + (lo - split[r][0]) * step for r in active], dtype=np.int64)
+                levels = np.arange(part, dtype=np.int64)[:, None] * step + first[None, :]
+                shard_parts.append(np.tile(np.array(active, dtype=np.int64), part)[:take])
+                start_parts.append(levels.ravel()[:take])
+            seq, starts = np.concatenate(shard_parts), np.concatenate(start_parts)
+            taken = np.bincount(seq, minlength=d).tolist()
+        cursor = self.cursor
+        for r in range(d):
+            if taken[r]:
+                cursor[r] = padded[r] + (taken[r] - 1) * step + size
+        self.padded = [p + t * step for p, t in zip(padded, taken, strict=True)]
+        self.top = max(self.padded)
+        self.load = [float(x + t * cost) for x, t in zip(load, taken, strict=True)]
         self.heap = [(x, r) for r, x in enumerate(self.load)]
         heapq.heapify(self.heap)
-        return shard, starts, fit
+        return seq, starts, fit
 
 
 def _one_per_shard(sizes: list[int], costs: list[float], load: list[float]) -> list[int] | None:
@@ -180,6 +231,20 @@ def lpt_place_small(sizes: list[int], costs: list[float], load: list[float],
     return owner, start, cursor
 
 
+def has_long_run(numel: np.ndarray, cost: np.ndarray) -> bool:
+    """Whether :data:`BATCH_RUN` consecutive items are identical (size and cost): then the batched
+    path is faster than the plain-list walk (a speed choice only: either gives the same placement;
+    the identical items of a buffer, a layer's expert copies, are consecutive)."""
+    n = len(numel)
+    if n < BATCH_RUN:
+        return False
+    change = np.flatnonzero((numel[1:] != numel[:-1]) | (cost[1:] != cost[:-1]))
+    if len(change) == 0:
+        return True
+    lengths = np.diff(change, prepend=-1, append=n - 1)
+    return bool(lengths.max() >= BATCH_RUN)
+
+
 def lpt_place(numel: np.ndarray, cost: np.ndarray, loads: np.ndarray,
               cap: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(shard, start within the shard, shard cursors) of every item, by greedy LPT (module
@@ -195,7 +260,7 @@ def lpt_place(numel: np.ndarray, cost: np.ndarray, loads: np.ndarray,
             cursor[one] = sizes_l
             loads[one] += costs_l  # one addition per shard
             return np.array(one, dtype=np.int64), np.zeros(n, dtype=np.int64), cursor
-    if n * d < BATCH_WORK:  # no run can be batched: the plain-list walk (same placement)
+    if n * d < BATCH_WORK and not has_long_run(np.asarray(numel), np.asarray(cost)):  # the plain-list walk (same placement)
         load = loads.astype(np.float64).tolist()
         owner_l, start_l, cursor_l = lpt_place_small(np.asarray(numel, dtype=np.int64).tolist(),
                                                      np.asarray(cost, dtype=np.float64).tolist(), load, cap)
@@ -211,13 +276,17 @@ def lpt_place(numel: np.ndarray, cost: np.ndarray, loads: np.ndarray,
     batches = bool(n) and float(loads.max(initial=0.0)) + float(costs.sum()) < EXACT_LIMIT \
         and bool(np.all(costs == np.floor(costs))) and bool(np.all(costs > 0))
     s_o, c_o = sizes[order], costs[order]
-    cuts = np.flatnonzero((s_o[1:] != s_o[:-1]) | (c_o[1:] != c_o[:-1])) + 1 if n else np.zeros(0, dtype=np.int64)
-    bounds = [0, *cuts.tolist(), n] if n else [0]
+    head = state.seed_one_per_shard(s_o[:d].tolist(), c_o[:d].tolist()) if n > d > 1 else 0
+    if head:  # the first d items of the cost order, one per shard in that order (_one_per_shard)
+        owner[order[:head]] = np.arange(head)
+        start[order[:head]] = 0
+    cuts = np.flatnonzero((s_o[head + 1:] != s_o[head:-1]) | (c_o[head + 1:] != c_o[head:-1])) + head + 1
+    bounds = [head, *cuts.tolist(), n] if n > head else [head]
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         idx = order[a:b]
         size, c = int(s_o[a]), float(c_o[a])
         done = 0
-        if batches and (b - a) * d >= BATCH_WORK:
+        if batches and b - a >= BATCH_RUN and BATCH_SHARDS * (b - a) >= d:
             shards, starts, done = state.place_run(b - a, size, int(c))
             owner[idx[:done]] = shards
             start[idx[:done]] = starts

@@ -51,13 +51,14 @@ def cached_inventory(scenario) -> Inventory:  # noqa: ANN001 - workloads.scenari
 
 def clear_caches() -> None:
     """Forget every memoised plan, inventory, layer-wise layout and Newton–Schulz work (cold timings)."""
-    from costmodel.optimizer import buffers, newton_schulz, stage_builder
+    from costmodel.optimizer import buffers, newton_schulz, stage_builder, timer
     from workloads.inventory import clear_inventory_cache
 
     _CACHE.clear()
     _BUFFERS.clear()
-    stage_builder._MUON_KERNELS.clear()
+    timer._MUON_KERNELS.clear()
     stage_builder._MUON_ROWS.clear()
+    timer._CALL_S.clear()
     clear_inventory_cache()
     lay.clear_memo()
     buffers.clear_memo()
@@ -127,6 +128,7 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
     seen: dict[tuple, tuple[StageOptimizerPlan, list[_Buffer]]] = {}
     stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp, fp8, precision, bf16_layers, seen, critical_only)
                    for s in range(inventory.pp))
+    timer.release()
     layer_wise = dist == "layer_wise"
     gathers = any(b.gather_op for s in stages for b in s.buckets)
     return OptimizerPlan(

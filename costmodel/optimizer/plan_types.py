@@ -16,7 +16,7 @@ work, so ``ranks`` holds one :class:`RankWork` per distinct pair (``multiplicity
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Literal
@@ -56,6 +56,14 @@ class Bucket:
             and _BUCKET_FIELDS.issuperset(values)
         b = object.__new__(cls)
         b.__dict__.update(values)
+        b.__dict__["order"] = order
+        return b
+
+    def at_order(self, order: int) -> Bucket:
+        """This bucket at position ``order`` (``replace(self, order=order)``, without the frozen
+        ``__init__``: the buckets of a layer-wise expert buffer are mostly alike)."""
+        b = object.__new__(Bucket)
+        b.__dict__.update(self.__dict__)
         b.__dict__["order"] = order
         return b
 
@@ -228,6 +236,51 @@ class RankTable(Sequence[RankWork]):
         self.__init__(*state)  # type: ignore[misc]
 
 
+class LazyTuple(Sequence[Any]):
+    """A tuple computed on first use by ``make()`` (then held): the per-GPU collective list of a
+    stage and its seconds, which a new scenario reads for its critical stage only. Compares equal
+    to (and hashes as) the tuple it stands for; pickles as that tuple."""
+
+    __slots__ = ("_make", "_items")
+
+    def __init__(self, make: Callable[[], Iterable[Any]]) -> None:
+        self._make: Callable[[], Iterable[Any]] | None = make
+        self._items: tuple[Any, ...] | None = None
+
+    @property
+    def items(self) -> tuple[Any, ...]:
+        """The tuple (made on first use)."""
+        if self._items is None:
+            assert self._make is not None
+            self._items, self._make = tuple(self._make()), None
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]  # int -> item, slice -> tuple
+        return self.items[i]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyTuple):
+            return self.items == other.items
+        if isinstance(other, tuple):
+            return self.items == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.items)
+
+    def __repr__(self) -> str:
+        return repr(self.items)
+
+    def __reduce__(self) -> tuple[type, tuple[tuple[Any, ...]]]:
+        return tuple, (self.items,)
+
+
 def rank_column(ranks: Sequence[RankWork], name: str) -> list[Any]:
     """Field ``name`` of every RankWork of ``ranks`` (read from the columns of a :class:`RankTable`
     without building its RankWork objects)."""
@@ -308,9 +361,9 @@ class StageOptimizerPlan:
     stage: int
     buckets: tuple[Bucket, ...]
     ranks: tuple[RankWork, ...] | RankTable  # a RankTable from the plan builder (RankWork built when read)
-    collectives: tuple[CollectiveCall, ...]  # per GPU per step, merged (see workloads.comm.merge_calls)
+    collectives: tuple[CollectiveCall, ...] | LazyTuple  # per GPU per step, merged (see workloads.comm.merge_calls)
     padding_overhead: float = 0.0  # padded / unpadded elements - 1
-    collective_times_s: tuple[float, ...] = ()  # seconds of ONE call of each entry of ``collectives``
+    collective_times_s: tuple[float, ...] | LazyTuple = ()  # seconds of ONE call of each entry of ``collectives``
     critical_rank: int = 0  # position in ``ranks`` of the slowest GPU (whose list ``collectives`` is)
     tp: int = 1
     etp: int = 1

@@ -13,7 +13,7 @@ import numpy as np
 from costmodel.optimizer import kernel_sequence as ks
 from costmodel.optimizer.elementwise import PARAM_BYTES
 from costmodel.optimizer.plan_types import KERNEL_PARTS, RankTable
-from costmodel.optimizer.stage_builder import COLUMNS, StageBuilder, Timer, _Role
+from costmodel.optimizer.stage_builder import COLUMNS, Grid, StageBuilder, Timer, _Role
 from topologies.hardware import SystemSpec
 
 __all__ = ["host_adam_s", "rank_work"]
@@ -54,6 +54,26 @@ def host_adam_s(numel: np.ndarray, grad_bytes: int, system: SystemSpec | None) -
     return numel * ((grad_bytes + PARAM_BYTES) / link + ks.ADAM_BYTES_PER_ELEMENT / mem)
 
 
+_CLASSES: dict[Grid, tuple[np.ndarray, ...]] = {}
+
+
+def gpu_classes(g: Grid) -> tuple[np.ndarray, ...]:
+    """(class keys, first GPU, GPUs, dense index, expert index) of each distinct (dense index, expert
+    index) pair of a stage's GPUs under grid ``g`` (memoised per grid, read-only)."""
+    hit = _CLASSES.get(g)
+    if hit is None:
+        gpu = np.arange(g.gpus_per_stage)
+        d, e = gpu // g.tp % g.size("dp"), gpu // (g.etp * g.ep) % g.size("expert_dp")  # instances work alike
+        keys, first, counts = np.unique(d * g.expert_dp + e, return_index=True, return_counts=True)
+        hit = (keys, first, counts, d[first], e[first])
+        for a in hit:
+            a.setflags(write=False)
+        if len(_CLASSES) >= 1024:
+            _CLASSES.clear()
+        _CLASSES[g] = hit
+    return hit
+
+
 def rank_work(b: StageBuilder) -> RankTable:
     """One RankWork per distinct (dense index, expert index) pair of the stage's GPUs (only the
     slowest one's with ``b.critical_only``).
@@ -64,10 +84,7 @@ def rank_work(b: StageBuilder) -> RankTable:
     ``RankWork.total_s`` takes the larger of its GPU time and its host issue time.
     """
     g, timer = b.grid, b.timer
-    gpu = np.arange(g.gpus_per_stage)
-    d, e = gpu // g.tp % g.size("dp"), gpu // (g.etp * g.ep) % g.size("expert_dp")  # instances work alike
-    keys, first, counts = np.unique(d * g.expert_dp + e, return_index=True, return_counts=True)
-    dd, ee = d[first], e[first]
+    keys, first, counts, dd, ee = gpu_classes(g)
     D, E = b.roles["dp"], b.roles["expert_dp"]  # noqa: N806
     d_cols, e_cols = D.acc[:, dd], E.acc[:, ee]
     summed = d_cols + e_cols  # every column of both roles, per GPU class

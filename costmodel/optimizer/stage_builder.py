@@ -21,30 +21,29 @@ its expert-role work (see :mod:`costmodel.optimizer.plan_types`).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel.kernels import KernelSpec
 from costmodel.optimizer import kernel_sequence as ks
 from costmodel.optimizer import layouts as lay
 from costmodel.optimizer.buffers import GROUPS, _Buffer
 from costmodel.optimizer.elementwise import PARAM_BYTES
 from costmodel.optimizer.newton_schulz import (
     NsSettings,
-    NsWork,
     tensor_ns_work,
     tp_comm_time_s,
 )
 from costmodel.optimizer.plan_types import (
     Bucket,
+    LazyTuple,
     RankTable,
     RoleOwnership,
     StageOptimizerPlan,
 )
-from topologies.groups import GroupShape
-from topologies.hardware import SystemSpec
+from costmodel.optimizer.timer import Timer
 from topologies.identity_memo import IdentityMemo
 from workloads.comm import CollectiveCall, merge_calls
 from workloads.inventory import TensorSpec
@@ -70,71 +69,7 @@ class Grid:
         return (self.dp if group == "dp" else self.expert_dp) // self.instances
 
 
-_MUON_KERNELS: IdentityMemo[tuple[float, float, float, float]] = IdentityMemo(4096)  # the system by identity
 _MUON_ROWS: IdentityMemo[np.ndarray] = IdentityMemo(4096)  # StageBuilder.muon_item's rows, the system by identity
-
-
-class Timer:
-    """Seconds of NS work and collectives on a system (zero without one); memoised per plan."""
-
-    def __init__(self, system: SystemSpec | None, precision: str,
-                 shape_of: Callable[[str], GroupShape] | None) -> None:
-        self.system, self.precision, self.shape_of = system, precision, shape_of
-        self._calls: dict[tuple[str, str, int, str, int], float] = {}
-        self.s_per_byte = self.min_s = self.issue_s = 0.0
-        self.muon_rows: dict[tuple, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}  # see StageBuilder.muon_item
-        self.adam_rows: dict[tuple[int, tuple[float, ...]], np.ndarray] = {}  # see StageBuilder.adam_item
-        self.element_wise_spans: dict[tuple, list[tuple[lay.BucketSpan, np.ndarray]]] = {}  # see StageBuilder.element_wise
-        self.spans_effects: dict[tuple, tuple[np.ndarray, _SpansEffect]] = {}  # see StageBuilder.layer_wise_current
-        if system is not None:
-            from costmodel.compute import memory_time_s
-
-            self.s_per_byte = memory_time_s(1e9, system) / 1e9
-            self.min_s, self.issue_s = system.efficiency.kernel_min_s, system.efficiency.kernel_issue_s
-
-    def kernels_s(self, kernels: tuple[KernelSpec, ...]) -> tuple[float, float]:
-        """(GPU seconds of the Newton-Schulz GEMMs, GPU seconds of the other kernels) of ``kernels``."""
-        if self.system is None:
-            return 0.0, 0.0
-        from costmodel.compute import kernel_gpu_s
-
-        ns = sum(k.count * kernel_gpu_s(k, self.system) for k in kernels if k.kind == "ns_gemm")
-        other = sum(k.count * kernel_gpu_s(k, self.system) for k in kernels if k.kind != "ns_gemm")
-        return ns, other
-
-    def muon_kernels(self, t: TensorSpec, work: NsWork, st: NsSettings, grad_bytes: int,
-                     shape_key: tuple) -> tuple[float, float, float, float]:
-        """(NS GEMM GPU s, other GPU s, launches, NS GEMM launches) of one Muon tensor's kernel sequence,
-        memoised across plans per (tensor shape and sharding, NS settings, gradient size, system)."""
-        key = (shape_key, st, grad_bytes)
-        hit = _MUON_KERNELS.get(key, self.system)
-        if hit is not None:
-            return hit
-        kernels = ks.muon_tensor_kernels(t, work, st, grad_bytes)
-        out = (*self.kernels_s(kernels), ks.kernel_count(kernels), ks.kernel_count(kernels, "ns_gemm"))
-        return _MUON_KERNELS.put(out, key, self.system)
-
-    def floored_s(self, launches: np.ndarray | float, num_bytes: np.ndarray | float) -> np.ndarray:
-        """GPU seconds of ``launches`` kernels sharing ``num_bytes`` bytes: max(memory, launches·kernel_min_s)."""
-        return np.maximum(np.asarray(num_bytes) * self.s_per_byte, np.asarray(launches) * self.min_s)
-
-    def call_s(self, call: CollectiveCall) -> float:
-        """Seconds of one ``call`` (nccl-tests size) over its group's placement shape."""
-        if self.system is None or call.group_size <= 1:
-            return 0.0
-        key = (call.op, call.group, call.group_size, call.dtype, call.bytes)
-        if key not in self._calls:
-            from topologies.collectives import collective_time_s
-
-            self._calls[key] = collective_time_s(call.op, call.bytes, self._shape(call), self.system)
-        return self._calls[key]
-
-    def _shape(self, call: CollectiveCall) -> GroupShape:
-        return self.shape_of(call.group) if self.shape_of else GroupShape.single_domain(call.group_size)
-
-    def group_shape(self, call: CollectiveCall) -> GroupShape | None:
-        """The placement shape :meth:`call_s` times ``call`` over (None without a system or for one rank)."""
-        return None if self.system is None or call.group_size <= 1 else self._shape(call)
 
 
 COLUMNS = ("owned", "flops", "ns_s", "tp_s", "ew_s", "kernels", "ns_kernels", "muon_items", "adam_pieces",
@@ -226,7 +161,8 @@ class StageBuilder:
         self.fp8_gather_bytes = fp8_gather_bytes  # bytes per element gathered for FP8-parameter buffers
         self.fp8_gathers = fp8_gathers  # all-gathers per FP8-parameter bucket (workloads.fp8_params)
         self.roles = {g: _Role(g, grid.size(g)) for g in GROUPS}
-        self.buckets: list[tuple[tuple[int, int], dict]] = []  # (sort key, Bucket kwargs)
+        # (sort key, (buffer key of _bucket_common, numel, used, reduce op, gather op, kind)) per bucket
+        self.buckets: list[tuple[tuple[int, int], tuple]] = []
         self.gb = spec.grad_bytes
         self.adam = ks.AdamBytes.of(spec)
         self.grad_dtype = "fp32" if self.gb == 4 else "bf16"
@@ -247,15 +183,21 @@ class StageBuilder:
         if ready is None:
             assert idx is not None
             ready = int(buf.position[idx].max())
-        per, common = self._bucket_common(buf)
+        self.buckets.append(((-buf.chunk, ready), (self._bucket_common(buf), numel, used, reduce_op, gather_op, kind)))
+
+    def _bucket_fields(self, what: tuple) -> dict:
+        """The Bucket field values (but ``order``) of a bucket recorded by :meth:`add_bucket` as ``what``."""
+        common_key, numel, used, reduce_op, gather_op, kind = what
+        per, common = self._common[common_key]
         gather_bytes = (used if gather_op == "all_gather_v" else numel) * per
         kw = dict(common)
         kw.update(numel=numel, grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * per,
                   reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind)
-        self.buckets.append(((-buf.chunk, ready), kw))
+        return kw
 
-    def _bucket_common(self, buf: _Buffer) -> tuple[int, dict]:
-        """(parameter bytes per element, the Bucket fields every bucket of ``buf`` shares but its order)."""
+    def _bucket_common(self, buf: _Buffer) -> tuple[int, str, bool]:
+        """The key in ``self._common`` of (parameter bytes per element, the Bucket fields every bucket
+        of ``buf`` shares but its order), made on first use."""
         key = (buf.chunk, buf.group, buf.fp8)
         hit = self._common.get(key)
         if hit is None:
@@ -266,7 +208,7 @@ class StageBuilder:
                 param_dtype="fp8" if per == 1 else "bf16", param_gathers=self.fp8_gathers if buf.fp8 else 1,
                 instances=self.grid.instances,
                 averaged=self.spec.average_in_collective and (buf.group == "dp" or gs * self.grid.instances == self.grid.dp)))
-        return hit
+        return key
 
     def muon_item(self, t: TensorSpec) -> tuple[np.ndarray, tuple[CollectiveCall, ...]]:
         """(row of :data:`COLUMNS`, TP calls) of stepping one copy of Muon tensor ``t``: its kernel
@@ -420,8 +362,9 @@ class StageBuilder:
             role.name_parts.append((buf, effect.picked))
             role.call_parts.append((effect.calls, buf.tid[effect.picked]))
         role.owners.append(effect.owners)
-        for numel, used, ready in effect.buckets:
-            self.add_bucket(buf, None, numel, used, "reduce_scatter", "all_gather", "layer_wise", ready)
+        common, chunk = self._bucket_common(buf), -buf.chunk  # add_bucket of every span
+        self.buckets.extend(((chunk, ready), (common, numel, used, "reduce_scatter", "all_gather", "layer_wise"))
+                            for numel, used, ready in effect.buckets)
 
     def _spans_effect(self, buf: _Buffer, sel: np.ndarray, spans: list[lay.BucketSpan]) -> _SpansEffect | None:
         """The :class:`_SpansEffect` of stepping every layer-wise span of ``buf[sel]`` by its owners
@@ -463,20 +406,34 @@ class StageBuilder:
 
     def finish(self, rank_work: Callable[[StageBuilder], RankTable]) -> StageOptimizerPlan:
         self.buckets.sort(key=lambda kb: kb[0])
-        buckets = tuple(Bucket.from_fields(kw, order=i) for i, (_, kw) in enumerate(self.buckets))
-        # the buckets' collectives, identical ones counted together (what merge_calls makes of them)
+        # the field values of each distinct bucket, made once (a layer-wise expert buffer's buckets are alike)
+        distinct: dict[tuple, Bucket] = {}
+        buckets_l = []
+        for i, (_, what) in enumerate(self.buckets):
+            hit = distinct.get(what)
+            if hit is None:
+                b = Bucket.from_fields(self._bucket_fields(what), order=i)
+                distinct[what] = b
+            else:
+                b = hit.at_order(i)
+            buckets_l.append(b)
+        buckets = tuple(buckets_l)
+        multiplicity = Counter(what for _, what in self.buckets)
+        # the buckets' collectives, identical ones counted together (what merge_calls makes of them); per
+        # distinct bucket in the order of first occurrence (the keys enter ``counted`` in the same order)
         counted: dict[tuple, int] = {}
         key: tuple
-        for b in buckets:
+        for what, b in distinct.items():
+            times = multiplicity[what]
             if b.reduce_op is not None:
                 key = (b.reduce_op, b.reduce_group, b.group_size, self.grad_dtype, b.grad_bytes, "grad_reduce")
-                counted[key] = counted.get(key, 0) + 1
+                counted[key] = counted.get(key, 0) + times
             if b.instances > 1:  # the instances all-reduce each rank's reduced shard
                 key = ("all_reduce", b.across_group, b.instances, self.grad_dtype, b.across_bytes, "grad_reduce_across")
-                counted[key] = counted.get(key, 0) + 1
+                counted[key] = counted.get(key, 0) + times
             if b.gather_op:
                 key = (b.gather_op, b.reduce_group, b.group_size, b.param_dtype, b.param_bytes, "param_gather")
-                counted[key] = counted.get(key, 0) + b.param_gathers
+                counted[key] = counted.get(key, 0) + b.param_gathers * times
         bucket_calls = [CollectiveCall(op, group, size, dtype, nbytes, count, phase)  # type: ignore[arg-type]
                         for (op, group, size, dtype, nbytes, phase), count in counted.items()]
         bucket_calls += self.extra_calls
@@ -493,8 +450,12 @@ class StageBuilder:
                                    padding_overhead=padding, tp=g.tp, etp=g.etp, ep=g.ep, roles=roles,
                                    bucket_calls=tuple(merge_calls(bucket_calls)))
         crit = max(range(len(ranks)), key=ranks.column("total_s").__getitem__) if len(ranks) else 0
-        calls = tuple(proto.gpu_collectives(ranks[crit].rank)) if len(ranks) else ()
+        # the critical GPU's collectives and their seconds, listed when first read (a new scenario's
+        # report reads the critical stage's only)
+        first = ranks[crit].rank if len(ranks) else None
+        calls = LazyTuple(lambda: tuple(proto.gpu_collectives(first)) if first is not None else ())
+        call_s = self.timer.call_s
         return StageOptimizerPlan(
             stage=self.stage, buckets=buckets, ranks=ranks, collectives=calls, padding_overhead=padding,
-            collective_times_s=tuple(self.timer.call_s(c) for c in calls), critical_rank=crit,
+            collective_times_s=LazyTuple(lambda: tuple(call_s(c) for c in calls)), critical_rank=crit,
             tp=g.tp, etp=g.etp, ep=g.ep, roles=roles, bucket_calls=proto.bucket_calls)
