@@ -4,8 +4,9 @@ A flow has a volume (in link-seconds: the seconds it would take alone on its lin
 of resources (link directions) it crosses; every resource has a capacity (1.0 = one link's rate).
 While flows are active, rates are the max-min fair allocation (progressive filling: repeatedly
 find the resource whose remaining capacity split over its unfrozen flows is smallest, freeze
-those flows at that share). Whenever a flow starts or ends, the scheduler process advances every
-flow's progress, recomputes the rates and re-plans the next completion event.
+those flows at that share). Whenever a flow starts or ends, the scheduler (a wake-up event whose
+callback re-arms it, :meth:`FluidNetwork._arm`) advances every flow's progress, recomputes the
+rates of the flows sharing links with the change and re-plans the next completion event.
 
 ``contention=False`` gives every flow its full bottleneck capacity (no sharing): the mode in
 which the discrete-event engine must match the analytic engine.
