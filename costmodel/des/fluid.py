@@ -4,8 +4,9 @@ A flow has a volume (in link-seconds: the seconds it would take alone on its lin
 of resources (link directions) it crosses; every resource has a capacity (1.0 = one link's rate).
 While flows are active, rates are the max-min fair allocation (progressive filling: repeatedly
 find the resource whose remaining capacity split over its unfrozen flows is smallest, freeze
-those flows at that share). Whenever a flow starts or ends, the scheduler process advances every
-flow's progress, recomputes the rates and re-plans the next completion event.
+those flows at that share). Whenever a flow starts or ends, the scheduler (a wake-up event whose
+callback re-arms it, :meth:`FluidNetwork._arm`) advances every flow's progress, recomputes the
+rates of the flows sharing links with the change and re-plans the next completion event.
 
 ``contention=False`` gives every flow its full bottleneck capacity (no sharing): the mode in
 which the discrete-event engine must match the analytic engine.
@@ -13,7 +14,7 @@ which the discrete-event engine must match the analytic engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ class Flow:
     rate: float = 0.0
     start_s: float = 0.0
     tags: dict[str, Any] = field(default_factory=dict)
+    done_below: float = 0.0  # complete once ``remaining`` is at most this (DONE_EPS_S x max(1, volume))
 
 
 def max_min_rates(flows: Iterable[Flow], capacity: dict[str, float]) -> dict[Flow, float]:
@@ -87,7 +89,7 @@ class FluidNetwork:
         self._last_s = 0.0
         self._version = 0
         self._wake: simpy.Event = env.event()
-        env.process(self._scheduler())
+        self._arm()
 
     def transfer(self, volume_s: float, resources: tuple[str, ...], latency_s: float = 0.0,
                  **tags: Any) -> simpy.Event:
@@ -104,11 +106,22 @@ class FluidNetwork:
             done.succeed()
             return
         self._advance()
-        flow = Flow(volume_s, resources, done, remaining=volume_s, start_s=self.env.now, tags=tags)
+        flow = Flow(volume_s, resources, done, remaining=volume_s, start_s=self.env.now, tags=tags,
+                    done_below=DONE_EPS_S * max(1.0, volume_s))
         self.flows.append(flow)
+        alone = True
+        users = self.users
         for r in resources:
-            self.users.setdefault(r, set()).add(flow)
-        self._allocate(resources)
+            us = users.get(r)
+            if us is None:
+                users[r] = {flow}
+            else:
+                alone = alone and not us
+                us.add(flow)
+        if alone:  # no other flow on its links: the component is this flow, at its bottleneck capacity
+            flow.rate = self._alone_rate(resources)
+        else:
+            self._allocate(resources)
         if not self._wake.triggered:
             self._wake.succeed()
 
@@ -139,12 +152,21 @@ class FluidNetwork:
         """Re-plan the rates of the flows affected by a change on ``touched`` resources (max-min
         allocations decompose over connected components, so the others keep their rates)."""
         comp = self._component(touched)
+        if len(comp) == 1:  # a flow alone on its links (max_min_rates' first case)
+            for f in comp:
+                f.rate = self._alone_rate(f.resources)
+            return
         if not self.contention:
             for f in comp:
                 f.rate = min((self.capacity.get(r, 1.0) for r in f.resources), default=1.0)
             return
         for f, rate in max_min_rates(comp, self.capacity).items():
             f.rate = rate
+
+    def _alone_rate(self, resources: tuple[str, ...]) -> float:
+        """The rate of a flow no other flow shares a link with: its bottleneck capacity (link-s/s)."""
+        capacity = self.capacity
+        return min((capacity.get(r, 1.0) for r in resources), default=1.0)
 
     def _ring(self, version: int) -> None:
         """Timer callback: wake the scheduler if no change re-planned since the timer was set."""
@@ -155,26 +177,31 @@ class FluidNetwork:
         """The timer's callback for the plan numbered ``version`` (a SimPy event callback)."""
         return lambda _event: self._ring(version)
 
-    def _scheduler(self) -> Generator[simpy.Event, Any, None]:
-        """Wake at the next completion (or when a flow arrives), finish flows, re-plan the rates."""
-        while True:
-            self._wake = self.env.event()
-            if self.flows:
-                dt = min(f.remaining / f.rate for f in self.flows)
-                self._version += 1
-                version = self._version
-                self.env.timeout(max(dt, 0.0)).callbacks.append(self._ring_callback(version))
-            yield self._wake
-            self._advance()
-            finished = [f for f in self.flows if f.remaining <= DONE_EPS_S * max(1.0, f.volume)]
-            if finished:
-                done = set(finished)
-                self.flows = [f for f in self.flows if f not in done]
-                touched = set()
-                for f in finished:
-                    for r in f.resources:
-                        self.users[r].discard(f)
-                        touched.add(r)
+    def _arm(self) -> None:
+        """Wait for the next wake-up: a fresh wake event, and a timer at the next completion (if any
+        flow is active). The scheduler is this callback loop rather than a SimPy process: the same
+        events enter the queue in the same order, without a generator resumed at every wake-up."""
+        self._wake = wake = self.env.event()
+        wake.callbacks.append(self._on_wake)  # type: ignore[union-attr]
+        if self.flows:
+            dt = min(f.remaining / f.rate for f in self.flows)
+            self._version += 1
+            self.env.timeout(max(dt, 0.0)).callbacks.append(self._ring_callback(self._version))  # type: ignore[union-attr]
+
+    def _on_wake(self, _event: simpy.Event) -> None:
+        """At a completion (or when a flow arrived): finish flows, re-plan the rates, re-arm."""
+        self._advance()
+        finished = [f for f in self.flows if f.remaining <= f.done_below]
+        if finished:
+            done = set(finished)
+            self.flows = [f for f in self.flows if f not in done]
+            touched = set()
+            for f in finished:
+                for r in f.resources:
+                    self.users[r].discard(f)
+                    touched.add(r)
+            if any(self.users[r] for r in touched):  # otherwise no flow is left on their component
                 self._allocate(touched)
-                for f in finished:
-                    f.done.succeed()
+            for f in finished:
+                f.done.succeed()
+        self._arm()

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import simpy
 
@@ -35,12 +35,14 @@ from costmodel.pipeline import schedule_order
 from costmodel.step_structure import BucketCost, PassCost, StepStructure
 
 Ev = Generator[simpy.Event, Any, None]
+SliceFlows = tuple[list[tuple[float, tuple[str, ...]]],
+                   list[tuple[tuple[str, ...], float, float, float, list[tuple[str, float, float, float]]]]]
 LINK_PREFIX = {"nvlink": "nvl", "network": "net", "host": "host"}  # host: the GPU's link to host memory (offloading)
 
 
-@dataclass(frozen=True)
-class RawEvent:
-    """A recorded timeline interval (seconds) of one rank's stream."""
+class RawEvent(NamedTuple):
+    """A recorded timeline interval (seconds) of one rank's stream (a named tuple: a Kimi K2 pp8 vpp7
+    step records ~43,000 of them, and the engine sends them on as plain tuples)."""
 
     rank: int
     stream: str
@@ -98,6 +100,7 @@ class StepSimulation:
         self.delay: list[list[dict[str, float]]] = [[defaultdict(float) for _ in range(st.pp)] for _ in range(steps)]
         self.carried: dict[tuple, dict[str, float]] = {}  # message key -> its sender's delays when sent
         self.events: list[RawEvent] = []
+        self._slice_memo: dict[tuple[int, float, int], SliceFlows] = {}
 
     # ------------------------------------------------------------------ helpers
     def _res(self, link: str, s: int, dst: int | None = None) -> tuple[str, ...]:
@@ -154,20 +157,38 @@ class StepSimulation:
             self.delay[step][s][kind] += self.env.now - t0
 
     # ------------------------------------------------------------------ passes
-    def _slice(self, s: int, cost: PassCost, frac: float, name: str, step: int) -> Ev:
-        """``frac`` of a pass: its collectives' hidden shares start with its compute; the exposed shares follow it."""
-        env, acc = self.env, self.acc[step][s]
-        if frac <= 0:
-            return
+    def _slice_flows(self, s: int, cost: PassCost, frac: float) -> SliceFlows:
+        """(hidden flows, exposed flows) of ``frac`` of a pass on rank ``s``: the hidden shares as
+        (link-seconds, resources); the exposed shares per link as (resources, link-seconds, latency s,
+        link-seconds + latency s, parts (kind, link-seconds, latency s, bytes)). Memoised: every
+        micro-batch repeats them."""
+        key = (id(cost), frac, s)
+        flows = self._slice_memo.get(key)
+        if flows is not None:
+            return flows
+        hidden_flows: list[tuple[float, tuple[str, ...]]] = []
         exposed: dict[str, list[tuple[str, float, float, float]]] = {}
         for blk in cost.comm:
             vol = max(blk.time_s - blk.latency_s, 0.0) * frac
             hidden = 1.0 - blk.exposed_fraction
             if hidden > 0:  # the hidden share runs under this slice's compute (it starts with it)
-                self.net.transfer(vol * hidden, self._res(blk.link, s), 0.0)
+                hidden_flows.append((vol * hidden, self._res(blk.link, s)))
             if blk.exposed_fraction > 0:
                 exposed.setdefault(blk.link, []).append(
                     (blk.kind, vol * blk.exposed_fraction, blk.latency_s * frac * blk.exposed_fraction, blk.bytes * frac))
+        exposed_flows = [(self._res(link, s), sum(p[1] for p in parts), sum(p[2] for p in parts),
+                          sum(p[1] + p[2] for p in parts), parts) for link, parts in exposed.items()]
+        flows = self._slice_memo[key] = (hidden_flows, exposed_flows)
+        return flows
+
+    def _slice(self, s: int, cost: PassCost, frac: float, name: str, step: int) -> Ev:
+        """``frac`` of a pass: its collectives' hidden shares start with its compute; the exposed shares follow it."""
+        env, acc = self.env, self.acc[step][s]
+        if frac <= 0:
+            return
+        hidden_flows, exposed_flows = self._slice_flows(s, cost, frac)
+        for vol, res in hidden_flows:
+            self.net.transfer(vol, res, 0.0)
         if cost.compute_s > 0:
             t0 = env.now
             dur = cost.compute_s * frac
@@ -176,10 +197,10 @@ class StepSimulation:
             acc["compute"] += dur
             acc["other"] += slow
             self._log(s, "compute", name, t0, "compute", step)
-        for link, parts in exposed.items():  # back-to-back collectives on one link: one flow
+        for res, volume, latency, alone, parts in exposed_flows:  # back-to-back collectives on one link: one flow
             t0 = env.now
-            yield self.net.transfer(sum(p[1] for p in parts), self._res(link, s), sum(p[2] for p in parts))
-            took, alone = env.now - t0, sum(p[1] + p[2] for p in parts)
+            yield self.net.transfer(volume, res, latency)
+            took = env.now - t0
             t = t0
             for kind, v, lat, size in parts:  # split the measured time by each collective's share
                 share = took * (v + lat) / alone if alone > 0 else 0.0

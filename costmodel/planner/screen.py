@@ -43,7 +43,7 @@ REP_TRIES = 3  # members timed per group before expanding it, when ranking the r
 BATCH_PER_JOB = 8  # groups popped per worker and round of the best-first search
 
 
-@dataclass
+@dataclass(slots=True)
 class GroupState:
     group: Group
     bound_s: float = math.inf
@@ -189,7 +189,7 @@ class Screen:
                  exhaustive: bool = False, reference_time_s: float | None = None,
                  max_rank_expansions: int = 600, max_rank_evaluations: int = 2000, seed: int = 0,
                  first_bounds: tuple[int, Iterator[Any]] | None = None) -> None:
-        self.states = [GroupState(g) for g in groups]
+        self.states = [GroupState(g) for g in groups]  # (slots: a search holds one per group, ~10^5)
         self.first_bounds = first_bounds  # the first bound pass, already handed to the pool (start_first_bounds)
         self.pool = pool
         self.keep = max(keep, 1)
@@ -201,8 +201,14 @@ class Screen:
         self.seed = seed
         self.result = ScreenResult(groups=len(groups), candidates=sum(len(g.choices) for g in groups))
         self._units: dict[tuple[Any, ...], list[int]] = {}
-        for i, s in enumerate(self.states):
-            self._units.setdefault(s.group.layout_key, []).append(i)
+        units = self._units
+        for i, g in enumerate(groups):  # groups of a layout are consecutive (enumerate_groups)
+            key = (g.structure, g.recompute)  # Group.layout_key
+            members = units.get(key)
+            if members is None:
+                units[key] = [i]
+            else:
+                members.append(i)
         self.result.layouts = len(self._units)
         self._best: list[float] = []  # max-heap (negated) of the keep best plan times
         self._wins: dict[tuple[Any, ...], int] = {}  # (kind, optimizer choice) -> groups it won
