@@ -20,7 +20,7 @@ from costmodel.optimizer import layouts as lay
 from costmodel.optimizer.buffers import _Buffer, chunk_buffers
 from costmodel.optimizer.newton_schulz import NsSettings
 from costmodel.optimizer.plan_types import Bucket, OptimizerPlan, StageOptimizerPlan
-from costmodel.optimizer.rank_work import rank_work
+from costmodel.optimizer.rank_work import rank_works
 from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer
 from costmodel.optimizer.summary import optimizer_report
 from topologies.groups import GroupShape
@@ -125,9 +125,7 @@ def plan_from_inventory(inventory: Inventory, spec, grid: Grid, system: SystemSp
     st = NsSettings.from_spec(spec)
     timer = Timer(system, spec.matmul_precision, shape_of)
     fp8 = fp8_gather_active(kind, dist, precision, spec.fp8_param_gather, fsdp)
-    seen: dict[tuple, tuple[StageOptimizerPlan, list[_Buffer]]] = {}
-    stages = tuple(_stage(inventory, s, spec, grid, timer, st, fsdp, fp8, precision, bf16_layers, seen, critical_only)
-                   for s in range(inventory.pp))
+    stages = _stages(inventory, spec, grid, timer, st, fsdp, fp8, precision, bf16_layers, critical_only)
     timer.release()
     layer_wise = dist == "layer_wise"
     gathers = any(b.gather_op for s in stages for b in s.buckets)
@@ -204,22 +202,33 @@ def _stage_buffers(inv: Inventory, s: int, kind: str, fp8_of: Callable[[TensorSp
     return _BUFFERS.put(buffers, key, inv)
 
 
-def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSettings,  # noqa: ANN001
-           fsdp: bool = False, fp8: bool = False, precision: str = "bf16",
-           bf16_layers: tuple[int, int] = (0, 0),
-           seen: dict[tuple, tuple[StageOptimizerPlan, list[_Buffer]]] | None = None,
-           critical_only: bool = False) -> StageOptimizerPlan:
-    """The optimizer plan of stage ``s``; ``seen``: the stages of this plan built so far, by
-    :func:`_stage_signature` (a stage holding the same tensors as one of them reuses its plan)."""
+def _stages(inv: Inventory, spec, grid: Grid, timer: Timer, st: NsSettings, fsdp: bool, fp8: bool,  # noqa: ANN001
+            precision: str, bf16_layers: tuple[int, int], critical_only: bool) -> tuple[StageOptimizerPlan, ...]:
+    """The optimizer plan of every stage: a stage holding the same tensors as an earlier one
+    (:func:`_stage_signature`) reuses its plan; the others are built (:func:`_stage`) and their
+    GPU classes' work computed for all of them at once (:func:`rank_works`)."""
     fp8_of = (lambda t, layer: is_fp8_param(t, inv.model.num_layers, bf16_layers, layer)) if fp8 else None
+    first_of: dict[tuple, int] = {}  # signature -> the stage built for it
+    keys, builders, buffers, loads = [], [], {}, []
+    for s in range(inv.pp):
+        def load(s: int = s) -> list[_Buffer]:
+            return _stage_buffers(inv, s, spec.kind, fp8_of, bf16_layers if fp8 else None)
 
-    def load() -> list[_Buffer]:
-        return _stage_buffers(inv, s, spec.kind, fp8_of, bf16_layers if fp8 else None)
+        key = _stage_signature(inv, s, fp8_of)
+        keys.append(key)
+        loads.append(load)
+        if key not in first_of:  # this stage's own buffers only name its parameters: built if asked
+            first_of[key] = s
+            buffers[s] = load()
+            builders.append(_stage(inv, s, buffers[s], spec, grid, timer, st, fsdp, precision, critical_only))
+    built = {b.stage: b.finish(ranks) for b, ranks in zip(builders, rank_works(builders), strict=True)}
+    return tuple(built[s] if first_of[key] == s else _restaged(built[first_of[key]], buffers[first_of[key]], s, loads[s])
+                 for s, key in enumerate(keys))
 
-    key = _stage_signature(inv, s, fp8_of)
-    if seen is not None and key in seen:  # this stage's own buffers only name its parameters: built if asked
-        return _restaged(*seen[key], s, load)
-    buffers = load()
+
+def _stage(inv: Inventory, s: int, buffers: list[_Buffer], spec, grid: Grid, timer: Timer,  # noqa: ANN001
+           st: NsSettings, fsdp: bool = False, precision: str = "bf16", critical_only: bool = False) -> StageBuilder:
+    """The buckets and per-rank work of stage ``s`` (its ``buffers``), ready to :meth:`StageBuilder.finish`."""
     b = StageBuilder(s, grid, spec, timer, st, param_gather_bytes_per_element(precision, True, fsdp),
                      param_gathers_per_sync(precision, True, fsdp), critical_only)
     dist = spec.resolved_distribution
@@ -264,10 +273,7 @@ def _stage(inv: Inventory, s: int, spec, grid: Grid, timer: Timer, st: NsSetting
                 if t.shared_embedding:
                     for _ in range(run.count):
                         b.embedding_grad(t, grid.dp if fsdp else 0)
-    plan = b.finish(rank_work)
-    if seen is not None:
-        seen[key] = (plan, buffers)
-    return plan
+    return b
 
 
 def _stage_signature(inv: Inventory, s: int, fp8_of: Callable[[TensorSpec, int | None], bool] | None) -> tuple:

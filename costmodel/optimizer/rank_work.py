@@ -1,6 +1,6 @@
 """Per-GPU optimizer-step work of a stage: one :class:`RankWork` per class of identical GPUs.
 
-Internal to :mod:`costmodel.optimizer.plan` (passed to :meth:`StageBuilder.finish`): the stage's
+Internal to :mod:`costmodel.optimizer.plan` (its tables go to :meth:`StageBuilder.finish`): a stage's
 accumulated per-rank columns (:data:`costmodel.optimizer.stage_builder.COLUMNS`) of its dense and
 expert roles, summed per (dense index, expert index) class, become the kernel launches by part,
 the GPU and host-issue seconds of each class's optimizer step (seconds are modelled GPU times).
@@ -16,25 +16,26 @@ from costmodel.optimizer.plan_types import KERNEL_PARTS, RankTable
 from costmodel.optimizer.stage_builder import COLUMNS, Grid, StageBuilder, Timer, _Role
 from topologies.hardware import SystemSpec
 
-__all__ = ["host_adam_s", "rank_work"]
+__all__ = ["host_adam_s", "rank_work", "rank_works"]
 
 
-def _role_extras(role: _Role, cols: np.ndarray, timer: Timer,
+def _role_extras(roles: list[_Role], cols: np.ndarray, timer: Timer,
                  adam_bytes: float = ks.ADAM_BYTES_PER_ELEMENT) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(fused-Adam launches, their GPU s, legacy gather-copy launches, their GPU s) of some ranks of a
-    role, ``cols`` being their accumulators (``role.acc[:, ranks]``; ``adam_bytes``: HBM bytes per
-    element of the fused Adam kernel)."""
-    adam = ks.multi_tensor_launches(cols[_ADAM_PIECES], cols[_ADAM_CHUNKS], 4)
-    adam_s = np.where(adam > 0, timer.floored_s(adam, adam_bytes * cols[_ADAM_NUMEL]), 0.0)
-    n = cols.shape[1]
-    copies = np.zeros(n)
-    copy_s = np.zeros(n)
-    if role.gather_items:  # legacy: flatten the owned parameters, copy back every other one
-        owned = cols[_OWNED]
-        copies = role.gather_items - cols[_ITEMS]
-        copy_s = (timer.floored_s(copies, 4.0 * (role.gather_numel - owned))
-                  + timer.floored_s(1, 4.0 * owned))
-        copies = copies + 1
+    role in each of some stages, ``cols`` being their accumulators (stages × columns × ranks: each
+    stage's ``role.acc[:, ranks]``; ``roles``: that role in each stage; ``adam_bytes``: HBM bytes per
+    element of the fused Adam kernel); stages × ranks each."""
+    adam = ks.multi_tensor_launches(cols[:, _ADAM_PIECES], cols[:, _ADAM_CHUNKS], 4)
+    adam_s = np.where(adam > 0, timer.floored_s(adam, adam_bytes * cols[:, _ADAM_NUMEL]), 0.0)
+    copies = np.zeros(adam.shape)
+    copy_s = np.zeros(adam.shape)
+    for at, role in enumerate(roles):
+        if role.gather_items:  # legacy: flatten the owned parameters, copy back every other one
+            owned = cols[at, _OWNED]
+            stage_copies = role.gather_items - cols[at, _ITEMS]
+            copy_s[at] = (timer.floored_s(stage_copies, 4.0 * (role.gather_numel - owned))
+                          + timer.floored_s(1, 4.0 * owned))
+            copies[at] = stage_copies + 1
     return adam, adam_s, copies, copy_s
 
 
@@ -49,7 +50,7 @@ def host_adam_s(numel: np.ndarray, grad_bytes: int, system: SystemSpec | None) -
     one after the other (Megatron's hybrid device optimizer pipelines them per parameter group; not
     modelled: an upper bound)."""
     if system is None:
-        return np.zeros(len(numel))
+        return np.zeros(np.shape(numel))
     link, mem = system.gpu.host_link_Bps, system.gpu.host_memory_Bps
     return numel * ((grad_bytes + PARAM_BYTES) / link + ks.ADAM_BYTES_PER_ELEMENT / mem)
 
@@ -75,26 +76,37 @@ def gpu_classes(g: Grid) -> tuple[np.ndarray, ...]:
 
 
 def rank_work(b: StageBuilder) -> RankTable:
-    """One RankWork per distinct (dense index, expert index) pair of the stage's GPUs (only the
-    slowest one's with ``b.critical_only``).
+    """The :func:`rank_works` of one stage."""
+    return rank_works([b])[0]
+
+
+def rank_works(builders: list[StageBuilder]) -> list[RankTable]:
+    """One RankWork per distinct (dense index, expert index) pair of the GPUs of each stage (only
+    the slowest one's with ``critical_only``), for stages of one plan (one grid, optimizer spec
+    and timer: ``builders[0]``'s), computed for every stage at once along a stage axis (each
+    element takes the same float operations as one stage alone would).
 
     A GPU's optimizer step is one eager kernel stream after the gradient-norm synchronisation:
     per-tensor kernels of both roles, the fused-Adam launches of each role's optimizer, one
     gradient-norm pass over all its main gradients, and (legacy layout) the gather copies;
     ``RankWork.total_s`` takes the larger of its GPU time and its host issue time.
     """
+    if not builders:
+        return []
+    b = builders[0]
     g, timer = b.grid, b.timer
-    keys, first, counts, dd, ee = gpu_classes(g)
-    D, E = b.roles["dp"], b.roles["expert_dp"]  # noqa: N806
-    d_cols, e_cols = D.acc[:, dd], E.acc[:, ee]
+    _, first, counts, dd, ee = gpu_classes(g)
+    dense, expert = [x.roles["dp"] for x in builders], [x.roles["expert_dp"] for x in builders]
+    d_cols = np.stack([r.acc for r in dense])[:, :, dd]  # stages × columns × GPU classes
+    e_cols = np.stack([r.acc for r in expert])[:, :, ee]
     summed = d_cols + e_cols  # every column of both roles, per GPU class
 
     def both(name: str) -> np.ndarray:
-        return summed[COLUMNS.index(name)]
+        return summed[:, COLUMNS.index(name)]
 
     owned, ns_kernels, copies_per_piece = both("owned"), both("ns_kernels"), len(b.adam.piece_kernels)
-    adam_d, adam_d_s, gather_d, gather_d_s = _role_extras(D, d_cols, timer, b.adam.fused)
-    adam_e, adam_e_s, gather_e, gather_e_s = _role_extras(E, e_cols, timer, b.adam.fused)
+    adam_d, adam_d_s, gather_d, gather_d_s = _role_extras(dense, d_cols, timer, b.adam.fused)
+    adam_e, adam_e_s, gather_e, gather_e_s = _role_extras(expert, e_cols, timer, b.adam.fused)
     norm_pieces = both("norm_pieces")
     norm = ks.multi_tensor_launches(norm_pieces, both("norm_chunks"), 1)
     norm_s = np.where(norm > 0, timer.floored_s(norm, ks.NORM_BYTES_PER_ELEMENT * owned)
@@ -109,16 +121,21 @@ def rank_work(b: StageBuilder) -> RankTable:
     if b.spec.optimizer_cpu_offload:  # AdamW on the host: its GPU kernels give way to the copies and host time
         ew_s = norm_s + gather_d_s + gather_e_s + host_adam_s(both("adam_numel"), b.gb, timer.system)
         kernels = kernels - parts["adam_multi_tensor"] - parts["adam_param_copy"]
-        parts["adam_multi_tensor"] = parts["adam_param_copy"] = np.zeros(len(keys))
+        parts["adam_multi_tensor"] = parts["adam_param_copy"] = np.zeros(owned.shape)
     assert tuple(parts) == KERNEL_PARTS
     ns_s, tp_s, issue_s = both("ns_s"), both("tp_s"), kernels * timer.issue_s
     total_s = np.maximum(ns_s + ew_s + tp_s, issue_s)  # RankWork.step_s for every GPU class at once
-    keep = slice(None)
-    if b.critical_only:  # the slowest class alone (the first of equals, as max() picks it)
-        at = int(np.argmax(total_s))
-        keep = slice(at, at + 1)
-    # the columns as they are: each RankWork is built when first read (RankTable)
-    ints = np.stack([first, counts, dd, ee, owned, both("muon_items")]).astype(np.int64)[:, keep]
-    floats = np.stack([both("flops"), ns_s, ew_s, tp_s, issue_s, total_s])[:, keep]
-    parts_rows = np.stack([np.asarray(v, dtype=np.float64) for v in parts.values()])[:, keep]
-    return RankTable(ints, floats, parts_rows)
+    # the columns as they are: each RankWork is built when first read (RankTable); stages × rows × classes
+    ints = np.empty((len(builders), 6, len(first)), dtype=np.int64)
+    ints[:, :4] = np.stack([first, counts, dd, ee])
+    ints[:, 4], ints[:, 5] = owned.astype(np.int64), both("muon_items").astype(np.int64)
+    floats = np.stack([both("flops"), ns_s, ew_s, tp_s, issue_s, total_s], axis=1)
+    parts_rows = np.stack(list(parts.values()), axis=1)  # float64 each
+    tables = []
+    for at, x in enumerate(builders):
+        keep = slice(None)
+        if x.critical_only:  # the slowest class alone (the first of equals, as max() picks it)
+            top = int(np.argmax(total_s[at]))
+            keep = slice(top, top + 1)
+        tables.append(RankTable(ints[at][:, keep], floats[at][:, keep], parts_rows[at][:, keep]))
+    return tables

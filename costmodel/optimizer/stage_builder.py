@@ -22,7 +22,6 @@ its expert-role work (see :mod:`costmodel.optimizer.plan_types`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -404,7 +403,8 @@ class StageBuilder:
         self.extra_calls.append(CollectiveCall("all_reduce", "embd", 2, self.grad_dtype, numel * self.gb, 1,
                                                "embedding_grad"))
 
-    def finish(self, rank_work: Callable[[StageBuilder], RankTable]) -> StageOptimizerPlan:
+    def finish(self, ranks: RankTable) -> StageOptimizerPlan:
+        """The stage's plan, ``ranks`` being its GPU classes' work (:func:`rank_work.rank_works` of this builder)."""
         self.buckets.sort(key=lambda kb: kb[0])
         # the field values of each distinct bucket, made once (a layer-wise expert buffer's buckets are alike)
         distinct: dict[tuple, Bucket] = {}
@@ -444,7 +444,6 @@ class StageBuilder:
                           owner=np.concatenate(r.owners) if r.owners else np.zeros(0, dtype=np.int64),
                           name_parts=tuple(r.name_parts), call_parts=tuple(r.call_parts))
             for r in self.roles.values())
-        ranks = rank_work(self)
         g = self.grid
         proto = StageOptimizerPlan(stage=self.stage, buckets=buckets, ranks=ranks, collectives=(),
                                    padding_overhead=padding, tp=g.tp, etp=g.etp, ep=g.ep, roles=roles,
