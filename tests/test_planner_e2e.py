@@ -53,6 +53,52 @@ def test_fast_analytic_equals_run_analytic(default_scenario) -> None:
     assert shared.plan_builds == 1
 
 
+def test_plans_do_not_read_the_plan_independent_factors(default_scenario) -> None:
+    """Each factor the engine's plan cache ignores (``PLAN_INDEPENDENT_FACTORS``), halved (a host
+    overhead doubled), leaves the optimizer plan as it was: the same buckets, collectives and their
+    seconds, GPU classes and their seconds (Kimi K2, MXFP8: Muon legacy with distributed TP, Muon
+    layer-wise, AdamW); a factor the plan does read (``newton_schulz_gemm``) changes it."""
+    from costmodel.optimizer.plan import build_optimizer_plan
+    from costmodel.planner.fast_analytic import PLAN_INDEPENDENT_FACTORS
+
+    def view(plan):
+        return [(s.buckets, s.collectives, tuple(s.collective_times_s), s.ranks, s.max_rank_s) for s in plan.stages]
+
+    cands = [Candidate(2, 4, 2, 1, 32, 1, 1, "none", "muon", "legacy", None, "distributed", "lpt", True),
+             Candidate(1, 4, 2, 1, 64, 1, 1, "none", "muon", "layer_wise", "current", None, "lpt", True),
+             Candidate(2, 2, 1, 1, 64, 2, 1, "none", "adamw", "element_wise")]
+    system = default_scenario.system
+    for cand in cands:
+        sc = build_scenario(default_scenario, cand)
+        nominal = view(build_optimizer_plan(sc, critical_only=True))
+        for name in PLAN_INDEPENDENT_FACTORS:
+            value = getattr(system.efficiency, name)
+            changed = system.with_efficiency(**{name: value * (2.0 if name.endswith("_s") else 0.5)})
+            assert view(build_optimizer_plan(dataclasses.replace(sc, system=changed), critical_only=True)) == nominal, \
+                (cand.label(), name)
+        slower = system.with_efficiency(newton_schulz_gemm=system.efficiency.newton_schulz_gemm * 0.5)
+        if cand.optimizer == "muon":
+            assert view(build_optimizer_plan(dataclasses.replace(sc, system=slower), critical_only=True)) != nominal
+
+
+def test_fast_analytic_shares_plans_across_plan_independent_factors(default_scenario) -> None:
+    """A system differing only in plan-independent factors reuses the plan and gives the step time
+    a fresh engine gives; one differing in a factor the plan reads builds its own."""
+    shared = FastAnalytic()
+    cand = Candidate.from_scenario(default_scenario)
+    sc = build_scenario(default_scenario, cand)
+    shared.step(sc)
+    eff = sc.system.efficiency
+    drawn = sc.system.with_efficiency(gemm_bf16=eff.gemm_bf16 * 0.9, attention=eff.attention * 1.1,
+                                      layer_host_s=eff.layer_host_s * 1.5)
+    perturbed = dataclasses.replace(sc, system=drawn)
+    assert shared.step(perturbed) == FastAnalytic().step(perturbed)
+    assert shared.step(perturbed)[0] != shared.step(sc)[0]
+    assert shared.plan_builds == 1
+    shared.step(dataclasses.replace(sc, system=sc.system.with_efficiency(newton_schulz_gemm=eff.newton_schulz_gemm * 0.9)))
+    assert shared.plan_builds == 2
+
+
 def test_critical_only_plan_keeps_the_slowest_gpu_class(default_scenario) -> None:
     """The planner's plans keep each stage's slowest GPU class alone: the same RankWork (the first
     of equals, as ``max`` picks it), the same buckets and collectives as the full plan's."""

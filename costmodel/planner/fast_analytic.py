@@ -6,10 +6,10 @@ the engine), the optimizer plan (cached under a key of the *whole* scenario) and
 thousands of candidates that differ in settings the optimizer plan does not depend on
 (micro-batch size, recompute, context parallelism at fixed dp×cp, hiding). :class:`FastAnalytic`
 keys plans by exactly what :func:`costmodel.optimizer.plan.build_optimizer_plan` reads (model,
-system, sizes tp/pp/vpp/ep/etp, dp×cp and expert-dp, the placement shapes of the groups the plan
-times, the optimizer settings except hiding, which only the engines read) and passes the shared
-plan to ``build_step_structure(scenario, plan=...)``; the timing is the engine's own
-``analytic_timing``. A test holds it equal to ``run_analytic`` on sampled candidates.
+system but its :data:`PLAN_INDEPENDENT_FACTORS`, sizes tp/pp/vpp/ep/etp, dp×cp and expert-dp, the
+placement shapes of the groups the plan times, the optimizer settings except hiding, which only
+the engines read) and passes the shared plan to ``build_step_structure(scenario, plan=...)``; the
+timing is the engine's own ``analytic_timing``. A test holds it equal to ``run_analytic`` on sampled candidates.
 
 :meth:`FastAnalytic.pipeline_bound_s` is the step time without any optimizer work (an empty
 plan): the engine's forward/backward phase. The analytic step is that phase plus non-negative
@@ -31,6 +31,17 @@ if TYPE_CHECKING:
 
 PLAN_GROUPS = ("dp", "expert_dp", "tp", "etp", "ep", "embd")  # groups whose collectives the optimizer plan times
 
+PLAN_INDEPENDENT_FACTORS = ("attention", "gemm_bf16", "gemm_fp8", "gemm_fp4", "grouped_gemm", "layer_host_s",
+                            "moe_host_s", "alltoall_bandwidth")
+"""Efficiency factors the optimizer plan never reads (neither to build it nor to time its kernels and
+collectives): the model GEMMs' and attention's compute factors (the plan's matmuls are Newton-Schulz
+GEMMs at ``newton_schulz_gemm``, its other kernels memory-bound), the per-layer host overheads of
+the forward/backward passes, and the all-to-all rate (the plan times no all-to-all). Plans are shared
+between systems that differ only in these: the sensitivity's draws perturb such factors (the
+calibration's fitted uncertainties of the GEMM, attention, host and all-to-all factors) and rebuilt
+the same plans for every draw (two thirds of a draw's time). A test perturbs each of them and holds
+the plans equal; a draw perturbing a factor the plan reads still gets plans of its own."""
+
 
 def _breakdown_terms(breakdown: Any) -> tuple[tuple[str, float], ...]:
     terms = [("compute", breakdown.compute), ("pipeline_bubble", breakdown.pipeline_bubble)]
@@ -50,6 +61,20 @@ class FastAnalytic:
         self._plans: OrderedDict[tuple[Any, ...], OptimizerPlan] = OrderedDict()
         self.plan_builds = 0
         self.fast_bound = True
+        self._plan_systems: dict[int, tuple[Any, Any]] = {}  # id(system) -> (system, its plan_system)
+
+    def plan_system(self, system: Any) -> Any:
+        """``system`` with the :data:`PLAN_INDEPENDENT_FACTORS` blanked: what the optimizer plan
+        reads of it (a key only, never priced; memoised per system object)."""
+        hit = self._plan_systems.get(id(system))
+        if hit is not None and hit[0] is system:
+            return hit[1]
+        eff = system.efficiency.model_copy(update=dict.fromkeys(PLAN_INDEPENDENT_FACTORS, 0.0))
+        keyed = system.model_copy(update={"efficiency": eff})
+        if len(self._plan_systems) >= 64:
+            self._plan_systems.clear()
+        self._plan_systems[id(system)] = (system, keyed)
+        return keyed
 
     def plan_key(self, scenario: Scenario) -> tuple[Any, ...]:
         """Everything the optimizer plan of ``scenario`` depends on."""
@@ -59,7 +84,7 @@ class FastAnalytic:
         placement = placement_for(scenario)
         shapes = tuple(placement.shape(k) for k in PLAN_GROUPS)
         spec = c.optimizer.model_copy(update={"hide_param_gather": False})
-        return (scenario.model, scenario.system, c.gpus, c.precision, c.placement, p.tp, p.pp, p.vpp, p.ep, p.expert_tp,
+        return (scenario.model, self.plan_system(scenario.system), c.gpus, c.precision, c.placement, p.tp, p.pp, p.vpp, p.ep, p.expert_tp,
                 scenario.dp * p.cp, scenario.expert_dp, p.stage_split, spec, shapes)
 
     def plan(self, scenario: Scenario) -> OptimizerPlan:
