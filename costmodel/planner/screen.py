@@ -34,6 +34,7 @@ from typing import Any
 
 from costmodel.planner.evaluate import Evaluation
 from costmodel.planner.pool import TaskPool, evaluator
+from costmodel.planner.rounds import RoundRunner
 from costmodel.planner.space import Candidate, Group
 
 Progress = Callable[[str, int, int], None]
@@ -41,6 +42,7 @@ BOUND_TOLERANCE = 1e-9  # relative slack when checking a bound against a real ti
 CHUNK = 256  # layouts per bound task
 REP_TRIES = 3  # members timed per group before expanding it, when ranking the reference
 BATCH_PER_JOB = 8  # groups popped per worker and round of the best-first search
+AHEAD_ROUNDS = 2  # rounds of groups handed to the pool ahead of need (RoundRunner); Kimi K2 / 256 GPUs: all used
 
 
 @dataclass(slots=True)
@@ -343,9 +345,15 @@ class Screen:
     def _best_first(self, limit: Callable[[], float], label: str,
                     decide: Callable[[GroupState], bool] | None = None, only: set[int] | None = None) -> int:
         """Expand groups in bound order while bound < limit(); ``decide`` may skip a group (True =
-        settled without expanding, after its representative). Returns the number expanded."""
+        settled without expanding, after its representative). Returns the number expanded.
+
+        Without ``decide`` and with several workers, the groups the next round would pop as things
+        stand are handed to the pool behind each round's tasks (:class:`RoundRunner`): the rounds
+        and their decisions are the same, the workers no longer wait between them."""
         heap = self._open(limit, only)
         batch_size = BATCH_PER_JOB * self.pool.jobs
+        runner = RoundRunner(self.pool, task_round)
+        ahead = decide is None and self.pool.jobs > 1
         done = expanded = 0
         while heap and heap[0][0] < limit():
             bounds: list[tuple[Any, ...]] = []
@@ -360,30 +368,64 @@ class Screen:
                     reps.append((i, self._preferred(s.group), limit(), REP_TRIES))
                 elif decide is None or not decide(s):
                     full.append((i, s.group))
-            # one stream for the three kinds of task: no barrier between them (in process: this order).
-            # The bounds are of layouts none of this round's groups belongs to (those have their own),
-            # so applying them before, after or between the members' results gives the same states.
             units = list(dict.fromkeys(bounds))
-            tasks: list[tuple[str, list[Any]]] = [("bounds", t) for t in self._bound_tasks(units)]
-            tasks += [("reps", t) for t in self._tasks(reps)] + [("expand", t) for t in self._tasks(full)]
-            for kind, results in self.pool.map(task_round, tasks):
-                if kind == "bounds":
-                    for i, bound, failure in results:
-                        self._set_bound(self.states[i].group.layout_key, bound, failure)
-                    continue
-                for i, timed, failure in results:
-                    self._apply_members(i, timed, failure, expanded=kind == "expand")
+            firsts = [self._units[u][0] for u in units]
+            runner.submit(self._round_tasks([u for u, i in zip(units, firsts, strict=True)
+                                             if not runner.known(("bounds", i))],
+                                            reps, [g for g in full if not runner.known(("expand", g[0]))]))
+            if ahead:
+                runner.submit(self._tasks_ahead(heap, limit(), AHEAD_ROUNDS * batch_size, runner))
+            # one round's results, applied bounds first, then representatives, then expansions.
+            # The bounds are of layouts none of this round's groups belongs to (those have their
+            # own), so applying them before, after or between the members' results gives the same states.
+            got = runner.take([("bounds", i) for i in firsts] + [("reps", r[0]) for r in reps]
+                              + [("expand", g[0]) for g in full])
+            for i in firsts:
+                _, bound, failure = got[("bounds", i)]
+                self._set_bound(self.states[i].group.layout_key, bound, failure)
+            for kind, items in (("reps", reps), ("expand", full)):
+                for item in items:
+                    _, timed, failure = got[(kind, item[0])]
+                    self._apply_members(item[0], timed, failure, expanded=kind == "expand")
             if units:
                 self.progress("pipeline bounds (recompute)", len(units), len(units))
             expanded += len(full)
             done += len(reps) + len(full)
             for i in {*(item[0] for item in reps), *(item[0] for item in full)} | {
-                    j for u in dict.fromkeys(bounds) for j in self._units[u]}:
+                    j for u in units for j in self._units[u]}:
                 s = self.states[i]
                 if not s.expanded and s.failure is None and s.bound_s < limit():
                     heapq.heappush(heap, (s.bound_s, i))
             self.progress(label, done, done + len(heap))
+        runner.finish()  # work done ahead and not needed: the pool is free for the next pass
         return expanded
+
+    def _round_tasks(self, units: list[tuple[Any, ...]], reps: list[tuple[int, Group, float, int]],
+                     full: list[tuple[int, Group]]) -> list[tuple[str, list[Any]]]:
+        """One stream for the three kinds of task of a round: no barrier between them."""
+        return ([("bounds", t) for t in self._bound_tasks(units)] + [("reps", t) for t in self._tasks(reps)]
+                + [("expand", t) for t in self._tasks(full)])
+
+    def _tasks_ahead(self, heap: list[tuple[float, int]], limit_s: float, batch_size: int,
+                     runner: RoundRunner) -> list[tuple[str, list[Any]]]:
+        """The tasks of the groups the next round pops if this round moves neither the threshold nor
+        any bound (the next ``batch_size`` heap entries below ``limit_s``), less those already known.
+        The heap is left as it was (entries popped and pushed back: the same pops follow)."""
+        peeked: list[tuple[float, int]] = []
+        while heap and heap[0][0] < limit_s and len(peeked) < batch_size:
+            peeked.append(heapq.heappop(heap))
+        for entry in peeked:
+            heapq.heappush(heap, entry)
+        units: list[tuple[Any, ...]] = []
+        full: list[tuple[int, Group]] = []
+        for _, i in peeked:
+            s = self.states[i]
+            if not s.own_bound:
+                if not runner.known(("bounds", self._units[s.group.layout_key][0])):
+                    units.append(s.group.layout_key)
+            elif not s.expanded and not runner.known(("expand", i)):
+                full.append((i, s.group))
+        return self._round_tasks(list(dict.fromkeys(units)), [], list({i: (i, g) for i, g in full}.values()))
 
     def _preferred(self, group: Group) -> Group:
         """The group with its optimizer choices ordered by how often each won an expanded group."""
