@@ -6,9 +6,10 @@ move). Run one round at a time, the two workers sat idle between rounds and at t
 round's few uneven tasks (Kimi K2 on 256 GPUs: 108 rounds of 3 tasks, the workers 55-70 % busy).
 
 :class:`RoundRunner` lets the search hand the pool, right behind a round's tasks, the tasks of the
-groups the next round will most likely pop (the next entries of the heap). A task's result depends
-only on its item (a layout's pipeline bound, or every member of a group: pure functions of the
-group and the installed evaluator, whose caches only memoise), so a round that does pop a group
+groups the next rounds will most likely pop (the next entries of the heap). A task's result depends
+only on its item (a layout's pipeline bound, every member of a group, or a group's representative
+members for the preference order and target its id holds: pure functions of the item and the
+installed evaluator, whose caches only memoise), so a round that does pop a group
 computed ahead takes that result instead of submitting it again; one it does not pop leaves an
 unused result. The search's decisions, and so every plan, count and statistic it reports, are
 those of the one-round-at-a-time search; only when the work runs changes (and a little work,
