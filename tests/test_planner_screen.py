@@ -186,3 +186,50 @@ def test_des_runs_longest_first_with_the_same_answer(default_scenario) -> None:
     assert len(order) >= 6 and len(set(passes)) > 1 and passes == sorted(passes, reverse=True)
     head = [r for r in res.ranking if r.des_step_time_s is not None]
     assert [r.des_step_time_s for r in head] == sorted(r.des_step_time_s for r in head)  # re-ranked by DES time
+
+
+_TIMING_STATS = {"screening_wall_s", "engine_calls_per_s", "candidates_per_s", "des_wall_s", "sensitivity_wall_s",
+                 "total_wall_s"}
+
+
+@pytest.mark.parametrize("rank_limits", [{}, {"max_rank_expansions": 2}, {"max_rank_evaluations": 10}])
+def test_working_ahead_makes_the_same_search(default_scenario, monkeypatch, rank_limits) -> None:
+    """Groups handed to the workers rounds ahead change when work runs, not what the search decides:
+    the same plans, reference rank (exact, or range and estimate when the expansions or evaluations
+    run out), counts (groups expanded, members evaluated, bounds) and pareto front as a search that
+    waits for each round before handing out the next. (Here both passes expand groups: 62 for the
+    list, 133 / 2 / 7 to rank the reference.)"""
+    import costmodel.planner.screen as screen
+
+    ahead = _plan(default_scenario, top_k=2, jobs=2, limit=6, **rank_limits).result
+    monkeypatch.setattr(screen, "AHEAD_ROUNDS", 0)
+    waiting = _plan(default_scenario, top_k=2, jobs=2, limit=6, **rank_limits).result
+    assert [_key(r) for r in ahead.ranking] == [_key(r) for r in waiting.ranking]
+    assert ahead.reference == waiting.reference
+    assert [_key(r) for r in ahead.pareto_front] == [_key(r) for r in waiting.pareto_front]
+    counts = {k: v for k, v in vars(ahead.stats).items() if k not in _TIMING_STATS}
+    assert counts == {k: v for k, v in vars(waiting.stats).items() if k not in _TIMING_STATS}
+    assert counts["groups_expanded"] > 0
+
+
+def _square(task):
+    kind, items = task
+    return kind, [(i, i * i) for i, in items]
+
+
+def test_round_runner_hands_back_results_by_key() -> None:
+    from costmodel.planner.pool import TaskPool
+    from costmodel.planner.rounds import RoundRunner
+
+    with TaskPool(2) as pool:
+        runner = RoundRunner(pool, _square)
+        runner.submit([("a", [(1,), (2,)]), ("b", [(3,)])])
+        runner.submit([("a", [(4,)])])  # ahead of need
+        assert runner.known(("a", 4)) and not runner.known(("b", 4))
+        assert runner.take([("a", 2), ("b", 3)]) == {("a", 2): (2, 4), ("b", 3): (3, 9)}
+        assert runner.take([("a", 4)]) == {("a", 4): (4, 16)}
+        assert runner.known(("a", 1)) and not runner.known(("a", 2))  # taken results are forgotten
+        with pytest.raises(KeyError):
+            runner.take([("c", 1)])
+        runner.finish()
+        assert not runner.known(("a", 1))

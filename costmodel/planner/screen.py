@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from costmodel.planner.evaluate import Evaluation
-from costmodel.planner.pool import TaskPool, evaluator
+from costmodel.planner.pool import TaskPool
+from costmodel.planner.rounds import RoundRunner
+from costmodel.planner.screen_tasks import task_bounds, task_first_bounds, task_round
 from costmodel.planner.space import Candidate, Group
 
 Progress = Callable[[str, int, int], None]
@@ -41,6 +43,7 @@ BOUND_TOLERANCE = 1e-9  # relative slack when checking a bound against a real ti
 CHUNK = 256  # layouts per bound task
 REP_TRIES = 3  # members timed per group before expanding it, when ranking the reference
 BATCH_PER_JOB = 8  # groups popped per worker and round of the best-first search
+AHEAD_ROUNDS = 2  # rounds of groups handed to the pool ahead of need (RoundRunner); Kimi K2 / 256 GPUs: all used
 
 
 @dataclass(slots=True)
@@ -78,19 +81,7 @@ class ScreenResult:
     candidates_unexamined: int = 0  # members of groups neither expanded, infeasible nor proven slower
 
 
-# ----------------------------------------------------------------------------- worker tasks
-def task_bounds(items: list[tuple[int, Group]]) -> list[tuple[int, float, Evaluation | None]]:
-    """Pipeline bounds of layouts (one group stands for its layout and recompute mode)."""
-    ev = evaluator("screen")
-    return [(i, *ev.bound(g.candidates()[0])) for i, g in items]
-
-
-def task_first_bounds(cands: list[Candidate]) -> list[tuple[tuple[Any, ...], float, Evaluation | None]]:
-    """Pipeline bounds of layouts given by one candidate each: (layout key, bound, failure)."""
-    ev = evaluator("screen")
-    return [(((c.tp, c.pp, c.vpp, c.cp, c.ep, c.etp, c.mbs), c.recompute), *ev.bound(c)) for c in cands]
-
-
+# ----------------------------------------------------------------------------- the first bound pass
 def bound_order(structure: tuple[int, ...]) -> tuple[int, ...]:
     """Sort key of the bound passes: neighbouring layouts share per-layer costs (the engine caches
     them): tp, cp, mbs, ep and etp slowest (a layer's operations), then pp (its micro-batch count),
@@ -122,63 +113,6 @@ def _shape_chunks(ordered: list[Candidate]) -> list[list[Candidate]]:
             last = key
         chunks[-1].append(c)
     return chunks
-
-
-def _smallest_failure(failures: list[Evaluation]) -> Evaluation | None:
-    ooms = [f for f in failures if f.status == "oom"]
-    return min(ooms, key=lambda f: f.memory_bytes) if ooms else (failures[0] if failures else None)
-
-
-def task_expand(items: list[tuple[int, Group]]) -> list[tuple[int, list[Evaluation], Evaluation | None]]:
-    """Every member of each group: (index, timed members, why none fits if none does).
-
-    When the first member shows that the layout's optimizer-independent memory (weights, gradients,
-    activations) exceeds the budget, no other member is evaluated.
-    """
-    ev = evaluator("screen")
-    out: list[tuple[int, list[Evaluation], Evaluation | None]] = []
-    for i, g in items:
-        cands = g.candidates()
-        first = ev.evaluate(cands[0], memory_only=True)
-        if first.status != "ok" and (first.status != "oom" or ev.floor_exceeds_budget(cands[0])):
-            out.append((i, [], first))
-            continue
-        results = [ev.evaluate(c) for c in cands]
-        timed = [r for r in results if r.timed]
-        out.append((i, timed, None if timed else _smallest_failure(results)))
-    return out
-
-
-def task_representative(items: list[tuple[int, Group, float, int]]) -> list[tuple[int, list[Evaluation], Evaluation | None]]:
-    """Members of each group in its preference order: fitting ones are timed until one is faster
-    than the target or ``tries`` were timed; returns (index, timed members, why none fits)."""
-    ev = evaluator("screen")
-    out = []
-    for i, g, target, tries in items:
-        failures: list[Evaluation] = []
-        timed: list[Evaluation] = []
-        for c in g.candidates():
-            r = ev.evaluate(c, memory_only=True)
-            if r.status == "ok":
-                timed.append(ev.evaluate(c))
-                if timed[-1].step_time_s < target or len(timed) >= tries:
-                    break
-                continue
-            failures.append(r)
-            if r.status != "oom" or ev.floor_exceeds_budget(c):
-                break
-        out.append((i, timed, None if timed else _smallest_failure(failures)))
-    return out
-
-
-def task_round(item: tuple[str, list[Any]]) -> tuple[str, list[Any]]:
-    """A task of one best-first round: ``("bounds", layouts)``: :func:`task_bounds`; ``("expand",
-    groups)``: :func:`task_expand`; ``("reps", groups)``: :func:`task_representative` (the kind
-    comes back with the results)."""
-    kind, items = item
-    if kind == "bounds":
-        return kind, task_bounds(items)
-    return kind, (task_expand(items) if kind == "expand" else task_representative(items))
 
 
 # ----------------------------------------------------------------------------- the screen
@@ -340,16 +274,22 @@ class Screen:
         heapq.heapify(heap)
         return heap
 
-    def _best_first(self, limit: Callable[[], float], label: str,
-                    decide: Callable[[GroupState], bool] | None = None, only: set[int] | None = None) -> int:
+    def _best_first(self, limit: Callable[[], float], label: str, decide: Callable[[GroupState], bool] | None = None,
+                    only: set[int] | None = None, likely: Callable[[GroupState], bool] | None = None) -> int:
         """Expand groups in bound order while bound < limit(); ``decide`` may skip a group (True =
-        settled without expanding, after its representative). Returns the number expanded."""
+        settled without expanding, after its representative). Returns the number expanded.
+
+        With several workers, the groups the next rounds would pop as things stand are handed to the
+        pool behind each round's tasks (:class:`RoundRunner`; with ``decide``, those ``likely`` says
+        it will expand): the rounds and their decisions are the same, the workers no longer wait."""
         heap = self._open(limit, only)
         batch_size = BATCH_PER_JOB * self.pool.jobs
+        runner = RoundRunner(self.pool, task_round)
+        ahead = (decide is None or likely is not None) and self.pool.jobs > 1
         done = expanded = 0
         while heap and heap[0][0] < limit():
             bounds: list[tuple[Any, ...]] = []
-            reps: list[tuple[int, Group, float, int]] = []
+            reps: list[tuple[tuple[Any, ...], Group, float, int]] = []  # id: (index, choices, target)
             full: list[tuple[int, Group]] = []
             while heap and heap[0][0] < limit() and len(bounds) + len(reps) + len(full) < batch_size:
                 _, i = heapq.heappop(heap)
@@ -357,33 +297,81 @@ class Screen:
                 if not s.own_bound:
                     bounds.append(s.group.layout_key)
                 elif decide is not None and s.rep is None:
-                    reps.append((i, self._preferred(s.group), limit(), REP_TRIES))
+                    reps.append(self._rep_item(i, limit()))
                 elif decide is None or not decide(s):
                     full.append((i, s.group))
-            # one stream for the three kinds of task: no barrier between them (in process: this order).
-            # The bounds are of layouts none of this round's groups belongs to (those have their own),
-            # so applying them before, after or between the members' results gives the same states.
             units = list(dict.fromkeys(bounds))
-            tasks: list[tuple[str, list[Any]]] = [("bounds", t) for t in self._bound_tasks(units)]
-            tasks += [("reps", t) for t in self._tasks(reps)] + [("expand", t) for t in self._tasks(full)]
-            for kind, results in self.pool.map(task_round, tasks):
-                if kind == "bounds":
-                    for i, bound, failure in results:
-                        self._set_bound(self.states[i].group.layout_key, bound, failure)
-                    continue
-                for i, timed, failure in results:
-                    self._apply_members(i, timed, failure, expanded=kind == "expand")
+            firsts = [self._units[u][0] for u in units]
+            runner.submit(self._round_tasks([u for u, i in zip(units, firsts, strict=True)
+                                             if not runner.known(("bounds", i))],
+                                            [r for r in reps if not runner.known(("reps", r[0]))],
+                                            [g for g in full if not runner.known(("expand", g[0]))]))
+            if ahead:
+                runner.submit(self._tasks_ahead(heap, limit(), AHEAD_ROUNDS * batch_size, runner, likely))
+            # one round's results, applied bounds first, then representatives, then expansions.
+            # The bounds are of layouts none of this round's groups belongs to (those have their
+            # own), so applying them before, after or between the members' results gives the same states.
+            got = runner.take([("bounds", i) for i in firsts] + [("reps", r[0]) for r in reps]
+                              + [("expand", g[0]) for g in full])
+            for i in firsts:
+                _, bound, failure = got[("bounds", i)]
+                self._set_bound(self.states[i].group.layout_key, bound, failure)
+            for r in reps:
+                _, timed, failure = got[("reps", r[0])]
+                self._apply_members(r[0][0], timed, failure, expanded=False)
+            for i, _ in full:
+                _, timed, failure = got[("expand", i)]
+                self._apply_members(i, timed, failure, expanded=True)
             if units:
                 self.progress("pipeline bounds (recompute)", len(units), len(units))
             expanded += len(full)
             done += len(reps) + len(full)
-            for i in {*(item[0] for item in reps), *(item[0] for item in full)} | {
-                    j for u in dict.fromkeys(bounds) for j in self._units[u]}:
+            for i in {*(item[0][0] for item in reps), *(item[0] for item in full)} | {
+                    j for u in units for j in self._units[u]}:
                 s = self.states[i]
                 if not s.expanded and s.failure is None and s.bound_s < limit():
                     heapq.heappush(heap, (s.bound_s, i))
             self.progress(label, done, done + len(heap))
+        runner.finish()  # work done ahead and not needed: the pool is free for the next pass
         return expanded
+
+    def _rep_item(self, i: int, target_s: float) -> tuple[tuple[Any, ...], Group, float, int]:
+        """The representative task item of group ``i``: its id holds what the result depends on."""
+        group = self._preferred(self.states[i].group)
+        return (i, group.choices, target_s), group, target_s, REP_TRIES
+
+    def _round_tasks(self, units: list[tuple[Any, ...]], reps: list[tuple[tuple[Any, ...], Group, float, int]],
+                     full: list[tuple[int, Group]]) -> list[tuple[str, list[Any]]]:
+        """One stream for the three kinds of task of a round: no barrier between them."""
+        return ([("bounds", t) for t in self._bound_tasks(units)] + [("reps", t) for t in self._tasks(reps)]
+                + [("expand", t) for t in self._tasks(full)])
+
+    def _tasks_ahead(self, heap: list[tuple[float, int]], limit_s: float, batch_size: int, runner: RoundRunner,
+                     likely: Callable[[GroupState], bool] | None) -> list[tuple[str, list[Any]]]:
+        """The tasks of the groups the next round pops if this round moves neither the threshold nor
+        any bound (the next ``batch_size`` heap entries below ``limit_s``), less those already known.
+        The heap is left as it was (entries popped and pushed back: the same pops follow)."""
+        peeked: list[tuple[float, int]] = []
+        while heap and heap[0][0] < limit_s and len(peeked) < batch_size:
+            peeked.append(heapq.heappop(heap))
+        for entry in peeked:
+            heapq.heappush(heap, entry)
+        units: list[tuple[Any, ...]] = []
+        full: list[tuple[int, Group]] = []
+        reps: dict[tuple[Any, ...], tuple[tuple[Any, ...], Group, float, int]] = {}
+        for _, i in peeked:
+            s = self.states[i]
+            if not s.own_bound:
+                if not runner.known(("bounds", self._units[s.group.layout_key][0])):
+                    units.append(s.group.layout_key)
+            elif likely is not None and s.rep is None:
+                item = self._rep_item(i, limit_s)
+                if not runner.known(("reps", item[0])):
+                    reps[item[0]] = item
+            elif not s.expanded and (likely is None or likely(s)) and not runner.known(("expand", i)):
+                full.append((i, s.group))
+        return self._round_tasks(list(dict.fromkeys(units)), list(reps.values()),
+                                 list({i: (i, g) for i, g in full}.values()))
 
     def _preferred(self, group: Group) -> Group:
         """The group with its optimizer choices ordered by how often each won an expanded group."""
@@ -442,7 +430,8 @@ class Screen:
             budget[0] -= 1
             return False
 
-        self._best_first(lambda: ref, "ranking the reference", decide=settled, only=only)
+        self._best_first(lambda: ref, "ranking the reference", decide=settled, only=only,
+                         likely=lambda s: budget[0] > 0 and not self._faster(s, ref))
         decided = [i for i in (only if only is not None else open_) if self._faster(self.states[i], ref)]
         undecided = [i for i in (only if only is not None else open_)
                      if not self._faster(self.states[i], ref) and self._might_beat(self.states[i], ref)]
