@@ -127,7 +127,7 @@ def layer_compute(scenario: Scenario, shape: RankShape, kind: str) -> LayerCompu
 
     Memoised on what the operations and their prices depend on (model, system, rank shape, kind,
     recompute, capture), not on the communication group shapes; only the MoE block
-    (:func:`workloads.operations._moe_mlp`) reads the rank shape's ep, etp and dispatcher, so layers
+    (:func:`workloads.layer_assembly._routed_experts`) reads the rank shape's ep, etp and dispatcher, so layers
     without one share their compute across expert layouts. Model and system are keyed by identity
     (:class:`~topologies.identity_memo.IdentityMemo`).
     """

@@ -23,7 +23,8 @@ from topologies.collectives import collective_cost
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from topologies.identity_memo import IdentityMemo
-from workloads.operations import KernelOptions, LayerOps, Operation, RankShape, layer_operations
+from workloads.layer_assembly import layer_operations
+from workloads.operations import KernelOptions, LayerOps, Operation, RankShape
 from workloads.stage_end_operations import embedding_operations, mtp_operations, output_operations
 
 if TYPE_CHECKING:

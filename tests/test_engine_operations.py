@@ -9,8 +9,9 @@ import pytest
 from costmodel.compute import gemm_efficiency, gemm_time_s, operation_time_s
 from topologies.hardware import load_system
 from workloads.flops import model_flop_terms
+from workloads.layer_assembly import layer_operations
 from workloads.models import load_model
-from workloads.operations import RankShape, layer_operations
+from workloads.operations import RankShape
 from workloads.stage_end_operations import output_operations
 
 

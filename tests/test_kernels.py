@@ -13,8 +13,9 @@ from costmodel.cuda_graphs import NO_GRAPHS, GraphCapture
 from costmodel.kernels import KernelSpec, StreamCost
 from costmodel.layer_costs import ops_time, pass_stream
 from topologies.hardware import load_system
+from workloads.layer_assembly import layer_operations
 from workloads.models import ModelSpec, load_model
-from workloads.operations import Operation, RankShape, layer_operations
+from workloads.operations import Operation, RankShape
 from workloads.runtime import RuntimeSettings
 
 SYSTEM = load_system("gb300-nvl72")

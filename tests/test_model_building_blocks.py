@@ -18,9 +18,10 @@ from topologies.inputs import UserInputError
 from topologies.placement import placement_for
 from workloads.flops import model_flop_terms
 from workloads.inventory import build_inventory
+from workloads.layer_assembly import layer_operations
 from workloads.memory import stage_memory
 from workloads.models import GqaAttention, ModelSpec
-from workloads.operations import RankShape, layer_operations
+from workloads.operations import RankShape
 from workloads.scenario import build_config
 
 H, L, F, V_PAD, POS = 512, 12, 2048, 50304, 1024

@@ -3,9 +3,11 @@
 - Bucket times (:func:`costmodel.step_structure._bucket_times`) are memoised on every
   :class:`~costmodel.optimizer.plan_types.Bucket` field but ``BUCKET_FIELDS_NOT_READ``: changing one
   of those must not change the times, and every other field is in the key.
-- A layer's attention block (:func:`workloads.operations._attention_ops`) is shared across expert
-  layouts: the attention and pre-MLP operations of a layer built at any ep / etp / dispatcher are
-  those of the layer built at ep = etp = 1, and the MoE block after them does change.
+- A layer's parts that read no expert layout field (:func:`workloads.layer_assembly._part_ops`: the
+  attention block with the pre-MLP norm, the router, the shared experts with the residual add) are
+  shared across expert layouts: the layer built at any ep / etp / dispatcher equals, operation by
+  operation, the one built afresh at that very shape without the memo, its shared parts are the
+  very objects of the layer built at ep = etp = 1, and the routed experts between them do change.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from costmodel.optimizer.plan_types import Bucket
 from costmodel.step_structure import BUCKET_FIELDS_NOT_READ, _bucket_cost_fields, _bucket_times
 from topologies.groups import GroupShape
 from topologies.hardware import load_system
-from workloads.models import load_model
-from workloads.operations import RankShape, _attention_block, _builder, layer_operations
+from workloads import layer_assembly as la
+from workloads.layer_assembly import layer_operations
+from workloads.models import ModelSpec, load_model
+from workloads.operations import LayerOps, RankShape, _attention_block, _builder
 
 NOT_READ_VALUES = {"stage": 7, "used_numel": 3, "kind": "layer_wise", "param_dtype": "fp8"}
 
@@ -47,6 +51,35 @@ def test_bucket_key_covers_every_field_the_times_read() -> None:
         if changed is None:
             changed = {"dp_group": "expert_dp", "reduce_op": "all_reduce", "gather_op": "all_gather_v"}[name]
         assert _bucket_cost_fields(dataclasses.replace(b, **{name: changed})) != key, name
+
+
+def _fresh_moe_layer(model: ModelSpec, shape: RankShape, recompute: str) -> tuple[LayerOps, tuple[int, ...]]:
+    """The MoE layer built at ``shape`` part by part without the memo, and where each part ends in
+    the forward pass (attention, router, routed experts, shared experts)."""
+    b = _builder(model, shape)
+    ends = []
+    for part in (la._attention, la._router, la._routed_experts, la._moe_tail):
+        part(b, model)
+        ends.append(len(b.fwd))
+    return b.build(recompute, ("core_attn", "moe_act")), tuple(ends)
+
+
+@pytest.mark.parametrize("model_name", ["kimi-k2", "deepseek-v3", "qwen3-30b-a3b"])
+def test_expert_free_parts_are_shared_across_expert_layouts(model_name: str) -> None:
+    model = load_model(model_name)
+    base = RankShape(micro_batch_size=1, seq_length=4096, tp=2, sequence_parallel=True, precision="mxfp8")
+    for recompute in ("none", "selective", "full"):
+        ref = layer_operations(model, base, moe=True, recompute=recompute, recompute_modules=("core_attn", "moe_act"))
+        for ep, etp, dispatcher in ((8, 1, "flex"), (32, 2, "alltoall"), (4, 1, "allgather")):
+            shape = dataclasses.replace(base, ep=ep, etp=etp, moe_dispatcher=dispatcher)
+            fresh, (attn, router, routed, _) = _fresh_moe_layer(model, shape, recompute)
+            ops = layer_operations(model, shape, moe=True, recompute=recompute,
+                                   recompute_modules=("core_attn", "moe_act"))
+            assert ops == fresh  # every operation equal, in the same order (forward, backward)
+            assert [dataclasses.astuple(o) for o in ops.forward] == [dataclasses.astuple(o) for o in fresh.forward]
+            shared = [*range(router), *range(routed, len(ops.forward))]  # attention, router, shared experts
+            assert all(ops.forward[i] is ref.forward[i] for i in shared)
+            assert ops.forward[router:routed] != ref.forward[router:routed]  # experts per rank change
 
 
 @pytest.mark.parametrize("model_name", ["kimi-k2", "deepseek-v3", "qwen3-30b-a3b"])

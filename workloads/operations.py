@@ -88,11 +88,10 @@ settings; each our reading of Megatron-Core / Transformer Engine, marked assumpt
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 from topologies.hardware import TENSOR_CORE_CLASS
-from topologies.identity_memo import IdentityMemo
 from workloads.models import GqaAttention, MlaAttention, ModelSpec
 
 OpKind = Literal["gemm", "grouped_gemm", "attention", "elementwise", "quantize"]
@@ -341,6 +340,11 @@ class _Builder:
         stats = tokens * FP32_BYTES if self.layernorm else 0.0
         self.elementwise(name, "layernorm", 2.0 * tokens * width * ACT_BYTES + stats, kernels=(1, 2))
 
+    def extend(self, ops: tuple[tuple[Operation, ...], tuple[Operation, ...]]) -> None:
+        """Append (forward, backward) operations built elsewhere (:func:`_part_ops`)."""
+        self.fwd.extend(ops[0])
+        self.bwd.extend(ops[1])
+
     def build(self, recompute: str, modules: tuple[str, ...]) -> LayerOps:
         """The layer's operations, with recomputed forward work prepended to the backward."""
         replay: list[Operation] = []
@@ -415,77 +419,5 @@ def _dense_mlp(b: _Builder, model: ModelSpec, ffn: int, module: str, name: str) 
     b.gemm(f"{name}.linear_fc2", module, s.tokens, b.hidden, f)
 
 
-def _moe_mlp(b: _Builder, model: ModelSpec) -> None:
-    s, moe, h = b.shape, model.moe, model.hidden_size
-    assert moe is not None
-    tsp = s.sp_tokens
-    opt = s.options
-    if opt.router_dtype == "bf16":
-        b.gemm("router", "moe_router", tsp, moe.num_experts, h, low_precision=False, bias=False)
-    else:  # fp32 / fp64 router: cast the input, then an fp32 torch.mm (no TF32 by default)
-        b.elementwise("router.cast", "moe_router", tsp * h * (ACT_BYTES + 4), bwd_factor=1.0)
-        b.gemm("router", "moe_router", tsp, moe.num_experts, h, low_precision=False, tensor_class="fp32", bias=False)
-    b.elementwise("router_topk", "moe_router", 3.0 * tsp * moe.num_experts * 4,
-                  kernels=(3, 3) if opt.router_fusion else (8, 4))
-    b.elementwise("dispatch_preprocess", "moe_preprocess", 2.0 * tsp * moe.num_experts, 0.0, kernels=(4, 0))
-    pairs = tsp * moe.topk * s.etp
-    permute_kernels = (2.0, 1.0) if opt.permute_fusion else (5.0, 2.0)
-    if s.moe_dispatcher == "allgather":  # select the local pairs among the tokens gathered over etp·ep
-        b.elementwise("permute", "moe", 2.0 * pairs * h * ACT_BYTES, kernels=permute_kernels)
-    else:
-        b.elementwise("permute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES, kernels=permute_kernels)
-    if opt.dispatcher_host_sync:  # the host waits for the token counts before the permutation / all-to-all
-        b.fwd[-1] = replace(b.fwd[-1], host_sync=True)
-    local_experts = max(moe.num_experts // s.ep, 1)
-    fe = moe.expert_ffn_hidden_size // s.etp
-    b.gemm("experts.linear_fc1", "moe", pairs, model.fc1_factor * fe, h, groups=local_experts)
-    _activation(b, model, "experts", "moe_act", pairs, fe, 1 if opt.grouped_gemm else local_experts)
-    b.gemm("experts.linear_fc2", "moe", pairs, h, fe, groups=local_experts)
-    if not opt.grouped_gemm:  # SequentialMLP: split the permuted tokens per expert, concatenate the outputs
-        b.elementwise("experts.cat", "moe", 2.0 * pairs * h * ACT_BYTES, bwd_factor=1.0)
-    unpermute_kernels = (1.0, 1.0) if opt.permute_fusion else (3.0, 3.0)
-    if s.moe_dispatcher == "allgather":  # zero the gathered output buffer, scatter-add the pairs into it
-        b.elementwise("unpermute", "moe", (tsp * s.ep * s.etp + 2.0 * pairs) * h * ACT_BYTES, kernels=unpermute_kernels)
-    else:
-        b.elementwise("unpermute", "moe", 2.0 * tsp * moe.topk * h * ACT_BYTES, kernels=unpermute_kernels)
-    if moe.shared_expert_ffn_hidden_size:
-        _dense_mlp(b, model, moe.shared_expert_ffn_hidden_size, "shared_experts", "shared_experts")
-
-
 def _builder(model: ModelSpec, shape: RankShape) -> _Builder:
     return _Builder(shape, model.hidden_size, layernorm=model.normalization == "layernorm", bias=model.add_bias_linear)
-
-
-# (forward, backward) operations of a layer's attention block and pre-MLP norm per rank shape without
-# its expert layout (model keyed by identity): the same for every expert layout (module docstring)
-_ATTENTION_OPS: IdentityMemo[tuple[tuple[Operation, ...], tuple[Operation, ...]]] = IdentityMemo(4096)
-
-
-def _attention_ops(model: ModelSpec, shape: RankShape) -> tuple[tuple[Operation, ...], tuple[Operation, ...]]:
-    """(forward, backward) operations of the attention block and the pre-MLP norm of a layer at
-    ``shape``, memoised on the shape with its expert fields (ep, etp, dispatcher) reset: only the MoE
-    block reads them (:func:`_moe_mlp`), so the layers of every expert layout share these objects
-    (and what is derived from them, such as their prices)."""
-    key = replace(shape, ep=1, etp=1, moe_dispatcher="flex")
-    hit = _ATTENTION_OPS.get(key, model)
-    if hit is None:
-        b = _builder(model, key)
-        _attention_block(b, model)
-        b.norm("pre_mlp_layernorm", key.sp_tokens, model.hidden_size)
-        hit = _ATTENTION_OPS.put((tuple(b.fwd), tuple(b.bwd)), key, model)
-    return hit
-
-
-def layer_operations(model: ModelSpec, shape: RankShape, moe: bool, recompute: str = "none",
-                     recompute_modules: tuple[str, ...] = ("core_attn",)) -> LayerOps:
-    """Operations of one transformer layer (attention + dense or MoE MLP) for one micro-batch."""
-    b = _builder(model, shape)
-    fwd, bwd = _attention_ops(model, shape)
-    b.fwd.extend(fwd)
-    b.bwd.extend(bwd)
-    if moe:
-        _moe_mlp(b, model)
-    else:
-        _dense_mlp(b, model, model.ffn_hidden_size, "mlp", "mlp")
-    b.elementwise("residual_add2", "mlp", 3.0 * shape.sp_tokens * model.hidden_size * ACT_BYTES)
-    return b.build(recompute, recompute_modules)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workloads.operations import ACT_BYTES, LayerOps, RankShape, _builder, layer_operations
+from workloads.layer_assembly import layer_operations
+from workloads.operations import ACT_BYTES, LayerOps, RankShape, _builder
 
 if TYPE_CHECKING:
     from workloads.models import ModelSpec
