@@ -215,10 +215,11 @@ def activation_bytes_by_stage(scenario: Scenario) -> tuple[float, ...]:
     return out
 
 
-def _all_stages_bytes(scenario: Scenario) -> tuple[float, ...]:
+def _all_stages_bytes(scenario: Scenario, share_chunks: bool = True) -> tuple[float, ...]:
     """:func:`activation_bytes_by_stage` computed: per stage, its chunks' bytes (:func:`_chunk_bytes`)
     times the micro-batches in flight, plus the recompute peak and, on the last stage, the loss.
-    Chunks of the same layer classes in the same order (a pipeline's middle stages) are summed once."""
+    Chunks of the same layer classes in the same order (a pipeline's middle stages) are summed once
+    (``share_chunks=False``: every chunk summed on its own, the definition a test holds this to)."""
     p, rt, model = scenario.par, scenario.runtime, scenario.model
     table = _layer_table(scenario, {})
     layout = _stage_chunk_layers(model.num_layers, p.pp, p.vpp, p.stage_split, model.mtp_layers)
@@ -231,7 +232,7 @@ def _all_stages_bytes(scenario: Scenario) -> tuple[float, ...]:
             first = min(offload, len(layers)) if c == 0 else 0
             rows = [table[i] for i in layers]
             key = (first, *map(id, rows))  # the rows are the table's per-class objects
-            hit = chunk_memo.get(key)
+            hit = chunk_memo.get(key) if share_chunks else None
             if hit is None:
                 hit = chunk_memo[key] = _chunk_bytes(scenario, list(layers), first, table=table)
             resident, recompute_peak, _ = hit
@@ -242,25 +243,6 @@ def _all_stages_bytes(scenario: Scenario) -> tuple[float, ...]:
         counts = _inflight(p.pp, p.vpp, stage, scenario.num_microbatches)
         out.append(sum(c * b for c, b in zip(counts, per_chunk, strict=True)) + extra)
     return tuple(out)
-
-
-def _stage_activation_bytes(scenario: Scenario, stage: int, table: list[LayerBytes] | None = None) -> float:
-    """Peak activation bytes per GPU on ``stage`` computed on its own (the definition
-    :func:`_all_stages_bytes` follows for every stage at once)."""
-    p, rt = scenario.par, scenario.runtime
-    chunks = _chunk_layers(scenario, stage)
-    offload = rt.cpu_offloading_num_layers if rt.cpu_offloading else 0
-    per_chunk, extra = [], 0.0
-    table = _layer_table(scenario, {}) if table is None else table
-    for c, layers in enumerate(chunks):
-        first = min(offload, len(layers)) if c == 0 else 0
-        resident, recompute_peak, _ = _chunk_bytes(scenario, layers, first, table=table)
-        per_chunk.append(resident)
-        extra = max(extra, recompute_peak)
-    if stage == p.pp - 1:
-        per_chunk[-1] += loss_activation_bytes(scenario)
-    counts = _inflight(p.pp, p.vpp, stage, scenario.num_microbatches)
-    return sum(c * b for c, b in zip(counts, per_chunk, strict=True)) + extra
 
 
 @lru_cache(maxsize=8192)
