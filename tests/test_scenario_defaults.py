@@ -251,3 +251,31 @@ def test_terminal_layout_source_drops_file_paths_and_refs_but_json_keeps_them() 
             "30 of 67 differ) and (PP4 DP64; blog) kept")
     assert without_path_groups(text) == "recipe, published run R with its settings and (PP4 DP64; blog) kept"
     assert without_path_groups("unbalanced (a/b") == "unbalanced (a/b"
+
+
+STALE_TOLERANCE = 0.02
+"""How far (relative) a search default's prediction may drift from the step time stored when it was
+generated before the entry counts as stale: past that, the model has changed enough that the stored
+layout may no longer be the planner's best."""
+
+
+def test_a_search_default_still_predicts_what_it_was_chosen_for(run_cli) -> None:
+    """A ``search`` entry is the best plan under the model that generated it, and its source states
+    the step time it had then. If the model moves that prediction by more than 2 %, the stored layout
+    is stale (it may no longer be the best plan, and ``predict --model M --system S`` would quietly
+    give users a layout the planner no longer picks): run ``python tools/scenario_defaults.py``."""
+    import re
+
+    stale, checked = [], 0
+    for e in load_table().entries:
+        found = re.search(r"([\d.]+) s/step when generated", e.source)
+        if e.kind != "search" or found is None:
+            continue
+        res = run_cli("predict", "--model", e.model, "--system", e.system, "--precision", e.precision.value, "--json")
+        assert res.exit_code == 0, res.output
+        now_s, then_s = json.loads(res.stdout)["step_time_s"], float(found.group(1))
+        checked += 1
+        if abs(now_s / then_s - 1) > STALE_TOLERANCE:
+            stale.append(f"{e.model} on {e.system} ({e.precision.value}): {then_s:.3f} s when generated, {now_s:.3f} s now")
+    assert checked >= 10
+    assert not stale, "stale search defaults (run python tools/scenario_defaults.py): " + "; ".join(stale)
