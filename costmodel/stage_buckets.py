@@ -104,21 +104,34 @@ def _stage_buckets(sp: StageOptimizerPlan, system: SystemSpec, placement, overla
         group_shapes[rep.reduce_group] = placement.shape(rep.reduce_group)
         if rep.instances > 1:
             group_shapes[rep.across_group] = placement.shape(rep.across_group)
-    times: dict[tuple, tuple[float, float, str, float, float, float, float, float]] = {}
-    for same, b in dict(zip(keys, ordered, strict=True)).items():  # one bucket per content: the times read only it
-        red, gat, prescale_s = _bucket_times(b, group_shapes, system)
-        times[same] = (red[0], gat[0], red[2], red[1], gat[1], float(b.grad_bytes),
-                       float(b.param_bytes * b.param_gathers) if b.gather_op else 0.0, prescale_s)
-    if overlap:  # the share of its chunk's (dp group's) gradients complete once the bucket's are
-        seen: dict[tuple[int, str], int] = {}
-        fractions = []
-        for key, n in zip(where, numel, strict=True):
-            done = seen[key] = seen.get(key, 0) + n
-            fractions.append(done / groups[key] if groups[key] else 1.0)
-    else:
-        fractions = [1.0] * len(ordered)
-    return tuple(BucketCost(c, g, h[0], h[1], h[2], f, h[3], h[4], h[5], h[6], h[7])
-                 for (c, g), h, f in zip(where, map(times.__getitem__, keys), fractions, strict=True))
+    # a run of alike buckets (one content at one chunk: a buffer of identical matrices) shares every
+    # field but its ready fraction; each content is priced once (its times read only the key fields)
+    times: dict[tuple, tuple[tuple[float, float, str], tuple[float, float, float, float, float]]] = {}
+    seen: dict[tuple[int, str], int] = {}
+    out = []
+    run_key: tuple | None = None
+    run_where: tuple[int, str] | None = None
+    head: tuple = ()
+    tail: tuple = ()
+    for b, key, at, n in zip(ordered, keys, where, numel, strict=True):
+        if at != run_where or key != run_key:  # a new run
+            h = times.get(key)
+            if h is None:
+                red, gat, prescale_s = _bucket_times(b, group_shapes, system)
+                h = times[key] = ((red[0], gat[0], red[2]), (red[1], gat[1], float(b.grad_bytes), float(
+                    b.param_bytes * b.param_gathers) if b.gather_op else 0.0, prescale_s))
+            head, tail, run_key, run_where = at + h[0], h[1], key, at
+        if overlap:  # the share of its chunk's (dp group's) gradients complete once the bucket's are
+            done = seen[at] = seen.get(at, 0) + n
+            total = groups[at]
+            fraction = done / total if total else 1.0
+        else:
+            fraction = 1.0
+        out.append(_NEW(BucketCost, head + (fraction,) + tail))  # BucketCost(chunk, group, ..., fraction, ...)
+    return tuple(out)
+
+
+_NEW = tuple.__new__  # what a named tuple's __new__ calls, without its Python-level frame
 
 
 # Bucket fields no bucket time reads (:func:`_bucket_times`; tests/test_speed_memo_keys.py checks it):

@@ -3,7 +3,8 @@ the memo key changes the answer when it matters, and a memoised answer is the on
 
 The key: the plan and the system (by identity), pp, the dp groups' placement shapes, the ``embd``
 shape and overlap. Each is perturbed on its own; the memoised answer must equal a fresh computation
-(every memo emptied) at the perturbed inputs.
+(every memo emptied) at the perturbed inputs. A stage's bucket costs, priced per run of alike
+buckets, equal the bucket-by-bucket definition.
 """
 
 from __future__ import annotations
@@ -99,3 +100,39 @@ def test_a_plan_without_a_stage_gives_it_no_parts(overlap: bool) -> None:
     plan = build_optimizer_plan(sc)
     parts = _fresh(plan, sc.par.pp + 1, sc.system, placement_for(sc), overlap)
     assert parts[-1] == sb.StageParts((), 0.0, 0.0, (0.0, 0.0, "nvlink"), 0.0)
+
+
+def _plain_stage_buckets(sp: Any, system: Any, placement: JobPlacement, overlap: bool) -> tuple[sb.BucketCost, ...]:
+    """The definition, bucket by bucket: in order, each bucket's own times and the share of its
+    chunk's (dp group's) elements complete once it is (1 without overlap)."""
+    ordered = sorted(sp.buckets, key=lambda b: b.order)
+    total: dict[tuple[int, str], int] = {}
+    for b in ordered:
+        total[(b.chunk, b.dp_group)] = total.get((b.chunk, b.dp_group), 0) + b.numel
+    shapes = {g: placement.shape(g) for g in {b.reduce_group for b in ordered} | {b.across_group for b in ordered}}
+    done: dict[tuple[int, str], int] = {}
+    out = []
+    for b in ordered:
+        red, gat, prescale_s = sb._bucket_times(b, shapes, system)
+        at = (b.chunk, b.dp_group)
+        done[at] = done.get(at, 0) + b.numel
+        fraction = (done[at] / total[at] if total[at] else 1.0) if overlap else 1.0
+        out.append(sb.BucketCost(b.chunk, b.dp_group, red[0], gat[0], red[2], fraction, red[1], gat[1],
+                                 float(b.grad_bytes), float(b.param_bytes * b.param_gathers) if b.gather_op else 0.0,
+                                 prescale_s))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("updates", [{"tp": 2, "pp": 8, "vpp": 1, "ep": 16}, {"pp": 4, "vpp": 2, "ep": 32, "etp": 1},
+                                     {"pp": 4, "optimizer": {"kind": "adamw"}}])
+def test_stage_buckets_are_the_bucket_by_bucket_definition(updates: dict) -> None:
+    sc = DEFAULT_SCENARIO.resolve().with_updates(**updates)
+    plan, placement = build_optimizer_plan(sc), placement_for(sc)
+    runs = 0
+    for sp in plan.stages:
+        for overlap in (True, False):
+            got = sb._stage_buckets(sp, sc.system, placement, overlap)
+            assert got == _plain_stage_buckets(sp, sc.system, placement, overlap)
+            assert all(type(b) is sb.BucketCost for b in got)
+        runs += sum(1 for a, b in zip(sp.buckets, sp.buckets[1:]) if sb._bucket_cost_fields(a) == sb._bucket_cost_fields(b))
+    assert runs > 0  # alike buckets in a row (a layer-wise buffer of identical matrices)
