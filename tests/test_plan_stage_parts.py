@@ -10,6 +10,7 @@ buckets, equal the bucket-by-bucket definition.
 from __future__ import annotations
 
 import copy
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -134,5 +135,5 @@ def test_stage_buckets_are_the_bucket_by_bucket_definition(updates: dict) -> Non
             got = sb._stage_buckets(sp, sc.system, placement, overlap)
             assert got == _plain_stage_buckets(sp, sc.system, placement, overlap)
             assert all(type(b) is sb.BucketCost for b in got)
-        runs += sum(1 for a, b in zip(sp.buckets, sp.buckets[1:]) if sb._bucket_cost_fields(a) == sb._bucket_cost_fields(b))
+        runs += sum(1 for a, b in pairwise(sp.buckets) if sb._bucket_cost_fields(a) == sb._bucket_cost_fields(b))
     assert runs > 0  # alike buckets in a row (a layer-wise buffer of identical matrices)
