@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING
 
 from costmodel.pipeline import p2p_exposed_s, pipeline_time_s
 from costmodel.report import Breakdown, StepReport
-from costmodel.step_structure import StageCost, StepStructure, bucket_views, build_step_structure
+from costmodel.stage_buckets import BucketViews, bucket_views
+from costmodel.step_structure import StageCost, StepStructure, build_step_structure
 
 if TYPE_CHECKING:
     from workloads.scenario import Scenario
@@ -56,13 +57,7 @@ class AnalyticTiming:
     pipeline_s: float
 
 
-def _chunk_prescale_s(stage: StageCost) -> dict[int, float]:
-    """Seconds of 1/dp gradient pre-scaling per chunk of ``stage`` (in its last backward; shared,
-    not to be changed)."""
-    return bucket_views(stage.buckets).prescale_by_chunk_s
-
-
-def _prescale_delays_s(st: StepStructure) -> list[list[float]]:
+def _prescale_delays_s(st: StepStructure, views: list[BucketViews]) -> list[list[float]]:
     """[stage][chunk]: how much later that chunk's last backward ends because of the overlapped 1/dp
     pre-scaling (Megatron's ``register_grad_ready`` → ``start_grad_sync`` on the compute stream).
 
@@ -70,23 +65,24 @@ def _prescale_delays_s(st: StepStructure) -> list[list[float]]:
     nv−1 down to 0, each waiting for the previous one's input gradient; a virtual stage's scaling
     kernels run inside that backward, before the gradient is sent on. So virtual stage ``v`` ends
     later by the scaling of every virtual stage ``≥ v`` (zeros without ``overlap_grad_reduce``:
-    the scaling then follows the backward, :func:`_grad_done_s`).
+    the scaling then follows the backward, :func:`_grad_done_s`); ``views[s]``: stage ``s``'s
+    :func:`~costmodel.stage_buckets.bucket_views`.
     """
     pp, vpp = st.pp, st.vpp
     if not st.overlap_grad_reduce:
         return [[0.0] * vpp for _ in range(pp)]
     per_virtual = [0.0] * (pp * vpp)
-    for s, stage in enumerate(st.stages):
-        for chunk, seconds in _chunk_prescale_s(stage).items():
+    for s, view in enumerate(views):
+        for chunk, seconds in view.prescale_by_chunk_s.items():
             per_virtual[chunk * pp + s] += seconds
     after = [sum(per_virtual[v:]) for v in range(pp * vpp)]
     return [[after[c * pp + s] for c in range(vpp)] for s in range(pp)]
 
 
-def _grad_done_s(stage: StageCost, end_s: float, overlap: bool, delays_s: list[float]) -> float:
-    """When the last gradient bucket of ``stage`` is reduced; ``end_s``: when its last backward
-    would end without gradient pre-scaling, ``delays_s[chunk]``: how much later each chunk's last
-    backward ends with it (:func:`_prescale_delays_s`).
+def _grad_done_s(stage: StageCost, view: BucketViews, end_s: float, overlap: bool, delays_s: list[float]) -> float:
+    """When the last gradient bucket of ``stage`` (its bucket views ``view``) is reduced; ``end_s``:
+    when its last backward would end without gradient pre-scaling, ``delays_s[chunk]``: how much
+    later each chunk's last backward ends with it (:func:`_prescale_delays_s`).
 
     Overlapped: a bucket is scaled (``prescale_s``, compute stream) when its gradients are complete
     in its chunk's last backward, then reduced on the DP stream after the buckets before it. Not
@@ -95,7 +91,7 @@ def _grad_done_s(stage: StageCost, end_s: float, overlap: bool, delays_s: list[f
     """
     if not overlap:
         return end_s + sum(b.prescale_s + b.reduce_s for b in stage.buckets)
-    scaling = _chunk_prescale_s(stage)
+    scaling = view.prescale_by_chunk_s
     chunk_start = {}
     t = end_s
     for ch in stage.chunks:  # chunk 0's last backward runs last
@@ -104,7 +100,7 @@ def _grad_done_s(stage: StageCost, end_s: float, overlap: bool, delays_s: list[f
     bwd_s = [ch.bwd.time_s for ch in stage.chunks]
     busy = 0.0
     scaled: dict[int, float] = {}
-    for b in stage.backward_buckets:  # hundreds in a layer-wise stage: plain locals, no call per bucket
+    for b in view.backward:  # hundreds in a layer-wise stage: plain locals, no call per bucket
         c = b.chunk
         done = scaled[c] = scaled.get(c, 0.0) + b.prescale_s  # its own and the earlier buckets' scaling
         ready = chunk_start[c] + b.bwd_ready_fraction * bwd_s[c] + done
@@ -114,8 +110,9 @@ def _grad_done_s(stage: StageCost, end_s: float, overlap: bool, delays_s: list[f
     return max(end_s + delays_s[0], busy)
 
 
-def _gather_head_s(stage: StageCost, fill_s: float, pp: int, aligned: bool = True) -> float:
-    """Delay the hidden parameter all-gather adds to a stage's first forward passes.
+def _gather_head_s(stage: StageCost, view: BucketViews, fill_s: float, pp: int, aligned: bool = True) -> float:
+    """Delay the hidden parameter all-gather adds to a stage's first forward passes (``view``: its
+    bucket views).
 
     Aligned (``align_param_gather``): every bucket's all-gather is queued on the DP stream when the
     step starts, on every stage at once, in the order the forward needs them. Not aligned: a
@@ -129,7 +126,7 @@ def _gather_head_s(stage: StageCost, fill_s: float, pp: int, aligned: bool = Tru
         chunk_start[ch.chunk] = t
         t += pp * ch.fwd.time_s if pp > 1 else ch.fwd.time_s
     delay, arrive, chunk = 0.0, 0.0, None
-    for b in stage.forward_buckets:
+    for b in view.forward:
         if not aligned and b.chunk != chunk:
             chunk = b.chunk
             arrive = max(arrive, chunk_start[b.chunk] + delay)
@@ -147,7 +144,8 @@ def analytic_timing(st: StepStructure) -> AnalyticTiming:
     cb = [sum(c.bwd.time_s for c in s.chunks) / vpp for s in st.stages]
     t_base = pipeline_time_s(work, cf, cb, m, vpp, st.p2p_s)
     # overlapped 1/dp pre-scaling delays the drain (booked as dp_grad below, not compute or bubble)
-    delays = _prescale_delays_s(st)
+    views = [bucket_views(s.buckets) for s in st.stages]
+    delays = _prescale_delays_s(st, views)
     t_pipe = t_base + delays[0][0]
     crit = st.stages[max(range(pp), key=lambda s: work[s])]
     compute = m * sum(c.fwd.compute_s + c.bwd.compute_s for c in crit.chunks)
@@ -163,14 +161,13 @@ def analytic_timing(st: StepStructure) -> AnalyticTiming:
     for s in range(pp):
         ends.append(t_base - slack)
         slack += st.stages[s].chunks[0].bwd.time_s + st.p2p_s
-    done = [_grad_done_s(stage, ends[s], st.overlap_grad_reduce, delays[s]) for s, stage in enumerate(st.stages)]
+    done = [_grad_done_s(stage, views[s], ends[s], st.overlap_grad_reduce, delays[s]) for s, stage in enumerate(st.stages)]
     ends = [end + delays[s][0] for s, end in enumerate(ends)]
     barrier = max(done)
     embd = [s for s, stage in enumerate(st.stages) if stage.embedding_grad_s > 0]
     if embd:  # the shared embedding's all-reduce starts when both of its stages have reduced their grads
         barrier = max(barrier, max(done[s] for s in embd) + max(st.stages[s].embedding_grad_s for s in embd))
     dp_grad = barrier - t_base  # the exposed reductions and every pre-scaling on the critical path
-    views = [bucket_views(s.buckets) for s in st.stages]
     reduce_total = [v.reduce_s for v in views]
     gather_total = [v.gather_s for v in views]
     sync_gather = [0.0 if st.hide_param_gather else g for g in gather_total]
@@ -179,11 +176,11 @@ def analytic_timing(st: StepStructure) -> AnalyticTiming:
     head = 0.0
     if st.hide_param_gather and st.align_param_gather:  # every stage gathers from the start: the fill hides it
         fill = 0.0
-        for stage in st.stages:
-            head = max(head, _gather_head_s(stage, fill, pp))
+        for stage, view in zip(st.stages, views, strict=True):
+            head = max(head, _gather_head_s(stage, view, fill, pp))
             fill += stage.chunks[0].fwd.time_s + st.p2p_s
     elif st.hide_param_gather:  # each stage gathers when its first forward arrives: the delays add up the fill
-        head = sum(_gather_head_s(stage, 0.0, pp, aligned=False) for stage in st.stages)
+        head = sum(_gather_head_s(stage, view, 0.0, pp, aligned=False) for stage, view in zip(st.stages, views, strict=True))
     tail_scaling = 0.0 if st.overlap_grad_reduce else crit.grad_prescale_s  # synchronous: after the backward
     hidden_grad = max(0.0, reduce_total[crit.stage] - max(0.0, done[crit.stage] - ends[crit.stage] - tail_scaling))
     hidden_gather = max(0.0, gather_total[crit.stage] - head) if st.hide_param_gather else 0.0

@@ -1,10 +1,10 @@
-"""A stage's bucket orders (costmodel.step_structure.bucket_views) against the plain definitions."""
+"""A stage's bucket orders (costmodel.stage_buckets.bucket_views) against the plain definitions."""
 
 from __future__ import annotations
 
 import random
 
-from costmodel.step_structure import BucketCost, backward_order, bucket_views
+from costmodel.stage_buckets import BucketCost, backward_order, bucket_views
 
 
 def _buckets(seed: int) -> tuple[BucketCost, ...]:

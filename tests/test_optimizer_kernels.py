@@ -127,7 +127,7 @@ def test_gradient_prescaling_runs_once_per_bucket_before_its_reduction() -> None
     """MCore ``_ParamAndGradBucketGroup.start_grad_sync``: ``bucket.grad_data *= gradient_scaling_factor``
     (1/dp without ``average_in_collective``) reads and writes the whole bucket once, then reduces."""
     from costmodel.optimizer.plan_types import Bucket
-    from costmodel.step_structure import _prescale_s
+    from costmodel.stage_buckets import _prescale_s
     from topologies.hardware import load_system
 
     system = load_system("gb300-nvl72")

@@ -1,6 +1,6 @@
 """The speed memos' keys leave out only what the memoised answer does not read.
 
-- Bucket times (:func:`costmodel.step_structure._bucket_times`) are memoised on every
+- Bucket times (:func:`costmodel.stage_buckets._bucket_times`) are memoised on every
   :class:`~costmodel.optimizer.plan_types.Bucket` field but ``BUCKET_FIELDS_NOT_READ``: changing one
   of those must not change the times, and every other field is in the key.
 - A layer's parts that read no expert layout field (:func:`workloads.layer_assembly._part_ops`: the
@@ -17,7 +17,7 @@ import dataclasses
 import pytest
 
 from costmodel.optimizer.plan_types import Bucket
-from costmodel.step_structure import BUCKET_FIELDS_NOT_READ, _bucket_cost_fields, _bucket_times
+from costmodel.stage_buckets import BUCKET_FIELDS_NOT_READ, _bucket_cost_fields, _bucket_times
 from topologies.groups import GroupShape
 from topologies.hardware import load_system
 from workloads import layer_assembly as la
