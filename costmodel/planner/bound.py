@@ -205,8 +205,14 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
     if pp == 1:
         p2p = 0.0
     blocking = p2p if vpp > 1 and not rt.overlap_p2p_comm else 0.0  # as the engine: per pass
-    passes = [(sum(times[k][0] * n for k, n in chunk) + blocking, sum(times[k][1] * n for k, n in chunk) + blocking)
-              for chunk in layout.distinct]  # chunks of the same layers have the same passes
+    passes = []  # per distinct chunk (chunks of the same layers have the same passes): forward, backward
+    for chunk in layout.distinct:
+        f = b = 0.0
+        for k, n in chunk:  # summed in item order, as sum() over them would
+            t = times[k]
+            f += t[0] * n
+            b += t[1] * n
+        passes.append((f + blocking, b + blocking))
     sums = []  # per distinct sequence: (work, forward, backward) summed in virtual-stage order
     for seq in layout.sequences:
         w = tf = tb = 0.0
