@@ -23,7 +23,7 @@ import simpy
 DONE_EPS_S = 1e-12  # a flow with less than this many link-seconds left is complete
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Flow:
     """An active transfer: volume and remaining work in link-seconds, rate in link-seconds/s."""
 
@@ -126,11 +126,12 @@ class FluidNetwork:
             self._wake.succeed()
 
     def _advance(self) -> None:
-        dt = self.env.now - self._last_s
+        now = self.env.now
+        dt = now - self._last_s
         if dt > 0:
             for f in self.flows:
                 f.remaining -= f.rate * dt
-        self._last_s = self.env.now
+        self._last_s = now
 
     def _component(self, resources: Iterable[str]) -> set[Flow]:
         """Every active flow connected (through shared resources) to ``resources``."""
@@ -166,6 +167,8 @@ class FluidNetwork:
     def _alone_rate(self, resources: tuple[str, ...]) -> float:
         """The rate of a flow no other flow shares a link with: its bottleneck capacity (link-s/s)."""
         capacity = self.capacity
+        if not capacity:  # every link at 1.0 (the simulation's links)
+            return 1.0
         return min((capacity.get(r, 1.0) for r in resources), default=1.0)
 
     def _ring(self, version: int) -> None:
@@ -181,12 +184,13 @@ class FluidNetwork:
         """Wait for the next wake-up: a fresh wake event, and a timer at the next completion (if any
         flow is active). The scheduler is this callback loop rather than a SimPy process: the same
         events enter the queue in the same order, without a generator resumed at every wake-up."""
-        self._wake = wake = self.env.event()
+        env, flows = self.env, self.flows
+        self._wake = wake = env.event()
         wake.callbacks.append(self._on_wake)  # type: ignore[union-attr]
-        if self.flows:
-            dt = min(f.remaining / f.rate for f in self.flows)
+        if flows:
+            dt = min([f.remaining / f.rate for f in flows])
             self._version += 1
-            self.env.timeout(max(dt, 0.0)).callbacks.append(self._ring_callback(self._version))  # type: ignore[union-attr]
+            env.timeout(max(dt, 0.0)).callbacks.append(self._ring_callback(self._version))  # type: ignore[union-attr]
 
     def _on_wake(self, _event: simpy.Event) -> None:
         """At a completion (or when a flow arrived): finish flows, re-plan the rates, re-arm."""

@@ -215,6 +215,9 @@ class StepSimulation:
         "after", action): a "before" action is a generator run (waited for) when the pass reaches the
         fraction, an "after" action a plain call made there."""
         per_layer = bool(cuts) or self.dp_busy[s] > 0  # layer granularity only where DP traffic can overlap
+        if not per_layer:  # one slice: the whole pass (what the loop below does with the points {1.0})
+            yield from self._slice(s, cost, 1.0, name, step)
+            return
         points = sorted(({j / layers for j in range(1, layers)} if per_layer else set())
                         | {c[0] for c in cuts or ()} | {1.0})
         pending = sorted(cuts or (), key=lambda c: c[0])

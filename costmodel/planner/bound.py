@@ -17,9 +17,18 @@ optimizer plan); if the engine's helpers change shape, :func:`pipeline_bound_s` 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from costmodel import layer_costs as lc
+from costmodel import step_structure as ss
+from costmodel.comm_exposure import ep_paired_share
+from costmodel.layer_comm import MOE_OPS_KINDS, base_kind
+from costmodel.pipeline import pipeline_time_s
+from topologies.groups import GroupShape
 from topologies.identity_memo import IdentityMemo
+from topologies.placement import placement_for
+from workloads.operations import ACT_BYTES
 
 if TYPE_CHECKING:
     from workloads.scenario import Scenario
@@ -29,8 +38,9 @@ _KIND_COSTS: IdentityMemo[dict[str, tuple[float, float]]] = IdentityMemo(_CACHE_
 _ITEMS: IdentityMemo[tuple[tuple[tuple[str, int], ...], ...]] = IdentityMemo(_CACHE_LIMIT)  # the model by identity
 
 
-_KIND_COSTS_BY_ID: IdentityMemo[dict[str, tuple[float, float]]] = IdentityMemo(_CACHE_LIMIT)  # _KIND_COSTS's
-# entries by the identity of the rank shape, group shapes, runtime, model and system (_kind_times)
+_KIND_COSTS_BY_ID: IdentityMemo[tuple[dict[str, tuple[float, float]], float]] = IdentityMemo(_CACHE_LIMIT)
+# (_KIND_COSTS's entry, the send/receive seconds) by the identity of the rank shape, group shapes,
+# runtime, model and system (_kind_times)
 _NON_MOE_COSTS: IdentityMemo[tuple[float, float]] = IdentityMemo(_CACHE_LIMIT)  # model, system by identity
 NON_MOE_GROUPS = ("tp", "cp")  # the only group shapes a layer without an MoE block communicates in
 
@@ -51,36 +61,43 @@ def _non_moe_key(scenario: Scenario, shape: Any, shapes: dict[str, Any]) -> tupl
     adds EP ones to MoE layers alone), so the layouts of one search that differ in ep or etp share it."""
     from dataclasses import replace
 
-    from costmodel import layer_costs as lc
-
     dense_shape = replace(shape, ep=1, etp=1, moe_dispatcher="flex")
     return lc.layer_cache_key(scenario, dense_shape, "", {k: shapes[k] for k in NON_MOE_GROUPS})
 
 
-def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kinds: set[str]) -> dict[str, tuple[float, float]]:
-    """Per layer kind of ``kinds``: (forward, backward) compute-stream seconds of one layer for one
-    micro-batch. Memoised on the engine's layer cache key (hashed once for all the kinds); the kinds
-    without an MoE block also on their narrower key (:func:`_non_moe_key`)."""
-    from costmodel import layer_costs as lc
-    from costmodel.comm_exposure import ep_paired_share
-    from costmodel.layer_comm import MOE_OPS_KINDS, base_kind
+def _p2p_s(scenario: Scenario, shape: Any, shapes: dict[str, Any]) -> float:
+    """Seconds of one pipeline send/receive of a micro-batch's activation (the engine's): the rank
+    shape's tokens x hidden size at ``ACT_BYTES``, over the pp group's link (NVLink within a domain)."""
+    p2p_bytes = float(shape.sp_tokens * scenario.model.hidden_size * ACT_BYTES)
+    pair = GroupShape(2, 2, 1) if shapes["pp"].intra_domain else GroupShape(2, 1, 2)
+    return float(lc.collective_s("send_recv", p2p_bytes, pair, scenario.system)[0])
 
+
+def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any],
+                kinds: AbstractSet[str]) -> tuple[dict[str, tuple[float, float]], float]:
+    """(per layer kind of ``kinds``: (forward, backward) compute-stream seconds of one layer for one
+    micro-batch; the seconds of one pipeline send/receive, :func:`_p2p_s`). Memoised on the engine's
+    layer cache key (hashed once for all the kinds); the kinds without an MoE block also on their
+    narrower key (:func:`_non_moe_key`). The send/receive reads only the rank shape, the group
+    shapes, the model and the system, which key the memo by identity."""
     model, system, p, runtime = scenario.model, scenario.system, scenario.par, scenario.runtime
     # the layer cache key reads the parallelism settings below and, through the rank shape, the
     # group shapes and the runtime settings, objects a search shares (_rank_shape, _layer_shapes,
     # the candidates' runtime): keyed by their identity, most layouts skip building and hashing it
     fast_key = (p.recompute, tuple(p.recompute_modules), p.uses_sequence_parallel, p.tp_comm_overlap,
                 p.ep_comm_overlap, ep_paired_share(scenario))
-    times = _KIND_COSTS_BY_ID.get(fast_key, shape, shapes, runtime, model, system)
-    if times is None:
+    hit = _KIND_COSTS_BY_ID.get(fast_key, shape, shapes, runtime, model, system)
+    if hit is None:
         key = lc.layer_cache_key(scenario, shape, "", shapes)  # every kind's key but the kind
         times = _KIND_COSTS.get(key, model, system)
         if times is None:
             times = _KIND_COSTS.put({}, key, model, system)
-        _KIND_COSTS_BY_ID.put(times, fast_key, shape, shapes, runtime, model, system)
+        hit = _KIND_COSTS_BY_ID.put((times, _p2p_s(scenario, shape, shapes)), fast_key, shape, shapes, runtime,
+                                    model, system)
+    times = hit[0]
     missing = kinds - times.keys()
     if not missing:
-        return times
+        return hit
     non_moe_key = None
     for kind in sorted(missing):
         if base_kind(kind) in MOE_OPS_KINDS:
@@ -88,17 +105,15 @@ def _kind_times(scenario: Scenario, shape: Any, shapes: dict[str, Any], kinds: s
             continue
         if non_moe_key is None:
             non_moe_key = _non_moe_key(scenario, shape, shapes)
-        hit = _NON_MOE_COSTS.get((non_moe_key, kind), model, system)
-        if hit is None:
-            hit = _NON_MOE_COSTS.put(_kind_time(scenario, shape, kind, shapes), (non_moe_key, kind), model, system)
-        times[kind] = hit
-    return times
+        priced = _NON_MOE_COSTS.get((non_moe_key, kind), model, system)
+        if priced is None:
+            priced = _NON_MOE_COSTS.put(_kind_time(scenario, shape, kind, shapes), (non_moe_key, kind), model, system)
+        times[kind] = priced
+    return hit
 
 
 def _chunk_kinds(scenario: Scenario) -> tuple[tuple[tuple[str, int], ...], ...]:
     """Per virtual stage: (layer kind, count) pairs (the engine's chunk items, counted)."""
-    from costmodel import step_structure as ss
-
     p, model = scenario.par, scenario.model
     key = (p.pp, p.vpp, p.stage_split, scenario.runtime.bf16_layers,
            scenario.precision.tensor_core_class != "bf16", p.recompute, p.recompute_method,
@@ -115,46 +130,32 @@ def _chunk_kinds(scenario: Scenario) -> tuple[tuple[tuple[str, int], ...], ...]:
     return _ITEMS.put(tuple(counted), key, model)
 
 
-_DISTINCT: IdentityMemo[tuple[tuple[Any, ...], tuple[int, ...]]] = IdentityMemo(_CACHE_LIMIT)
+class ChunkLayout(NamedTuple):
+    """What the bound needs of a layout's chunk items (:func:`_chunk_kinds`), for ``pp`` stages."""
+
+    kinds: frozenset[str]  # the layer kinds of the items
+    distinct: tuple[tuple[tuple[str, int], ...], ...]  # the distinct chunks
+    sequences: tuple[tuple[int, ...], ...]  # the distinct sequences of chunk indices the stages hold
+    stage_of: tuple[int, ...]  # each pipeline stage's position among ``sequences``
 
 
-def _distinct_chunks(items: tuple[tuple[tuple[str, int], ...], ...]) -> tuple[tuple[Any, ...], tuple[int, ...]]:
-    """(the distinct chunks of ``items``, each virtual stage's index among them), memoised on the
-    identity of ``items`` (held by :func:`_chunk_kinds`'s cache; the entry holds it too)."""
-    hit = _DISTINCT.get((), items)
+_LAYOUTS: IdentityMemo[ChunkLayout] = IdentityMemo(_CACHE_LIMIT)
+
+
+def _chunk_layout(items: tuple[tuple[tuple[str, int], ...], ...], pp: int) -> ChunkLayout:
+    """The :class:`ChunkLayout` of ``items`` (virtual stage v on stage v mod pp): a function of the
+    items and pp alone, memoised on ``pp`` and the identity of ``items`` (held by
+    :func:`_chunk_kinds`'s cache; the entry holds it too). Chunks of the same layers have the same
+    passes and stages holding the same chunks in the same order the same sums: each is computed once."""
+    hit = _LAYOUTS.get(pp, items)
     if hit is not None:
         return hit
     position: dict[tuple[tuple[str, int], ...], int] = {}
     index = tuple(position.setdefault(chunk, len(position)) for chunk in items)
-    return _DISTINCT.put((tuple(position), index), (), items)
-
-
-_STAGES: IdentityMemo[tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]] = IdentityMemo(_CACHE_LIMIT)
-
-
-def _stage_sequences(index: tuple[int, ...], pp: int) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
-    """(the distinct sequences of chunk indices the pipeline stages hold, in virtual-stage order;
-    each stage's position among them) for virtual stages ``index`` (virtual stage v on stage
-    v mod pp), memoised on the identity of ``index`` (held by :func:`_distinct_chunks`'s cache). Stages
-    holding the same chunks in the same order have the same sums, computed once."""
-    hit = _STAGES.get(pp, index)
-    if hit is not None:
-        return hit
-    position: dict[tuple[int, ...], int] = {}
-    stage_of = tuple(position.setdefault(tuple(index[s::pp]), len(position)) for s in range(pp))
-    return _STAGES.put((tuple(position), stage_of), pp, index)
-
-
-_KINDS: IdentityMemo[set[str]] = IdentityMemo(_CACHE_LIMIT)
-
-
-def _kinds_of(items: tuple[tuple[tuple[str, int], ...], ...]) -> set[str]:
-    """The layer kinds of ``items`` (memoised on its identity, like :func:`_distinct_chunks`; the
-    caller must not change the set)."""
-    hit = _KINDS.get((), items)
-    if hit is not None:
-        return hit
-    return _KINDS.put({k for chunk in items for k, _ in chunk}, (), items)
+    sequence_at: dict[tuple[int, ...], int] = {}
+    stage_of = tuple(sequence_at.setdefault(tuple(index[s::pp]), len(sequence_at)) for s in range(pp))
+    kinds = frozenset(k for chunk in items for k, _ in chunk)
+    return _LAYOUTS.put(ChunkLayout(kinds, tuple(position), tuple(sequence_at), stage_of), pp, items)
 
 
 _SHAPES: IdentityMemo[dict[str, Any]] = IdentityMemo(_CACHE_LIMIT)  # the placement by identity
@@ -164,12 +165,10 @@ def _layer_shapes(placement: Any) -> dict[str, Any]:
     """The placement shapes of the groups a layer communicates in (``LAYER_GROUP_KINDS``), memoised
     on the placement's identity (placements are shared: :func:`topologies.placement.placement_for`;
     the caller must not change the dict)."""
-    from costmodel.layer_costs import LAYER_GROUP_KINDS
-
     hit = _SHAPES.get((), placement)
     if hit is not None:
         return hit
-    return _SHAPES.put({k: placement.shape(k) for k in LAYER_GROUP_KINDS}, (), placement)
+    return _SHAPES.put({k: placement.shape(k) for k in lc.LAYER_GROUP_KINDS}, (), placement)
 
 
 _RANK_SHAPES: IdentityMemo[Any] = IdentityMemo(_CACHE_LIMIT)  # runtime and model by identity
@@ -179,8 +178,6 @@ def _rank_shape(scenario: Scenario) -> Any:
     """:func:`costmodel.layer_costs.rank_shape` of ``scenario``, memoised on what it reads: the
     parallelism sizes, sequence parallelism, precision and micro-batch count, and (by identity) the
     runtime settings and the model (the planner's candidates share their base's runtime objects)."""
-    from costmodel import layer_costs as lc
-
     p = scenario.par
     key = (p.micro_batch_size, p.seq_length, p.tp, p.cp, p.ep, p.expert_tp, p.sequence_parallel,
            scenario.config.precision, scenario.num_microbatches)
@@ -193,12 +190,6 @@ def _rank_shape(scenario: Scenario) -> Any:
 
 def fast_pipeline_bound_s(scenario: Scenario) -> float:
     """Seconds of the forward/backward phase of ``scenario`` (no optimizer work), per the engine."""
-    from costmodel import layer_costs as lc
-    from costmodel import step_structure as ss
-    from costmodel.pipeline import pipeline_time_s
-    from topologies.groups import GroupShape
-    from topologies.placement import placement_for
-
     p, rt = scenario.par, scenario.runtime
     offloading = rt.cpu_offloading or rt.fine_grained_activation_offloading
     if p.fsdp > 0 or offloading:  # per-layer FSDP / offload copies: the engine's own phase (rare in plans)
@@ -208,23 +199,22 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
         return float(analytic_timing(ss.build_step_structure(scenario, plan=EMPTY_PLAN)).pipeline_s)
     shape = _rank_shape(scenario)
     shapes = _layer_shapes(placement_for(scenario))
-    items = _chunk_kinds(scenario)
-    distinct, index = _distinct_chunks(items)
-    times = _kind_times(scenario, shape, shapes, _kinds_of(items))
     pp, vpp = p.pp, p.vpp
-    p2p = 0.0
-    if pp > 1:
-        from workloads.operations import ACT_BYTES
-
-        p2p_bytes = float(shape.sp_tokens * scenario.model.hidden_size * ACT_BYTES)
-        pair = GroupShape(2, 2, 1) if shapes["pp"].intra_domain else GroupShape(2, 1, 2)
-        p2p = lc.collective_s("send_recv", p2p_bytes, pair, scenario.system)[0]
-    blocking = p2p if vpp > 1 and not scenario.runtime.overlap_p2p_comm else 0.0  # as the engine: per pass
-    passes = [(sum(times[k][0] * n for k, n in chunk) + blocking, sum(times[k][1] * n for k, n in chunk) + blocking)
-              for chunk in distinct]  # chunks of the same layers have the same passes
-    sequences, stage_of = _stage_sequences(index, pp)
+    layout = _chunk_layout(_chunk_kinds(scenario), pp)
+    times, p2p = _kind_times(scenario, shape, shapes, layout.kinds)
+    if pp == 1:
+        p2p = 0.0
+    blocking = p2p if vpp > 1 and not rt.overlap_p2p_comm else 0.0  # as the engine: per pass
+    passes = []  # per distinct chunk (chunks of the same layers have the same passes): forward, backward
+    for chunk in layout.distinct:
+        f = b = 0.0
+        for k, n in chunk:  # summed in item order, as sum() over them would
+            t = times[k]
+            f += t[0] * n
+            b += t[1] * n
+        passes.append((f + blocking, b + blocking))
     sums = []  # per distinct sequence: (work, forward, backward) summed in virtual-stage order
-    for seq in sequences:
+    for seq in layout.sequences:
         w = tf = tb = 0.0
         for i in seq:
             f, b = passes[i]
@@ -232,6 +222,7 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
             tf += f
             tb += b
         sums.append((w, tf / vpp, tb / vpp))
+    stage_of = layout.stage_of
     work = [sums[j][0] for j in stage_of]
     cf = [sums[j][1] for j in stage_of]
     cb = [sums[j][2] for j in stage_of]

@@ -112,9 +112,11 @@ class MemoryEstimate:
 class InventoryMemory:
     """``workloads.memory`` per stage with the tensor inventory cached between candidates.
 
-    Same totals as ``memory_breakdown(scenario)`` (the most loaded stage); the inventory depends only
-    on the model, tp, pp, vpp, ep, etp, the QKV split and the pipeline split, and is shared with the
-    optimizer plans (:func:`costmodel.optimizer.plan.cached_inventory`).
+    :func:`workloads.memory.memory_by_stage` with the inventory cached, hence the same totals as
+    ``memory_breakdown(scenario)`` (the most loaded stage): the stages' activations computed at once,
+    and stages holding the same layers priced once (the memo ``stage_memory`` keys on them); the
+    inventory depends only on the model, tp, pp, vpp, ep, etp, the QKV split and the pipeline split,
+    and is shared with the optimizer plans (:func:`costmodel.optimizer.plan.cached_inventory`).
     """
 
     def _inventory(self, scenario: Scenario) -> Any:
@@ -123,10 +125,13 @@ class InventoryMemory:
         return cached_inventory(scenario)
 
     def __call__(self, scenario: Scenario) -> MemoryEstimate:
+        from workloads.activation_memory import activation_bytes_by_stage
         from workloads.memory import stage_memory
 
         inv = self._inventory(scenario)
-        stages = [stage_memory(scenario, s, inv) for s in range(scenario.par.pp)]
+        memo: dict[tuple[Any, ...], Any] = {}  # this scenario's stages by their layers (memory_by_stage's)
+        activations = activation_bytes_by_stage(scenario)
+        stages = [stage_memory(scenario, s, inv, memo, activations) for s in range(scenario.par.pp)]
         total = max(m.total_bytes for m in stages)
         floor = max(m.weights_bytes + m.gradients_bytes + m.activations_bytes for m in stages)
         return MemoryEstimate(total_bytes=float(total), floor_bytes=float(floor))
