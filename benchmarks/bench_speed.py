@@ -29,6 +29,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -109,8 +110,13 @@ def plan_wall_s(repeat: int = 1) -> dict[str, Any]:
     """Wall seconds of the plan command at 256 and 2,048 GPUs (best of ``repeat``), the CPU seconds
     (user + system, its pool workers included: what a shared machine's load does not inflate as
     much) of that run, and its ranking."""
+    with tempfile.TemporaryDirectory(prefix="muonsim-plan-") as cwd:  # empty: nothing there shadows the package
+        return _plan_wall_s(repeat, cwd)
+
+
+def _plan_wall_s(repeat: int, cwd: str) -> dict[str, Any]:
+    """:func:`plan_wall_s` run from directory ``cwd``."""
     out: dict[str, Any] = {}
-    cwd = tempfile.mkdtemp(prefix="muonsim-plan-")  # an empty directory: nothing there shadows the package
     for gpus in (256, 2048):
         best, best_cpu = float("inf"), float("inf")
         for _ in range(repeat):
@@ -217,6 +223,7 @@ def _previous(ref: str, only: list[str], repeat: int) -> dict[str, Any]:
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False,
                        capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _fmt(key: str, value: Any) -> str:
