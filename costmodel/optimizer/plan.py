@@ -18,9 +18,11 @@ import numpy as np
 
 from costmodel.optimizer import layouts as lay
 from costmodel.optimizer.buffers import _Buffer, chunk_buffers
+from costmodel.optimizer.ew_batch import prepare_element_wise
 from costmodel.optimizer.newton_schulz import NsSettings
 from costmodel.optimizer.plan_types import Bucket, OptimizerPlan, StageOptimizerPlan
 from costmodel.optimizer.rank_work import rank_works
+from costmodel.optimizer.spans_batch import prepare_spans_effects
 from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer
 from costmodel.optimizer.summary import optimizer_report
 from topologies.groups import GroupShape
@@ -209,7 +211,7 @@ def _stages(inv: Inventory, spec, grid: Grid, timer: Timer, st: NsSettings, fsdp
     GPU classes' work computed for all of them at once (:func:`rank_works`)."""
     fp8_of = (lambda t, layer: is_fp8_param(t, inv.model.num_layers, bf16_layers, layer)) if fp8 else None
     first_of: dict[tuple, int] = {}  # signature -> the stage built for it
-    keys, builders, buffers, loads = [], [], {}, []
+    keys, buffers, loads = [], {}, []
     for s in range(inv.pp):
         def load(s: int = s) -> list[_Buffer]:
             return _stage_buffers(inv, s, spec.kind, fp8_of, bf16_layers if fp8 else None)
@@ -220,10 +222,28 @@ def _stages(inv: Inventory, spec, grid: Grid, timer: Timer, st: NsSettings, fsdp
         if key not in first_of:  # this stage's own buffers only name its parameters: built if asked
             first_of[key] = s
             buffers[s] = load()
-            builders.append(_stage(inv, s, buffers[s], spec, grid, timer, st, fsdp, precision, critical_only))
+    _prepare(spec, grid, timer, st, fsdp, list(buffers.items()))
+    builders = [_stage(inv, s, bufs, spec, grid, timer, st, fsdp, precision, critical_only) for s, bufs in buffers.items()]
     built = {b.stage: b.finish(ranks) for b, ranks in zip(builders, rank_works(builders), strict=True)}
     return tuple(built[s] if first_of[key] == s else _restaged(built[first_of[key]], buffers[first_of[key]], s, loads[s])
                  for s, key in enumerate(keys))
+
+
+def _prepare(spec, grid: Grid, timer: Timer, st: NsSettings, fsdp: bool,  # noqa: ANN001
+             stages: list[tuple[int, list[_Buffer]]]) -> None:
+    """The per-buffer work of the distinct ``stages`` ((stage, buffers)) that :func:`_stage` finds
+    memoised on the plan's timer, made for all of them in one pass: the layer-wise spans effects
+    (:func:`spans_batch.prepare_spans_effects`) and the element-wise buckets
+    (:func:`ew_batch.prepare_element_wise`) of the current layer-wise layout and of the
+    element-wise distribution (not Megatron-FSDP's, nor the legacy or replicated ones)."""
+    dist = spec.resolved_distribution
+    current = dist == "layer_wise" and spec.layer_wise_layout == "current"
+    if fsdp or not (current or dist == "element_wise"):
+        return
+    builder = StageBuilder(0, grid, spec, timer, st)
+    if current:
+        prepare_spans_effects(builder, stages, spec.resolved_load_balance)
+    prepare_element_wise(builder, stages, muon_apart=current)
 
 
 def _stage(inv: Inventory, s: int, buffers: list[_Buffer], spec, grid: Grid, timer: Timer,  # noqa: ANN001

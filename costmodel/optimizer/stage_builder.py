@@ -169,9 +169,10 @@ class StageBuilder:
         self.extra_calls: list[CollectiveCall] = []  # per-step collectives outside the DP buckets
         self._common: dict[tuple[int, str, bool], tuple[int, dict]] = {}  # see _bucket_common
 
-    def bucket_size(self, chunk: int) -> int | None:
-        """Elements per bucket; None (one bucket) for pp ranks > 0, chunks > 0, or no overlap."""
-        if not self.spec.overlap_grad_reduce or self.stage > 0 or chunk > 0:
+    def bucket_size(self, chunk: int, stage: int | None = None) -> int | None:
+        """Elements per bucket of ``chunk`` of this stage (or of ``stage``); None (one bucket) for pp
+        ranks > 0, chunks > 0, or no overlap."""
+        if not self.spec.overlap_grad_reduce or (self.stage if stage is None else stage) > 0 or chunk > 0:
             return None
         return self.spec.bucket_size_elements or lay.default_bucket_size(self.grid.dp)
 

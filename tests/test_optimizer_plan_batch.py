@@ -1,0 +1,146 @@
+"""The plan's per-buffer work made for all distinct stages in one pass (spans_batch, ew_batch) equals
+the work made buffer by buffer, bit for bit: buckets, per-rank columns, owners, names, TP calls."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from costmodel.optimizer import Grid, plan_from_inventory
+from costmodel.optimizer import layouts as lay
+from costmodel.optimizer import plan as plan_mod
+from costmodel.optimizer.ew_batch import _adam_rows
+from costmodel.optimizer.newton_schulz import NsSettings
+from costmodel.optimizer.plan import _stage_buffers
+from costmodel.optimizer.spans_batch import prepare_spans_effects
+from costmodel.optimizer.stage_builder import StageBuilder
+from costmodel.optimizer.timer import Timer
+from topologies.hardware import load_system
+from workloads.inventory import build_inventory
+from workloads.models import ModelSpec
+from workloads.scenario import DEFAULT_SCENARIO, OptimizerSpec
+
+TINY = dict(
+    name="tiny", num_layers=8, hidden_size=64, ffn_hidden_size=128, vocab_size=256, tie_embeddings=True,
+    attention=dict(kind="gqa", num_heads=8, num_kv_heads=4, head_dim=8),
+    moe=dict(num_experts=8, topk=2, expert_ffn_hidden_size=32, first_dense_layers=1),
+)
+SYSTEM = load_system("gb300-nvl72")
+
+
+def _fingerprint(plan) -> list:  # noqa: ANN001 - an OptimizerPlan
+    """Everything a plan's stages hold, exactly (floats by bytes)."""
+    out: list = []
+    for sp in plan.stages:
+        t = sp.ranks
+        out += [tuple(sp.buckets), sp.bucket_calls, sp.padding_overhead, sp.critical_rank,
+                tuple(np.asarray(a).tobytes() for a in (t._ints, t._floats, t._parts)),
+                tuple(sp.collectives), tuple(sp.collective_times_s)]
+        for r in sp.roles:
+            out += [r.owner.dtype.str, r.owner.tobytes(),
+                    tuple((tuple(buf.names), idx.tobytes()) for buf, idx in r.name_parts),
+                    tuple((tuple(tuple(c) for c in calls), idx.tobytes()) for calls, idx in r.call_parts)]
+    return out
+
+
+def _both(monkeypatch: pytest.MonkeyPatch, make) -> tuple[list, list]:  # noqa: ANN001 - () -> OptimizerPlan
+    """The plan ``make()`` builds with the one-pass preparation, and without it (buffer by buffer)."""
+    plan_mod.clear_caches()
+    batched = _fingerprint(make())
+    plan_mod.clear_caches()
+    with monkeypatch.context() as m:
+        m.setattr(plan_mod, "_prepare", lambda *args: None)
+        alone = _fingerprint(make())
+    plan_mod.clear_caches()
+    return batched, alone
+
+
+SPECS = [
+    OptimizerSpec(kind="muon"),
+    OptimizerSpec(kind="muon", bucket_size_elements=3000),  # stage 0 chunk 0: many layer-wise chunks
+    OptimizerSpec(kind="muon", bucket_size_elements=3000, load_balance="ping_pong"),
+    OptimizerSpec(kind="muon", bucket_size_elements=5000, load_balance="none"),
+    OptimizerSpec(kind="muon", overlap_grad_reduce=False),
+    OptimizerSpec(kind="adamw"),
+    OptimizerSpec(kind="adamw", bucket_size_elements=2000),  # several element-wise buckets per buffer
+    OptimizerSpec(kind="adamw", bucket_size_elements=2000, num_distributed_optimizer_instances=2),
+]
+GRIDS = [Grid(dp=4, expert_dp=2, ep=2), Grid(dp=8, expert_dp=2, ep=4), Grid(dp=2, expert_dp=1, ep=2)]
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("spec", SPECS)
+def test_one_pass_equals_buffer_by_buffer_tiny(monkeypatch: pytest.MonkeyPatch, spec: OptimizerSpec, grid: Grid,
+                                                vpp: int) -> None:
+    if spec.num_distributed_optimizer_instances > 1:
+        grid = Grid(dp=grid.dp, expert_dp=grid.expert_dp, ep=grid.ep, instances=spec.num_distributed_optimizer_instances)
+        if grid.size("expert_dp") < 1:
+            pytest.skip("expert_dp below the instances")
+    inv = build_inventory(ModelSpec.model_validate(TINY), pp=2, vpp=vpp, ep=grid.ep)
+    batched, alone = _both(monkeypatch, lambda: plan_from_inventory(inv, spec, grid, SYSTEM))
+    assert batched == alone
+
+
+@pytest.mark.parametrize(("model", "layout"), [
+    ("kimi-k2", (1, 4, 2, 1, 16, 1)), ("kimi-k2", (4, 8, 1, 1, 4, 4)), ("kimi-k2", (2, 2, 1, 1, 64, 1)),
+    ("llama3.1-405b", (8, 8, 2, 1, 1, 1)), ("llama3.1-405b", (4, 16, 2, 2, 1, 1)),
+])
+@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
+def test_one_pass_equals_buffer_by_buffer_models(monkeypatch: pytest.MonkeyPatch, model: str, layout: tuple,
+                                                  optimizer: str) -> None:
+    tp, pp, vpp, cp, ep, etp = layout
+    gpus = 256 if model == "kimi-k2" else 1024
+    scenario = DEFAULT_SCENARIO.resolve().with_updates(model=model, gpus=gpus, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep,
+                                                       etp=etp, optimizer=optimizer)
+    batched, alone = _both(monkeypatch, lambda: plan_mod.build_optimizer_plan(scenario))
+    assert batched == alone
+
+
+def test_spans_effects_in_one_pass_equal_each_buffer_alone() -> None:
+    """Each memoised effect equals StageBuilder._spans_effect of its buffer (sums bit for bit)."""
+    spec, grid = OptimizerSpec(kind="muon", bucket_size_elements=3000), Grid(dp=4, expert_dp=2, ep=2)
+    inv = build_inventory(ModelSpec.model_validate(TINY), pp=2, vpp=2, ep=2)
+    timer, st = Timer(SYSTEM, spec.matmul_precision, None), NsSettings.from_spec(spec)
+    stages = [(s, _stage_buffers(inv, s, "muon", None, None)) for s in range(inv.pp)]
+    prepare_spans_effects(StageBuilder(0, grid, spec, timer, st), stages, "lpt")
+    checked = 0
+    for s, buffers in stages:
+        b = StageBuilder(s, grid, spec, Timer(SYSTEM, spec.matmul_precision, None), st)
+        for buf in buffers:
+            sel = np.flatnonzero(buf.muon)
+            gs, bucket_size = grid.size(buf.group), b.bucket_size(buf.chunk)
+            spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, bucket_size, "lpt", isolate=buf.shared[sel])
+            alone = b._spans_effect(buf, sel, spans)
+            numel, one = timer.spans_effects[(id(buf.numel), len(sel), gs, bucket_size, "lpt")]
+            assert numel is buf.numel and alone is not None
+            assert one.sums.shape == alone.sums.shape and one.sums.tobytes() == np.ascontiguousarray(alone.sums).tobytes()
+            assert np.array_equal(one.picked, alone.picked) and np.array_equal(one.owners, alone.owners)
+            assert one.buckets == alone.buckets and one.calls == alone.calls
+            checked += 1
+    assert checked >= 4 and any(len(e.buckets) > 2 for _, e in timer.spans_effects.values())
+
+
+def test_adam_rows_side_by_side_equal_each_bucket() -> None:
+    """The Adam values of many buckets at once (over dp and expert_dp, padded, isolated) equal each
+    bucket's own StageBuilder._adam_shard_rows, bit for bit."""
+    rng = random.Random(7)
+    spec, grid = OptimizerSpec(kind="adamw"), Grid(dp=8, expert_dp=4, ep=2)
+    b = StageBuilder(0, grid, spec, Timer(SYSTEM, spec.matmul_precision, None), NsSettings.from_spec(spec))
+    buckets = []
+    for _ in range(60):
+        numel = np.array([rng.choice([1, 7, 64, 100, 4096, 70_000, 300_000]) for _ in range(rng.randint(1, 12))],
+                         dtype=np.int64)
+        isolate = np.array([rng.random() < 0.1 for _ in numel])
+        gs = rng.choice([grid.size("dp"), grid.size("expert_dp"), 1])
+        for span in lay.ddp_buckets(numel, gs, rng.choice([None, 5000, 200_000]), distributed_optimizer=True,
+                                    isolate=isolate):
+            buckets.append((span, numel, gs))
+    rows, at = _adam_rows(b, buckets), 0
+    for span, numel, gs in buckets:
+        alone = b._adam_shard_rows(gs, span, numel)
+        assert rows[:, at:at + gs].tobytes() == alone.tobytes()
+        at += gs
+    assert at == rows.shape[1]
