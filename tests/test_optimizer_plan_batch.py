@@ -99,6 +99,20 @@ def test_one_pass_equals_buffer_by_buffer_models(monkeypatch: pytest.MonkeyPatch
     assert batched == alone
 
 
+@pytest.mark.parametrize("critical_only", [False, True])
+@pytest.mark.parametrize("precision", ["fp8-cs", "mxfp8"])
+def test_one_pass_equals_buffer_by_buffer_fp8_params(monkeypatch: pytest.MonkeyPatch, precision: str,
+                                                      critical_only: bool) -> None:
+    """FP8 parameters in buffers of their own (AdamW, fp8_param_gather), BF16 first and last layers."""
+    spec, grid = OptimizerSpec(kind="adamw", fp8_param_gather=True, bucket_size_elements=4000), Grid(dp=4, expert_dp=2, ep=2)
+    inv = build_inventory(ModelSpec.model_validate(TINY), pp=2, vpp=2, ep=2)
+    batched, alone = _both(monkeypatch, lambda: plan_from_inventory(
+        inv, spec, grid, SYSTEM, precision=precision, bf16_layers=(1, 1), critical_only=critical_only))
+    assert batched == alone
+    assert any(b.param_dtype == "fp8" for b in plan_from_inventory(
+        inv, spec, grid, SYSTEM, precision="fp8-cs", bf16_layers=(1, 1)).stages[0].buckets)
+
+
 def test_spans_effects_in_one_pass_equal_each_buffer_alone() -> None:
     """Each memoised effect equals StageBuilder._spans_effect of its buffer (sums bit for bit)."""
     spec, grid = OptimizerSpec(kind="muon", bucket_size_elements=3000), Grid(dp=4, expert_dp=2, ep=2)
