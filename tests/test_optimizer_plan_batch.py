@@ -158,3 +158,57 @@ def test_adam_rows_side_by_side_equal_each_bucket() -> None:
         assert rows[:, at:at + gs].tobytes() == alone.tobytes()
         at += gs
     assert at == rows.shape[1]
+
+
+def _items_by_hand(buf, kind: str) -> dict[str, list]:  # noqa: ANN001 - a _Buffer
+    """The buffer's per-item values from its parts, one item at a time (the definition: each part's
+    layers in order, in each layer its pattern's entries, each entry's copies; Muon items only
+    under the Muon optimizer ``kind``)."""
+    unique: list = []
+    out: dict[str, list] = {k: [] for k in ("numel", "cost", "muon", "position", "tid", "shared")}
+    for part in buf.parts:
+        for layer in range(len(part.layers)):
+            for _, t, copies, at in part.pattern:
+                if all(u is not t for u in unique):
+                    unique.append(t)
+                for c in range(copies):
+                    out["numel"].append(t.local_numel)
+                    shape = t.local_shape
+                    out["cost"].append(max(shape) * min(shape) ** 2 if len(shape) == 2 else t.local_numel)
+                    out["muon"].append(kind == "muon" and t.optimizer == "muon")
+                    out["position"].append(part.position + layer * part.per_layer + at + c)
+                    out["tid"].append(next(i for i, u in enumerate(unique) if u is t))
+                    out["shared"].append(t.shared_embedding)
+    assert tuple(unique) == buf.unique
+    return out
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("kind", ["muon", "adamw"])
+def test_buffers_of_all_stages_at_once_equal_the_definition(kind: str, fp8: bool) -> None:
+    """The buffers of every stage made in one pass (plan._stages_buffers) hold, item by item, what
+    their parts define, read-only; made stage by stage and chunk by chunk they are the same."""
+    from costmodel.optimizer import buffers
+    from costmodel.optimizer.plan import _stages_buffers
+    from workloads.fp8_params import is_fp8_param
+
+    inv = build_inventory(ModelSpec.model_validate(TINY), pp=2, vpp=2, ep=2)
+    fp8_of = (lambda t, layer: is_fp8_param(t, inv.model.num_layers, (1, 1), layer)) if fp8 else None
+    key = (1, 1) if fp8 else None
+    buffers.clear_memo()
+    plan_mod._BUFFERS.clear()
+    together = _stages_buffers(inv, [0, 1], kind, fp8_of, key)
+    assert sum(len(b) for b in together.values()) >= 8 and (not fp8 or any(b.fp8 for b in together[0]))
+    for s, bufs in together.items():
+        buffers.clear_memo()
+        alone = [b for c in range(inv.vpp) for b in buffers.chunk_buffers(inv.chunk_runs(s, c), c, kind, fp8_of)]
+        assert len(alone) == len(bufs)
+        for a, b in zip(alone, bufs, strict=True):
+            want = _items_by_hand(b, kind)
+            for name, values in want.items():
+                got, other = getattr(b, name), getattr(a, name)
+                assert got.tolist() == values and not got.flags.writeable, name
+                assert other.dtype == got.dtype and np.array_equal(other, got), name
+            assert (a.chunk, a.group, a.fp8, a.unique, a.names) == (b.chunk, b.group, b.fp8, b.unique, b.names)
+            assert b.muon.dtype == bool and b.numel.dtype == np.int64 and b.position.dtype == np.int64
+    plan_mod._BUFFERS.clear()
