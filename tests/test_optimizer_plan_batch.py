@@ -1,5 +1,6 @@
 """The plan's per-buffer work made for all distinct stages in one pass (spans_batch, ew_batch) equals
-the work made buffer by buffer, bit for bit: buckets, per-rank columns, owners, names, TP calls."""
+the work made buffer by buffer, bit for bit (buckets, per-rank columns, owners, names, TP calls),
+and their one implementation (spans_effects, adam_rows) is what the work is by definition."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import pytest
 from costmodel.optimizer import Grid, plan_from_inventory
 from costmodel.optimizer import layouts as lay
 from costmodel.optimizer import plan as plan_mod
-from costmodel.optimizer.ew_batch import _adam_rows
+from costmodel.optimizer.ew_batch import adam_rows
 from costmodel.optimizer.newton_schulz import NsSettings
 from costmodel.optimizer.plan import _stage_buffers
 from costmodel.optimizer.spans_batch import prepare_spans_effects
-from costmodel.optimizer.stage_builder import StageBuilder
+from costmodel.optimizer.stage_builder import COLUMNS, StageBuilder
 from costmodel.optimizer.timer import Timer
 from topologies.hardware import load_system
 from workloads.inventory import build_inventory
@@ -113,8 +114,12 @@ def test_one_pass_equals_buffer_by_buffer_fp8_params(monkeypatch: pytest.MonkeyP
         inv, spec, grid, SYSTEM, precision="fp8-cs", bf16_layers=(1, 1)).stages[0].buckets)
 
 
-def test_spans_effects_in_one_pass_equal_each_buffer_alone() -> None:
-    """Each memoised effect equals StageBuilder._spans_effect of its buffer (sums bit for bit)."""
+def test_spans_effects_by_hand() -> None:
+    """Each buffer's spans effect, made in the plan's one pass and alone (StageBuilder._spans_effect),
+    is what stepping its spans whole by their owners adds: per span, rank and column the rows of the
+    span's items owned by the rank (StageBuilder.muon_item), added one item after the other in item
+    order (bit for bit); the items stepped, their owners, and per span its padded and used numel and
+    its last backprop position."""
     spec, grid = OptimizerSpec(kind="muon", bucket_size_elements=3000), Grid(dp=4, expert_dp=2, ep=2)
     inv = build_inventory(ModelSpec.model_validate(TINY), pp=2, vpp=2, ep=2)
     timer, st = Timer(SYSTEM, spec.matmul_precision, None), NsSettings.from_spec(spec)
@@ -127,35 +132,95 @@ def test_spans_effects_in_one_pass_equal_each_buffer_alone() -> None:
             sel = np.flatnonzero(buf.muon)
             gs, bucket_size = grid.size(buf.group), b.bucket_size(buf.chunk)
             spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, bucket_size, "lpt", isolate=buf.shared[sel])
-            alone = b._spans_effect(buf, sel, spans)
             numel, one = timer.spans_effects[(id(buf.numel), len(sel), gs, bucket_size, "lpt")]
+            alone = b._spans_effect(buf, sel, spans)
             assert numel is buf.numel and alone is not None
-            assert one.sums.shape == alone.sums.shape and one.sums.tobytes() == np.ascontiguousarray(alone.sums).tobytes()
-            assert np.array_equal(one.picked, alone.picked) and np.array_equal(one.owners, alone.owners)
-            assert one.buckets == alone.buckets and one.calls == alone.calls
+            ncol = len(COLUMNS)
+            hand = np.zeros((len(spans), ncol, gs))
+            owners, buckets = [], []
+            for j, span in enumerate(spans):
+                assert span.owner is not None
+                for i, owner in zip(sel[span.first:span.stop].tolist(), span.owner.tolist(), strict=True):
+                    row = b.muon_item(buf.unique[buf.tid[i]])[0]
+                    for c in range(ncol):
+                        hand[j, c, owner] += row[c]
+                    owners.append(owner)
+                buckets.append((span.numel, span.used, int(buf.position[sel[span.first:span.stop]].max())))
+            calls = [b.muon_item(t)[1] if m else () for t, m in zip(
+                buf.unique, [bool(buf.muon[buf.tid == k].any()) for k in range(len(buf.unique))], strict=True)]
+            for effect in (one, alone):
+                sums = effect.sums if len(spans) > 1 else effect.sums[None]
+                assert sums.shape == hand.shape and np.ascontiguousarray(sums).tobytes() == hand.tobytes()
+                assert effect.picked.tolist() == sel.tolist() and effect.owners.tolist() == owners
+                assert effect.buckets == buckets and effect.calls == calls
             checked += 1
     assert checked >= 4 and any(len(e.buckets) > 2 for _, e in timer.spans_effects.values())
 
 
-def test_adam_rows_side_by_side_equal_each_bucket() -> None:
-    """The Adam values of many buckets at once (over dp and expert_dp, padded, isolated) equal each
-    bucket's own StageBuilder._adam_shard_rows, bit for bit."""
+def _adam_by_hand(b: StageBuilder, span: lay.BucketSpan, numel: np.ndarray, gs: int) -> list[list[float]]:
+    """The rows of fused Adam on each of the ``gs`` equal shards of bucket ``span``, by their
+    definition: a rank's elements are those of the parameters inside its shard (overlaps counted
+    one parameter at a time), its pieces the parameters of at least one element intersecting it,
+    ⌈elements / 65536⌉ + pieces − 1 chunks (0 with no piece), one launch per piece and per-piece
+    kernel, and per kernel max(bytes · s/B, pieces · minimum kernel s) seconds."""
+    shard = span.numel // gs
+    out = []
+    for r in range(gs):
+        lo, hi = r * shard, (r + 1) * shard
+        elements = pieces = 0
+        for start, n in zip(span.starts.tolist(), numel[span.first:span.stop].tolist(), strict=True):
+            overlap = max(0, min(hi, start + n) - max(lo, start))
+            elements += overlap
+            pieces += overlap > 0
+        chunks = -(-elements // 65536) + pieces - 1 if pieces else 0
+        seconds = 0.0
+        for per_byte in b.adam.piece_kernels:
+            seconds += max(per_byte * elements * b.timer.s_per_byte, pieces * b.timer.min_s)
+        out.append([elements, elements, pieces, chunks, pieces, chunks, len(b.adam.piece_kernels) * pieces, seconds])
+    return np.array(out, dtype=np.float64).T.tolist()
+
+
+def test_adam_rows_by_hand() -> None:
+    """Parameters [0, 30), [30, 60), [60, 100) of a 100-element bucket over 4 shards of 25: rank 0
+    holds 25 elements of the first, rank 1 5 + 20 of the first two, rank 2 10 + 15 of the last two,
+    rank 3 25 of the last; a zero-size parameter is no piece."""
+    spec = OptimizerSpec(kind="adamw")
+    b = StageBuilder(0, Grid(dp=4, expert_dp=4), spec, Timer(SYSTEM, spec.matmul_precision, None),
+                     NsSettings.from_spec(spec))
+    span = lay.BucketSpan(0, 4, 100, 100, np.array([0, 30, 60, 100]))
+    rows = adam_rows(b, [(span, np.array([30, 30, 40, 0]), 4)])
+    assert rows[0].tolist() == rows[1].tolist() == [25, 25, 25, 25]
+    assert rows[2].tolist() == rows[4].tolist() == [1, 2, 2, 1]
+    assert rows[3].tolist() == rows[5].tolist() == [1, 2, 2, 1]
+    assert rows.tolist() == _adam_by_hand(b, span, np.array([30, 30, 40, 0]), 4)
+
+
+def test_adam_rows_side_by_side_by_hand() -> None:
+    """The Adam values of many buckets at once (over dp and expert_dp, padded, isolated, one bucket
+    or several per buffer) are, bucket by bucket, their definition (:func:`_adam_by_hand`) and each
+    bucket's values alone, bit for bit; every parameter element is in
+    exactly one shard."""
     rng = random.Random(7)
     spec, grid = OptimizerSpec(kind="adamw"), Grid(dp=8, expert_dp=4, ep=2)
     b = StageBuilder(0, grid, spec, Timer(SYSTEM, spec.matmul_precision, None), NsSettings.from_spec(spec))
     buckets = []
     for _ in range(60):
-        numel = np.array([rng.choice([1, 7, 64, 100, 4096, 70_000, 300_000]) for _ in range(rng.randint(1, 12))],
+        numel = np.array([rng.choice([0, 1, 7, 64, 100, 4096, 70_000, 300_000]) for _ in range(rng.randint(1, 12))],
                          dtype=np.int64)
         isolate = np.array([rng.random() < 0.1 for _ in numel])
-        gs = rng.choice([grid.size("dp"), grid.size("expert_dp"), 1])
+        gs = rng.choice([grid.size("dp"), grid.size("expert_dp"), 1, 3])
         for span in lay.ddp_buckets(numel, gs, rng.choice([None, 5000, 200_000]), distributed_optimizer=True,
                                     isolate=isolate):
             buckets.append((span, numel, gs))
-    rows, at = _adam_rows(b, buckets), 0
+    for sizes in ([4096, 100, 7, 65536, 1000, 3], [100, 3, 5000, 64, 1, 777]):  # one bucket per dp
+        for d in (1, 2, 3, 8, 48, 128, 256):
+            buckets.append((lay.ddp_buckets(np.array(sizes), d, None, distributed_optimizer=True)[0], np.array(sizes), d))
+    rows, at = adam_rows(b, buckets), 0
     for span, numel, gs in buckets:
-        alone = b._adam_shard_rows(gs, span, numel)
-        assert rows[:, at:at + gs].tobytes() == alone.tobytes()
+        got, hand = rows[:, at:at + gs], np.array(_adam_by_hand(b, span, numel, gs))
+        assert got.tobytes() == hand.tobytes()
+        assert got[0].sum() == numel[span.first:span.stop].sum()
+        assert got.tobytes() == adam_rows(b, [(span, numel, gs)]).tobytes()
         at += gs
     assert at == rows.shape[1]
 

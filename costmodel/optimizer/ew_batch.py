@@ -1,27 +1,56 @@
-"""The element-wise buckets of every buffer of a plan and their Adam values, made in one pass
+"""The per-rank fused-Adam values of element-wise buckets, made together (:func:`adam_rows`), and
+the element-wise buckets of every buffer of a plan with their values, in one pass
 (:func:`prepare_element_wise`).
 
-Internal to :mod:`costmodel.optimizer.plan`. The padded DDP buckets of a buffer's element-wise
-parameters and each rank's fused-Adam values on its equal shard of each bucket
-(:meth:`StageBuilder._adam_shard_rows`) are memoised per plan on the parameters' sizes,
+Internal to :mod:`costmodel.optimizer`. Each rank's fused-Adam values on its equal shard of a
+padded DDP bucket (parameter elements, shard pieces, multi-tensor chunks, launches, seconds) have
+one implementation, :func:`adam_rows`: each bucket sits at its own offset of one address line (so
+one ``searchsorted`` finds every shard boundary's parameter) and every value is the same integer
+or elementwise float operation whatever the other buckets (a bucket alone is the line of that
+one bucket). Megatron-FSDP's shards (:meth:`StageBuilder.adam_shards`: every buffer of a stage)
+and a buffer's buckets not memoised (:meth:`StageBuilder.element_wise`) call it too. The
+buckets of a buffer and their values are memoised per plan on the parameters' sizes,
 shared-embedding flags, the group size, the bucket size and the Adam kernels
-(``Timer.element_wise_spans``, :meth:`StageBuilder.element_wise`). Made bucket by bucket, each
-bucket's values take some forty numpy calls on arrays of a few dozen elements. Here the buckets of
-every buffer of every distinct stage of a plan are laid out first, then the values of all of them
-are computed at once along one axis of (bucket, rank) pairs: each bucket sits at its own offset of
-one address line (so one ``searchsorted`` finds every shard boundary's parameter), and every
-value is the same integer or the same elementwise float operation as the bucket's own: the same
-numbers. The stages then find every bucket memoised and add them in their own order, as before.
+(``Timer.element_wise_spans``, :meth:`StageBuilder.element_wise`); :func:`prepare_element_wise`
+lays out the buckets of every buffer of every distinct stage of a plan first and computes all
+their values at once (instead of some forty numpy calls per bucket). The stages then find every
+bucket memoised and add them in their own order.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import numpy as np
 
 from costmodel.optimizer import kernel_sequence as ks
 from costmodel.optimizer import layouts as lay
 from costmodel.optimizer.buffers import _Buffer
-from costmodel.optimizer.stage_builder import StageBuilder
+from costmodel.optimizer.timer import Timer
+from workloads.comm import CollectiveCall
+from workloads.inventory import TensorSpec
+
+
+class _GroupSizes(Protocol):
+    def size(self, group: str) -> int: ...
+
+
+class StageBuilder(Protocol):
+    """What :func:`adam_rows`, :func:`prepare_element_wise` and :mod:`spans_batch` read of a
+    :class:`stage_builder.StageBuilder` (which calls them: a protocol, not an import)."""
+
+    @property
+    def grid(self) -> _GroupSizes: ...
+
+    @property
+    def timer(self) -> Timer: ...
+
+    @property
+    def adam(self) -> ks.AdamBytes: ...
+
+    def bucket_size(self, chunk: int, stage: int | None = None) -> int | None: ...
+
+    def muon_item(self, t: TensorSpec) -> tuple[np.ndarray, tuple[CollectiveCall, ...]]: ...
 
 _Todo = tuple[tuple, np.ndarray, list[lay.BucketSpan], int]  # (memo key, item sizes, buckets, ranks)
 
@@ -49,9 +78,12 @@ def _todo(builder: StageBuilder, stages: list[tuple[int, list[_Buffer]]], muon_a
     return todo
 
 
-def _adam_rows(builder: StageBuilder, buckets: list[tuple[lay.BucketSpan, np.ndarray, int]]) -> np.ndarray:
-    """:meth:`StageBuilder._adam_shard_rows` of every bucket (span, its buffer's item sizes, ranks),
-    side by side: 8 × (ranks of all buckets), each bucket's ranks in order."""
+def adam_rows(builder: StageBuilder, buckets: list[tuple[lay.BucketSpan, np.ndarray, int]]) -> np.ndarray:
+    """Per-rank values of :data:`stage_builder.ADAM_SHARD_COLUMNS` (parameter elements twice,
+    shard pieces, multi-tensor chunks, norm pieces and chunks, launches, seconds) of fused Adam on
+    each rank's equal shard of every bucket (span, its buffer's item sizes, ranks), side by side:
+    8 × (ranks of all buckets), each bucket's ranks in order. A rank's pieces are the live
+    parameters intersecting its shard; its elements those of the parameters (padding excluded)."""
     ranks = [gs for _, _, gs in buckets]
     starts, sizes, points, pieces_first, pieces_last = [], [], [], [], []
     offset = block = 0
@@ -62,7 +94,7 @@ def _adam_rows(builder: StageBuilder, buckets: list[tuple[lay.BucketSpan, np.nda
         starts.append(start + offset)
         sizes.append(size)
         points.append(offset + np.arange(gs + 1, dtype=np.int64) * shard)  # the shard boundaries
-        live = size > 0  # element_wise_shard_pieces: the shards each live parameter intersects
+        live = size > 0  # the shards each live parameter intersects
         s = start[live]
         pieces_first.append(block + s // shard)
         pieces_last.append(block + (s + size[live] - 1) // shard + 1)
@@ -70,15 +102,15 @@ def _adam_rows(builder: StageBuilder, buckets: list[tuple[lay.BucketSpan, np.nda
         block += gs + 1
     g_start, g_size, x = np.concatenate(starts), np.concatenate(sizes), np.concatenate(points)
     before = np.concatenate(([0], np.cumsum(g_size)))
-    # shard_param_numel: parameter elements below each boundary (within a bucket, the same
-    # differences as the bucket's own line), differenced within each bucket
+    # parameter elements below each boundary (within a bucket, the same differences as the
+    # bucket's own line), differenced within each bucket
     idx = np.searchsorted(g_start, x, side="right") - 1
     safe = np.maximum(idx, 0)
     covered = np.where(idx < 0, 0, before[safe] + np.minimum(x - g_start[safe], g_size[safe]))
     within = np.ones(len(x), dtype=bool)
     within[np.cumsum([gs + 1 for gs in ranks]) - 1] = False  # a bucket's last boundary starts no shard
     per_rank = (covered[1:] - covered[:-1])[within[:-1]].astype(np.float64)
-    # element_wise_shard_pieces: +1 at each parameter's first shard, -1 after its last; every
+    # pieces: +1 at each parameter's first shard, -1 after its last; every
     # bucket's block sums to zero, so one running sum restarts at each block
     n = block
     counts = np.bincount(np.concatenate(pieces_first), minlength=n) - np.bincount(np.concatenate(pieces_last), minlength=n)
@@ -99,7 +131,7 @@ def prepare_element_wise(builder: StageBuilder, stages: list[tuple[int, list[_Bu
     buckets = [(span, numel, gs) for _, numel, spans, gs in todo for span in spans]
     if not buckets:
         return
-    rows = _adam_rows(builder, buckets)
+    rows = adam_rows(builder, buckets)
     at = 0
     for key, _, spans, gs in todo:
         made = []

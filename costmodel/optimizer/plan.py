@@ -160,21 +160,21 @@ def fsdp_note(spec) -> str:  # noqa: ANN001 - workloads.scenario.OptimizerSpec
     return FSDP_NOTES[spec.data_parallel_sharding_strategy]
 
 
-def _fsdp_shards(b: StageBuilder, buf) -> None:  # noqa: ANN001 - stage_builder._Buffer
-    """Megatron-FSDP with sharded gradients: each rank steps its equal shard of the (padded) buffer;
-    no gradient buckets (the reduce-scatters are per layer, :mod:`costmodel.fsdp`)."""
-    gs = b.grid.size(buf.group)
-    for span in lay.ddp_buckets(buf.numel, gs, None, distributed_optimizer=True):
-        b.adam_shards(buf.group, span, buf.numel)
+def _fsdp_shards(b: StageBuilder, buffers: list[_Buffer]) -> None:
+    """Megatron-FSDP with sharded gradients: each rank steps its equal shard of each (padded)
+    buffer; no gradient buckets (the reduce-scatters are per layer, :mod:`costmodel.fsdp`)."""
+    b.adam_shards([(buf.group, span, buf.numel) for buf in buffers
+                   for span in lay.ddp_buckets(buf.numel, b.grid.size(buf.group), None, distributed_optimizer=True)])
 
 
 def _fsdp_stage(b: StageBuilder, buffers: list, strategy: str) -> None:
     """The step's bucket work of Megatron-FSDP under ``strategy`` (see :mod:`costmodel.fsdp`)."""
+    if strategy == "optim_grads_params":
+        _fsdp_shards(b, buffers)
+        return
     for buf in buffers:
         everything = np.arange(len(buf.numel))
-        if strategy == "optim_grads_params":
-            _fsdp_shards(b, buf)
-        elif strategy == "optim_grads":  # sharded gradients: only the parameter gather is per bucket
+        if strategy == "optim_grads":  # sharded gradients: only the parameter gather is per bucket
             b.element_wise(buf, everything, reduce=False)
         elif strategy == "optim":
             b.element_wise(buf, everything)

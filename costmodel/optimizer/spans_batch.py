@@ -1,34 +1,52 @@
-"""The layer-wise spans effects of every buffer of a plan, made in one pass (:func:`prepare_spans_effects`).
+"""The layer-wise spans effects of buffers, made together (:func:`spans_effects`), and of every
+buffer of a plan in one pass (:func:`prepare_spans_effects`).
 
-Internal to :mod:`costmodel.optimizer.plan`. What stepping a buffer's layer-wise spans adds to its
-stage (per-rank sums, owners, buckets: :class:`stage_builder._SpansEffect`) is memoised per plan
-on the buffer's per-item arrays, group size, bucket size and strategy (``Timer.spans_effects``).
-Made buffer by buffer (:meth:`StageBuilder._spans_effect`), each effect pays a few dozen numpy
-calls and a Python walk of the buffer's distinct tensors. Here the effects of every buffer of
-every distinct stage of a plan are made before the stages are built, all at once: the Muon rows
-of the buffers' distinct tensors are gathered into one table, one ``bincount`` sums every span of
-every buffer (each bin adds the same items in the same order as the buffer's own
-:meth:`_Role.span_sums`: the same floats), one ``maximum.reduceat`` gives every span's last
-backprop position. The stages then find every effect in the memo
-(:meth:`StageBuilder.layer_wise_current`) and add them in their own order, as before.
+Internal to :mod:`costmodel.optimizer`. What stepping a buffer's layer-wise spans adds to its
+stage (per-rank sums, owners, buckets: :class:`_SpansEffect`) is memoised per plan on the
+buffer's per-item arrays, group size, bucket size and strategy (``Timer.spans_effects``).
+:func:`spans_effects` is its one implementation: the Muon rows of the buffers' distinct tensors
+are gathered into one table, one ``bincount`` sums every span of every buffer (each bin adds its
+span's items in order, by owner: what one :meth:`_Role.add_owned` per span adds), one
+``maximum.reduceat`` gives every span's last backprop position. A stage meeting a buffer whose
+effect is not memoised asks for that one buffer (:meth:`StageBuilder._spans_effect`);
+:func:`prepare_spans_effects` asks for every buffer of every distinct stage of a plan before the
+stages are built (one pass instead of a few dozen numpy calls per buffer). The stages then find
+every effect in the memo (:meth:`StageBuilder.layer_wise_current`) and add them in their own
+order.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from costmodel.optimizer import layouts as lay
 from costmodel.optimizer.buffers import _Buffer
-from costmodel.optimizer.stage_builder import COLUMNS, StageBuilder, _SpansEffect
+from costmodel.optimizer.ew_batch import StageBuilder
+from costmodel.optimizer.plan_types import COLUMNS
 from workloads.comm import CollectiveCall
 
-_Todo = tuple[tuple, _Buffer, np.ndarray, list[lay.BucketSpan], int]  # (memo key, buffer, Muon items, spans, ranks)
+_Item = tuple[_Buffer, np.ndarray, list[lay.BucketSpan], int]  # (buffer, its Muon items, their spans, ranks)
 
 
-def _partition(spans: list[lay.BucketSpan], items: int) -> bool:
-    """Whether ``spans`` cover ``items`` items in order, each with an owner per item (and owners
-    >= 0, checked by :func:`prepare_spans_effects` for all buffers at once: what
-    :meth:`StageBuilder._spans_effect` requires; otherwise the buffer is stepped span by span)."""
+@dataclass(frozen=True, eq=False)
+class _SpansEffect:
+    """What stepping a buffer's layer-wise spans adds to a stage (:meth:`StageBuilder.layer_wise_current`):
+    the same for every buffer of a plan with the same per-item arrays, group size, bucket size and
+    strategy (the equal chunks of a plan's stages), whose parameter names alone differ."""
+
+    sums: np.ndarray  # per-rank sums of COLUMNS: columns x ranks (one span), spans x columns x ranks
+    picked: np.ndarray  # the Muon items stepped (positions in the buffer)
+    owners: np.ndarray  # their owners
+    calls: list[tuple[CollectiveCall, ...]]  # TP calls per distinct tensor of the buffer
+    buckets: list[tuple[int, int, int]]  # per span: (padded numel, used numel, last backprop position)
+
+
+def partition(spans: list[lay.BucketSpan], items: int) -> bool:
+    """Whether ``spans`` cover ``items`` items in order, each with an owner per item (owners >= 0
+    are checked by :func:`spans_effects`): what a spans effect requires; otherwise the buffer is
+    stepped span by span (:meth:`StageBuilder.layer_wise_current`)."""
     if not spans or spans[0].first != 0 or spans[-1].stop != items:
         return False
     if any(a.stop != b.first for a, b in zip(spans[:-1], spans[1:], strict=True)):
@@ -36,11 +54,12 @@ def _partition(spans: list[lay.BucketSpan], items: int) -> bool:
     return all(span.owner is not None and len(span.owner) == span.stop - span.first for span in spans)
 
 
-def _todo(builder: StageBuilder, stages: list[tuple[int, list[_Buffer]]], strategy: str) -> list[_Todo]:
+def _todo(builder: StageBuilder, stages: list[tuple[int, list[_Buffer]]],
+          strategy: str) -> list[tuple[tuple, _Item]]:
     """The layer-wise buffers of ``stages`` whose effect is not memoised yet, with their layouts
     (the first of each memo key only; buffers whose spans are not a partition are left out)."""
     memo, grid = builder.timer.spans_effects, builder.grid
-    todo: list[_Todo] = []
+    todo: list[tuple[tuple, _Item]] = []
     keys: set[tuple] = set()
     for s, buffers in stages:
         for buf in buffers:
@@ -54,22 +73,22 @@ def _todo(builder: StageBuilder, stages: list[tuple[int, list[_Buffer]]], strate
                 continue
             spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, bucket_size, strategy,
                                           isolate=buf.shared[sel])
-            if _partition(spans, len(sel)):
+            if partition(spans, len(sel)):
                 keys.add(key)
-                todo.append((key, buf, sel, spans, gs))
+                todo.append((key, (buf, sel, spans, gs)))
     return todo
 
 
-def _muon_rows(builder: StageBuilder, todo: list[_Todo]) -> tuple[np.ndarray, list[int],
-                                                                  list[list[tuple[CollectiveCall, ...]]]]:
-    """(rows of :data:`COLUMNS` of the buffers' distinct tensors, each buffer's first row in it,
-    each buffer's TP calls per distinct tensor): :meth:`StageBuilder._per_tensor`'s values (Muon
-    tensors' rows; a non-Muon tensor's row is never read here: zeros, no calls)."""
+def _muon_rows(builder: StageBuilder, items: list[_Item], ncol: int) -> tuple[np.ndarray, list[int],
+                                                                            list[list[tuple[CollectiveCall, ...]]]]:
+    """(rows of ``ncol`` columns (:data:`COLUMNS`) of the buffers' distinct tensors, each
+    buffer's first row in it, each buffer's TP calls per distinct tensor): :meth:`StageBuilder.muon_item`
+    of the Muon tensors (a non-Muon tensor's row is never read here: zeros, no calls)."""
     rows: list[np.ndarray] = []
     firsts: list[int] = []
     calls: list[list[tuple[CollectiveCall, ...]]] = []
-    zero = np.zeros(len(COLUMNS))
-    for _, buf, _, _, _ in todo:
+    zero = np.zeros(ncol)
+    for buf, _, _, _ in items:
         muon = np.zeros(len(buf.unique), dtype=bool)
         muon[buf.tid] = buf.muon
         firsts.append(len(rows))
@@ -83,7 +102,52 @@ def _muon_rows(builder: StageBuilder, todo: list[_Todo]) -> tuple[np.ndarray, li
                 rows.append(zero)
                 own.append(())
         calls.append(own)
-    return np.array(rows, dtype=np.float64).reshape(len(rows), len(COLUMNS)), firsts, calls
+    return np.array(rows, dtype=np.float64).reshape(len(rows), ncol), firsts, calls
+
+
+def spans_effects(builder: StageBuilder, items: list[_Item]) -> list[_SpansEffect] | None:
+    """The :class:`_SpansEffect` of each item (buffer, its Muon items ``sel``, their layer-wise spans,
+    which must be a :func:`partition` of ``sel``, the group's ranks): every span's items stepped whole
+    by their owners (per-rank sums of their rows, in item order per span), made for all items in one
+    pass; None when an owner is < 0 (never for layer-wise layouts: the buffers are then stepped span
+    by span). ``builder`` (any StageBuilder of the plan) gives the Muon tensors' rows."""
+    ncol = len(COLUMNS)
+    table, firsts, calls = _muon_rows(builder, items, ncol)
+    owners: list[np.ndarray] = []
+    lengths: list[int] = []
+    span_base: list[int] = []  # per span: its first bin (in ranks) in the bincount
+    item_first: list[int] = []  # per span: its first item in the concatenated items
+    row_of, positions = [], []
+    bins = at = 0
+    for (buf, sel, spans, gs), first in zip(items, firsts, strict=True):
+        row_of.append(buf.tid[sel] + first)
+        positions.append(buf.position[sel])
+        for j, span in enumerate(spans):
+            assert span.owner is not None  # partition
+            owners.append(span.owner)
+            lengths.append(span.stop - span.first)
+            span_base.append(bins + j * gs)
+            item_first.append(at + span.first)
+        bins += len(spans) * gs
+        at += len(sel)
+    owner = np.concatenate(owners)
+    if bool((owner < 0).any()):
+        return None
+    span_of = np.repeat(np.arange(len(lengths)), lengths)
+    index = ((np.array(span_base, dtype=np.int64)[span_of] + owner)[:, None] * ncol + np.arange(ncol)).ravel()
+    sums = np.bincount(index, weights=table[np.concatenate(row_of)].ravel(), minlength=bins * ncol)
+    readies = np.maximum.reduceat(np.concatenate(positions), item_first).tolist()
+    out: list[_SpansEffect] = []
+    at = spans_at = first_item = 0
+    for (_, sel, spans, gs), own_calls in zip(items, calls, strict=True):
+        n, size = len(spans), len(spans) * gs * ncol
+        block = sums[at:at + size]
+        effect_sums = block.reshape(gs, ncol).T if n == 1 else block.reshape(n, gs, ncol).transpose(0, 2, 1)
+        buckets = [(span.numel, span.used, ready)
+                   for span, ready in zip(spans, readies[spans_at:spans_at + n], strict=True)]
+        out.append(_SpansEffect(effect_sums, sel, owner[first_item:first_item + len(sel)], own_calls, buckets))
+        at, spans_at, first_item = at + size, spans_at + n, first_item + len(sel)
+    return out
 
 
 def prepare_spans_effects(builder: StageBuilder, stages: list[tuple[int, list[_Buffer]]], strategy: str) -> None:
@@ -93,39 +157,8 @@ def prepare_spans_effects(builder: StageBuilder, stages: list[tuple[int, list[_B
     todo = _todo(builder, stages, strategy)
     if not todo:
         return
-    table, firsts, calls = _muon_rows(builder, todo)
-    ncol = len(COLUMNS)
-    owners: list[np.ndarray] = []
-    lengths: list[int] = []
-    span_base: list[int] = []  # per span: its first bin (in ranks) in the plan's bincount
-    item_first: list[int] = []  # per span: its first item in the concatenated items
-    row_of, positions = [], []
-    bins = items = 0
-    for (_, buf, sel, spans, gs), first in zip(todo, firsts, strict=True):
-        row_of.append(buf.tid[sel] + first)
-        positions.append(buf.position[sel])
-        for j, span in enumerate(spans):
-            assert span.owner is not None  # _partition
-            owners.append(span.owner)
-            lengths.append(span.stop - span.first)
-            span_base.append(bins + j * gs)
-            item_first.append(items + span.first)
-        bins += len(spans) * gs
-        items += len(sel)
-    owner = np.concatenate(owners)
-    if bool((owner < 0).any()):  # never for layer-wise layouts; else every stage goes buffer by buffer
+    effects = spans_effects(builder, [item for _, item in todo])
+    if effects is None:  # every stage goes buffer by buffer
         return
-    span_of = np.repeat(np.arange(len(lengths)), lengths)
-    index = ((np.array(span_base, dtype=np.int64)[span_of] + owner)[:, None] * ncol + np.arange(ncol)).ravel()
-    sums = np.bincount(index, weights=table[np.concatenate(row_of)].ravel(), minlength=bins * ncol)
-    readies = np.maximum.reduceat(np.concatenate(positions), item_first).tolist()
-    at = spans_at = items = 0
-    for (key, buf, sel, spans, gs), own_calls in zip(todo, calls, strict=True):
-        n, size = len(spans), len(spans) * gs * ncol
-        block = sums[at:at + size]
-        effect_sums = block.reshape(gs, ncol).T if n == 1 else block.reshape(n, gs, ncol).transpose(0, 2, 1)
-        buckets = [(span.numel, span.used, ready)
-                   for span, ready in zip(spans, readies[spans_at:spans_at + n], strict=True)]
-        effect = _SpansEffect(effect_sums, sel, owner[items:items + len(sel)], own_calls, buckets)
+    for (key, (buf, _, _, _)), effect in zip(todo, effects, strict=True):
         builder.timer.spans_effects[key] = (buf.numel, effect)
-        at, spans_at, items = at + size, spans_at + n, items + len(sel)
