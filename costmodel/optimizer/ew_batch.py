@@ -35,7 +35,7 @@ class _GroupSizes(Protocol):
     def size(self, group: str) -> int: ...
 
 
-class StageBuilder(Protocol):
+class BuilderView(Protocol):
     """What :func:`adam_rows`, :func:`prepare_element_wise` and :mod:`spans_batch` read of a
     :class:`stage_builder.StageBuilder` (which calls them: a protocol, not an import)."""
 
@@ -55,7 +55,7 @@ class StageBuilder(Protocol):
 _Todo = tuple[tuple, np.ndarray, list[lay.BucketSpan], int]  # (memo key, item sizes, buckets, ranks)
 
 
-def _todo(builder: StageBuilder, stages: list[tuple[int, list[_Buffer]]], muon_apart: bool) -> list[_Todo]:
+def _todo(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]], muon_apart: bool) -> list[_Todo]:
     """The element-wise selections of the buffers of ``stages`` whose buckets are not memoised
     yet (their non-Muon items if ``muon_apart``, else all), with their buckets (the first of each
     memo key only)."""
@@ -78,7 +78,7 @@ def _todo(builder: StageBuilder, stages: list[tuple[int, list[_Buffer]]], muon_a
     return todo
 
 
-def adam_rows(builder: StageBuilder, buckets: list[tuple[lay.BucketSpan, np.ndarray, int]]) -> np.ndarray:
+def adam_rows(builder: BuilderView, buckets: list[tuple[lay.BucketSpan, np.ndarray, int]]) -> np.ndarray:
     """Per-rank values of :data:`stage_builder.ADAM_SHARD_COLUMNS` (parameter elements twice,
     shard pieces, multi-tensor chunks, norm pieces and chunks, launches, seconds) of fused Adam on
     each rank's equal shard of every bucket (span, its buffer's item sizes, ranks), side by side:
@@ -122,7 +122,7 @@ def adam_rows(builder: StageBuilder, buckets: list[tuple[lay.BucketSpan, np.ndar
     return np.stack([per_rank, per_rank, pieces, chunks, pieces, chunks, per_kernel * pieces, piece_s])
 
 
-def prepare_element_wise(builder: StageBuilder, stages: list[tuple[int, list[_Buffer]]], muon_apart: bool) -> None:
+def prepare_element_wise(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]], muon_apart: bool) -> None:
     """Memoise (``builder.timer.element_wise_spans``) the element-wise buckets and Adam values of
     every buffer of ``stages`` ((stage, its buffers) of a plan) not memoised yet, all in one pass
     (``muon_apart``: the buffers' non-Muon items, as the current layer-wise layout steps them;

@@ -23,7 +23,7 @@ import numpy as np
 
 from costmodel.optimizer import layouts as lay
 from costmodel.optimizer.buffers import _Buffer
-from costmodel.optimizer.ew_batch import StageBuilder
+from costmodel.optimizer.ew_batch import BuilderView
 from costmodel.optimizer.plan_types import COLUMNS
 from workloads.comm import CollectiveCall
 
@@ -54,7 +54,7 @@ def partition(spans: list[lay.BucketSpan], items: int) -> bool:
     return all(span.owner is not None and len(span.owner) == span.stop - span.first for span in spans)
 
 
-def _todo(builder: StageBuilder, stages: list[tuple[int, list[_Buffer]]],
+def _todo(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]],
           strategy: str) -> list[tuple[tuple, _Item]]:
     """The layer-wise buffers of ``stages`` whose effect is not memoised yet, with their layouts
     (the first of each memo key only; buffers whose spans are not a partition are left out)."""
@@ -79,7 +79,7 @@ def _todo(builder: StageBuilder, stages: list[tuple[int, list[_Buffer]]],
     return todo
 
 
-def _muon_rows(builder: StageBuilder, items: list[_Item], ncol: int) -> tuple[np.ndarray, list[int],
+def _muon_rows(builder: BuilderView, items: list[_Item], ncol: int) -> tuple[np.ndarray, list[int],
                                                                             list[list[tuple[CollectiveCall, ...]]]]:
     """(rows of ``ncol`` columns (:data:`COLUMNS`) of the buffers' distinct tensors, each
     buffer's first row in it, each buffer's TP calls per distinct tensor): :meth:`StageBuilder.muon_item`
@@ -105,7 +105,7 @@ def _muon_rows(builder: StageBuilder, items: list[_Item], ncol: int) -> tuple[np
     return np.array(rows, dtype=np.float64).reshape(len(rows), ncol), firsts, calls
 
 
-def spans_effects(builder: StageBuilder, items: list[_Item]) -> list[_SpansEffect] | None:
+def spans_effects(builder: BuilderView, items: list[_Item]) -> list[_SpansEffect] | None:
     """The :class:`_SpansEffect` of each item (buffer, its Muon items ``sel``, their layer-wise spans,
     which must be a :func:`partition` of ``sel``, the group's ranks): every span's items stepped whole
     by their owners (per-rank sums of their rows, in item order per span), made for all items in one
@@ -150,7 +150,7 @@ def spans_effects(builder: StageBuilder, items: list[_Item]) -> list[_SpansEffec
     return out
 
 
-def prepare_spans_effects(builder: StageBuilder, stages: list[tuple[int, list[_Buffer]]], strategy: str) -> None:
+def prepare_spans_effects(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]], strategy: str) -> None:
     """Memoise (``builder.timer.spans_effects``) the layer-wise spans effect of every buffer of
     ``stages`` ((stage, its buffers) of a plan) not memoised yet, all in one pass; ``builder``
     (any StageBuilder of the plan) gives the bucket sizes and the distinct tensors' rows."""
