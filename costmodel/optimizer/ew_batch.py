@@ -52,6 +52,15 @@ class BuilderView(Protocol):
 
     def muon_item(self, t: TensorSpec) -> tuple[np.ndarray, tuple[CollectiveCall, ...]]: ...
 
+def element_wise_key(numel: np.ndarray, isolate: np.ndarray, gs: int, bucket_size: int | None,
+                     piece_kernels: tuple) -> tuple:
+    """The key of ``Timer.element_wise_spans`` (a selection's padded DDP buckets and per-rank Adam
+    values): what they depend on, the items' sizes (elements) and shared-embedding flags, the group
+    size, the bucket size (elements) and the Adam kernels; :meth:`StageBuilder.element_wise` and
+    :func:`prepare_element_wise` both use it."""
+    return numel.tobytes(), isolate.tobytes(), gs, bucket_size, piece_kernels
+
+
 _Todo = tuple[tuple, np.ndarray, list[lay.BucketSpan], int]  # (memo key, item sizes, buckets, ranks)
 
 
@@ -69,7 +78,7 @@ def _todo(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]], muon_ap
                 continue
             gs, bucket_size = grid.size(buf.group), builder.bucket_size(buf.chunk, s)
             numel, isolate = buf.numel[sel], buf.shared[sel]
-            key = (numel.tobytes(), isolate.tobytes(), gs, bucket_size, builder.adam.piece_kernels)  # element_wise's
+            key = element_wise_key(numel, isolate, gs, bucket_size, builder.adam.piece_kernels)
             if key in memo or key in keys:
                 continue
             keys.add(key)

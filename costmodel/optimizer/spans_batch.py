@@ -54,6 +54,14 @@ def partition(spans: list[lay.BucketSpan], items: int) -> bool:
     return all(span.owner is not None and len(span.owner) == span.stop - span.first for span in spans)
 
 
+def spans_key(buf: _Buffer, sel: np.ndarray, gs: int, bucket_size: int | None, strategy: str) -> tuple:
+    """The key of ``Timer.spans_effects`` (a buffer's layer-wise spans effect; the entry holds
+    ``buf.numel``, so the id is not reused): the per-item arrays by identity (equal chunks of a plan
+    share them), the Muon items stepped, the group size, the bucket size (elements) and the strategy;
+    :meth:`StageBuilder.layer_wise_current` and :func:`prepare_spans_effects` both use it."""
+    return id(buf.numel), len(sel), gs, bucket_size, strategy
+
+
 def _todo(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]],
           strategy: str) -> list[tuple[tuple, _Item]]:
     """The layer-wise buffers of ``stages`` whose effect is not memoised yet, with their layouts
@@ -67,7 +75,7 @@ def _todo(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]],
             if len(sel) == 0:
                 continue
             gs, bucket_size = grid.size(buf.group), builder.bucket_size(buf.chunk, s)
-            key = (id(buf.numel), len(sel), gs, bucket_size, strategy)  # StageBuilder.layer_wise_current's
+            key = spans_key(buf, sel, gs, bucket_size, strategy)
             hit = memo.get(key)
             if key in keys or (hit is not None and hit[0] is buf.numel):
                 continue

@@ -30,7 +30,7 @@ from costmodel.optimizer import kernel_sequence as ks
 from costmodel.optimizer import layouts as lay
 from costmodel.optimizer.buffers import GROUPS, _Buffer
 from costmodel.optimizer.elementwise import PARAM_BYTES
-from costmodel.optimizer.ew_batch import adam_rows
+from costmodel.optimizer.ew_batch import adam_rows, element_wise_key
 from costmodel.optimizer.newton_schulz import (
     NsSettings,
     tensor_ns_work,
@@ -44,7 +44,7 @@ from costmodel.optimizer.plan_types import (
     RoleOwnership,
     StageOptimizerPlan,
 )
-from costmodel.optimizer.spans_batch import _SpansEffect, partition, spans_effects
+from costmodel.optimizer.spans_batch import _SpansEffect, partition, spans_effects, spans_key
 from costmodel.optimizer.timer import Timer
 from topologies.identity_memo import IdentityMemo
 from workloads.comm import CollectiveCall, merge_calls
@@ -290,7 +290,7 @@ class StageBuilder:
             return
         gs, bucket_size = self.grid.size(buf.group), self.bucket_size(buf.chunk)
         numel, isolate = buf.numel[sel], buf.shared[sel]
-        key = (numel.tobytes(), isolate.tobytes(), gs, bucket_size, self.adam.piece_kernels)
+        key = element_wise_key(numel, isolate, gs, bucket_size, self.adam.piece_kernels)
         spans = self.timer.element_wise_spans.get(key)
         if spans is None:  # the buckets' values made together (ew_batch.adam_rows)
             made = lay.ddp_buckets(numel, gs, bucket_size, distributed_optimizer=True, isolate=isolate)
@@ -312,7 +312,7 @@ class StageBuilder:
         if len(sel) == 0:
             return
         gs, bucket_size = self.grid.size(buf.group), self.bucket_size(buf.chunk)
-        key = (id(buf.numel), len(sel), gs, bucket_size, strategy)
+        key = spans_key(buf, sel, gs, bucket_size, strategy)
         hit = self.timer.spans_effects.get(key)
         if hit is not None and hit[0] is buf.numel:
             effect = hit[1]
