@@ -83,15 +83,12 @@ def test_multi_tensor_apply_launches() -> None:
     assert ks.kernel_count(ks.grad_norm_kernels(200, 200, 2e5)) == 2 + 3  # 2 l2norm launches, cleanup, ** 2, .item()
 
 
-def test_element_wise_shard_pieces() -> None:
-    """Parameters [0, 30), [30, 60), [60, 100) of a 100-element bucket over 4 shards of 25: rank 0
-    holds a piece of the first, rank 1 of the first two, rank 2 of the last two, rank 3 of the last;
-    one chunk per small piece, 4 chunks for a 200,000-element piece (65,536 per chunk)."""
-    pieces = ks.element_wise_shard_pieces(np.array([0, 30, 60]), np.array([30, 30, 40]), 100, 4)
-    assert pieces.tolist() == [1, 2, 2, 1]
-    assert ks.shard_chunks(pieces, np.array([25, 25, 25, 25])).tolist() == [1, 2, 2, 1]
-    big = ks.element_wise_shard_pieces(np.array([0]), np.array([4 * 200_000]), 4 * 200_000, 4)
-    assert big.tolist() == [1, 1, 1, 1] and ks.shard_chunks(big, np.full(4, 200_000)).tolist() == [4, 4, 4, 4]
+def test_shard_chunks() -> None:
+    """One chunk per small piece (a shard of 25 holding 1, 2, 2, 1 pieces), 4 chunks for a
+    200,000-element piece (65,536 per chunk), none for no piece. (The pieces per shard of a bucket:
+    tests/test_optimizer_plan_batch.py.)"""
+    assert ks.shard_chunks(np.array([1, 2, 2, 1]), np.array([25, 25, 25, 25])).tolist() == [1, 2, 2, 1]
+    assert ks.shard_chunks(np.ones(4), np.full(4, 200_000)).tolist() == [4, 4, 4, 4]
     assert ks.shard_chunks(np.array([0.0]), np.array([0.0])).tolist() == [0]
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 
 from costmodel.optimizer import Grid, expected_rank_collectives, plan_from_inventory
@@ -163,18 +162,6 @@ def test_inconsistent_grid_is_rejected() -> None:
     with pytest.raises(ValueError):
         plan_from_inventory(tiny(moe=False), OptimizerSpec(kind="muon", distribution="element_wise"),
                             Grid(dp=4, expert_dp=4))
-
-
-def test_vectorised_shard_coverage_equals_brute_force() -> None:
-    from costmodel.optimizer import layouts as lay
-
-    sizes = np.array([100, 3, 5000, 64, 1, 777])
-    for d in (1, 3, 8, 128):
-        span = lay.ddp_buckets(sizes, d, None, distributed_optimizer=True)[0]
-        mask = np.zeros(span.numel, dtype=int)
-        for s, n in zip(span.starts.tolist(), sizes.tolist(), strict=True):
-            mask[s:s + n] = 1
-        assert lay.shard_param_numel(span, sizes, d).tolist() == mask.reshape(d, -1).sum(axis=1).tolist()
 
 
 def test_rank_table_builds_rank_work_on_read():

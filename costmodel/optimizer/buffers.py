@@ -109,6 +109,14 @@ def chunk_buffers(runs: tuple[TensorRun, ...], chunk: int, kind: str, fp8_params
     ``fp8_params`` (fp8_param_gather active): which tensors, in which layer, are FP8 parameters
     (:func:`workloads.fp8_params.is_fp8_param`); they get buffers of their own.
     """
+    return make_buffers([(chunk, kind, chunk_parts(runs, fp8_params))])[0]
+
+
+_Parts = list[tuple[str, bool, list[_Part]]]  # (dp group, FP8 parameters, parts) per buffer of a chunk
+
+
+def chunk_parts(runs: tuple[TensorRun, ...], fp8_params: Fp8Of | None = None) -> _Parts:
+    """The parts of each buffer of one chunk's runs (:func:`chunk_buffers` without the arrays)."""
     keys = [(g, f) for g in GROUPS for f in ((True, False) if fp8_params else (False,))]
     parts: dict[tuple[str, bool], list[_Part]] = {k: [] for k in keys}
     pos = 0
@@ -125,7 +133,7 @@ def chunk_buffers(runs: tuple[TensorRun, ...], chunk: int, kind: str, fp8_params
             for key, pat in pattern.items():
                 parts[key].append(_Part(run, layers, prefixes, tuple(pat), pos, offset))
             pos += offset * len(layers)
-    return [_buffer(chunk, g, f, parts[(g, f)], kind) for g, f in keys if parts[(g, f)]]
+    return [(g, f, parts[(g, f)]) for g, f in keys if parts[(g, f)]]
 
 
 _Arrays = tuple[tuple[TensorSpec, ...], np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -137,47 +145,94 @@ def clear_memo() -> None:
     _ARRAYS.clear()
 
 
-def _buffer(chunk: int, group: str, fp8: bool, parts: list[_Part], kind: str) -> _Buffer:
-    """The buffer of ``parts`` (per-item arrays: one layer's pattern tiled over each part's layers).
+def make_buffers(chunks: list[tuple[int, str, _Parts]]) -> list[list[_Buffer]]:
+    """The buffers of several chunks ((chunk, optimizer kind, :func:`chunk_parts`) each), their
+    per-item arrays (one layer's pattern tiled over each part's layers) made for all of them at once.
 
     The arrays are memoised on what they depend on: per part its layer count, positions and pattern
     of tensors (by identity); the equal chunks of a plan's stages share them (read-only). Names come
     from each buffer's own parts."""
-    key = (kind, tuple((len(p.layers), p.position, p.per_layer, tuple((copies, at) for _, _, copies, at in p.pattern))
-                       for p in parts))
-    tensors = [t for p in parts for _, t, _, _ in p.pattern]
-    hit = _ARRAYS.get(key, *tensors)
-    if hit is None:
-        hit = _ARRAYS.put(_arrays(parts, kind), key, *tensors)
-    unique, numel, cost, muon, position, tid, shared = hit
-    return _Buffer(chunk=chunk, group=group, numel=numel, cost=cost, muon=muon, position=position, unique=unique,
-                   tid=tid, shared=shared, fp8=fp8, parts=tuple(parts))
+    keyed = []
+    missing: dict[tuple, tuple[list[_Part], str, list[TensorSpec]]] = {}
+    for _, kind, bufs in chunks:
+        for _, _, parts in bufs:
+            key = (kind, tuple((len(p.layers), p.position, p.per_layer,
+                                tuple((copies, at) for _, _, copies, at in p.pattern)) for p in parts))
+            tensors = [t for p in parts for _, t, _, _ in p.pattern]
+            keyed.append((key, tensors))
+            if _ARRAYS.get(key, *tensors) is None:
+                missing.setdefault((key, *map(id, tensors)), (parts, kind, tensors))
+    if missing:
+        for (key, *_), (_, _, tensors), arrays in zip(missing, missing.values(), _arrays(list(missing.values())),
+                                                        strict=True):
+            _ARRAYS.put(arrays, key, *tensors)
+    out, at = [], 0
+    for chunk, kind, bufs in chunks:
+        made = []
+        for group, fp8, parts in bufs:
+            key, tensors = keyed[at]
+            at += 1
+            hit = _ARRAYS.get(key, *tensors)
+            if hit is None:  # the memo was emptied at its limit meanwhile
+                hit = _ARRAYS.put(_arrays([(parts, kind, tensors)])[0], key, *tensors)
+            unique, numel, cost, muon, position, tid, shared = hit
+            made.append(_Buffer(chunk=chunk, group=group, numel=numel, cost=cost, muon=muon, position=position,
+                                unique=unique, tid=tid, shared=shared, fp8=fp8, parts=tuple(parts)))
+        out.append(made)
+    return out
 
 
-def _arrays(parts: list[_Part], kind: str) -> _Arrays:
-    """(distinct tensors, numel, cost, muon, position, tid, shared) of the items of ``parts``, read-only."""
-    index: dict[int, int] = {}
-    unique: list[TensorSpec] = []
-    tids: list[np.ndarray] = []
-    positions: list[np.ndarray] = []
-    for part in parts:
-        ids: list[int] = []
-        offsets: list[int] = []
-        for _, t, copies, at in part.pattern:
-            u = index.get(id(t))
-            if u is None:
-                u = index[id(t)] = len(unique)
-                unique.append(t)
-            ids += [u] * copies
-            offsets += range(at, at + copies)
-        layers = len(part.layers)
-        tids.append(np.tile(np.array(ids, dtype=np.int64), layers))
-        first = part.position + part.per_layer * np.arange(layers, dtype=np.int64)
-        positions.append((first[:, None] + np.array(offsets, dtype=np.int64)[None, :]).ravel())
-    tid = np.concatenate(tids)
-    per = np.array([(t.local_numel, param_cost(t), kind == "muon" and t.optimizer == "muon", t.shared_embedding)
-                    for t in unique], dtype=np.float64)
-    arrays = (per[tid, 0].astype(np.int64), per[tid, 1], per[tid, 2] > 0, np.concatenate(positions), tid, per[tid, 3] > 0)
-    for a in arrays:
-        a.setflags(write=False)
-    return (tuple(unique), *arrays)
+def _arrays(buffers: list[tuple[list[_Part], str, list[TensorSpec]]]) -> list[_Arrays]:
+    """(distinct tensors, numel, cost, muon, position, tid, shared) of the items of each buffer's
+    parts (and optimizer kind), read-only, for all the buffers in one pass: part ``p`` of layers
+    ``L_p`` and a pattern of ``k_p`` items gives item ``j`` of its ``L_p·k_p`` the pattern's entry
+    ``j mod k_p`` in layer ``j div k_p``."""
+    uniques: list[list[TensorSpec]] = []
+    ids: list[int] = []  # the pattern entries of every part: tensor (index in its buffer's uniques) ...
+    offsets: list[int] = []  # ... and position in the layer
+    sizes, reps, bases, firsts, steps, rows_at = [], [], [], [], [], []
+    per_rows: list[tuple] = []
+    for parts, kind, _ in buffers:
+        index: dict[int, int] = {}
+        unique: list[TensorSpec] = []
+        for part in parts:
+            bases.append(len(ids))
+            for _, t, copies, at in part.pattern:
+                u = index.get(id(t))
+                if u is None:
+                    u = index[id(t)] = len(unique)
+                    unique.append(t)
+                ids += [u] * copies
+                offsets += range(at, at + copies)
+            sizes.append(len(ids) - bases[-1])
+            reps.append(len(part.layers))
+            firsts.append(part.position)
+            steps.append(part.per_layer)
+            rows_at.append(len(per_rows))
+        per_rows += [(t.local_numel, param_cost(t), kind == "muon" and t.optimizer == "muon", t.shared_embedding)
+                     for t in unique]
+        uniques.append(unique)
+    k, layers = np.array(sizes, dtype=np.int64), np.array(reps, dtype=np.int64)
+    items = k * layers
+    n = int(items.sum())
+    owner_part = np.repeat(np.arange(len(k)), items)
+    local = np.arange(n, dtype=np.int64) - (np.cumsum(items) - items)[owner_part]
+    layer, entry = np.divmod(local, k[owner_part])
+    entry += np.array(bases, dtype=np.int64)[owner_part]
+    tid = np.array(ids, dtype=np.int64)[entry]
+    position = np.array(firsts, dtype=np.int64)[owner_part] + np.array(steps, dtype=np.int64)[owner_part] * layer \
+        + np.array(offsets, dtype=np.int64)[entry]
+    per = np.array(per_rows, dtype=np.float64).reshape(len(per_rows), 4)
+    row = tid + np.array(rows_at, dtype=np.int64)[owner_part]
+    numel, cost, muon, shared = per[row, 0].astype(np.int64), per[row, 1], per[row, 2] > 0, per[row, 3] > 0
+    for a in (numel, cost, muon, position, tid, shared):
+        a.setflags(write=False)  # the buffers' arrays are read-only views of these
+    out: list[_Arrays] = []
+    bounds = np.cumsum(items).tolist()
+    lo = part_at = 0
+    for (parts, _, _), unique in zip(buffers, uniques, strict=True):
+        part_at += len(parts)
+        hi = bounds[part_at - 1]
+        out.append((tuple(unique), numel[lo:hi], cost[lo:hi], muon[lo:hi], position[lo:hi], tid[lo:hi], shared[lo:hi]))
+        lo = hi
+    return out

@@ -299,18 +299,6 @@ def grad_prescale_kernels(buckets: int, bucket_numel: float, grad_bytes: int = 4
     return (KernelSpec("grad_prescale", "memory", buckets, bytes=2.0 * grad_bytes * bucket_numel / buckets),)
 
 
-def element_wise_shard_pieces(starts: np.ndarray, sizes: np.ndarray, bucket_numel: int, dp: int) -> np.ndarray:
-    """Shard pieces per rank of an element-wise bucket: each parameter (``starts``, ``sizes`` in the
-    bucket) is cut at the ``dp`` equal shard boundaries; a rank's pieces are the parameters
-    intersecting its shard."""
-    shard = bucket_numel // dp
-    live = sizes > 0
-    s = np.asarray(starts, dtype=np.int64)[live]
-    first, last = s // shard, (s + np.asarray(sizes, dtype=np.int64)[live] - 1) // shard
-    n = dp + 1
-    return np.cumsum(np.bincount(first, minlength=n) - np.bincount(last + 1, minlength=n))[:dp].astype(np.float64)
-
-
 def shard_chunks(pieces: np.ndarray, numel: np.ndarray) -> np.ndarray:
     """Multi-tensor chunks of ``pieces`` shard pieces holding ``numel`` elements in all (per rank):
     ``⌈numel / 65536⌉ + pieces − 1``, exact when at most one piece of a shard spans more than a

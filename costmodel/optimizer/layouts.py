@@ -9,8 +9,6 @@ non-2-D parameters). Outputs are bucket spans and owner arrays; nothing here kno
   (plain DDP: legacy layer-wise, replicated) nothing is padded. A bucket closes once it holds
   ``bucket_size`` elements (``None`` = one bucket); with the distributed optimizer a shared
   embedding gets a bucket of its own.
-* :func:`shard_param_numel`: parameter elements (padding excluded) in each rank's equal shard of
-  an element-wise bucket.
 * :func:`whole_param_owner`: legacy layer-wise ownership of whole parameters: ``ping_pong``
   (stable ascending sort by numel, owners 0,1,…,d−1,d−1,…,0,0,1,…), ``lpt`` (descending cost,
   least-loaded rank) or ``none`` (layout order dealt round-robin: no balancing).
@@ -114,22 +112,6 @@ def ddp_buckets(numel: np.ndarray, dp: int, bucket_size: int | None, distributed
         out.append(BucketSpan(first, stop, round_up(last, end_pad), int(sizes[first:stop].sum()), starts))
         first = stop
     return out
-
-
-def shard_param_numel(span: BucketSpan, numel: np.ndarray, dp: int) -> np.ndarray:
-    """Parameter elements in each of the ``dp`` equal shards of an element-wise bucket."""
-    sizes = numel[span.first:span.stop].astype(np.int64)
-    starts = span.starts.astype(np.int64)
-    before = np.concatenate(([0], np.cumsum(sizes)))
-
-    def covered(x: np.ndarray) -> np.ndarray:  # parameter elements below offset x
-        idx = np.searchsorted(starts, x, side="right") - 1
-        safe = np.maximum(idx, 0)
-        inside = np.minimum(x - starts[safe], sizes[safe])
-        return np.where(idx < 0, 0, before[safe] + inside)
-
-    bounds = np.arange(dp + 1, dtype=np.int64) * (span.numel // dp)
-    return np.diff(covered(bounds))
 
 
 def ping_pong_owner(count: int, d: int) -> np.ndarray:

@@ -17,10 +17,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from costmodel.optimizer import layouts as lay
-from costmodel.optimizer.buffers import _Buffer, chunk_buffers
+from costmodel.optimizer.buffers import _Buffer, chunk_parts, make_buffers
+from costmodel.optimizer.ew_batch import prepare_element_wise
 from costmodel.optimizer.newton_schulz import NsSettings
 from costmodel.optimizer.plan_types import Bucket, OptimizerPlan, StageOptimizerPlan
 from costmodel.optimizer.rank_work import rank_works
+from costmodel.optimizer.spans_batch import prepare_spans_effects
 from costmodel.optimizer.stage_builder import Grid, StageBuilder, Timer
 from costmodel.optimizer.summary import optimizer_report
 from topologies.groups import GroupShape
@@ -158,21 +160,21 @@ def fsdp_note(spec) -> str:  # noqa: ANN001 - workloads.scenario.OptimizerSpec
     return FSDP_NOTES[spec.data_parallel_sharding_strategy]
 
 
-def _fsdp_shards(b: StageBuilder, buf) -> None:  # noqa: ANN001 - stage_builder._Buffer
-    """Megatron-FSDP with sharded gradients: each rank steps its equal shard of the (padded) buffer;
-    no gradient buckets (the reduce-scatters are per layer, :mod:`costmodel.fsdp`)."""
-    gs = b.grid.size(buf.group)
-    for span in lay.ddp_buckets(buf.numel, gs, None, distributed_optimizer=True):
-        b.adam_shards(buf.group, span, buf.numel)
+def _fsdp_shards(b: StageBuilder, buffers: list[_Buffer]) -> None:
+    """Megatron-FSDP with sharded gradients: each rank steps its equal shard of each (padded)
+    buffer; no gradient buckets (the reduce-scatters are per layer, :mod:`costmodel.fsdp`)."""
+    b.adam_shards([(buf.group, span, buf.numel) for buf in buffers
+                   for span in lay.ddp_buckets(buf.numel, b.grid.size(buf.group), None, distributed_optimizer=True)])
 
 
 def _fsdp_stage(b: StageBuilder, buffers: list, strategy: str) -> None:
     """The step's bucket work of Megatron-FSDP under ``strategy`` (see :mod:`costmodel.fsdp`)."""
+    if strategy == "optim_grads_params":
+        _fsdp_shards(b, buffers)
+        return
     for buf in buffers:
         everything = np.arange(len(buf.numel))
-        if strategy == "optim_grads_params":
-            _fsdp_shards(b, buf)
-        elif strategy == "optim_grads":  # sharded gradients: only the parameter gather is per bucket
+        if strategy == "optim_grads":  # sharded gradients: only the parameter gather is per bucket
             b.element_wise(buf, everything, reduce=False)
         elif strategy == "optim":
             b.element_wise(buf, everything)
@@ -187,19 +189,34 @@ _BUFFERS: IdentityMemo[list[_Buffer]] = IdentityMemo(_BUFFERS_SIZE)  # the inven
 
 def _stage_buffers(inv: Inventory, s: int, kind: str, fp8_of: Callable[[TensorSpec, int | None], bool] | None,
                    fp8_key: tuple[int, int] | None) -> list[_Buffer]:
-    """The buffers of stage ``s``, every chunk's (:func:`chunk_buffers`), memoised across plans on the
-    inventory (identity, held), the stage, the optimizer kind and the FP8 parameters (``fp8_key``:
-    the BF16 layers ``fp8_of`` keeps, None without FP8 parameters): the plans of one layout's
-    optimizer choices (layout, load balance, TP mode) share them. Their arrays are made read-only."""
-    key = (s, kind, fp8_key)
-    hit = _BUFFERS.get(key, inv)
-    if hit is not None:
-        return hit
-    buffers = [buf for c in range(inv.vpp) for buf in chunk_buffers(inv.chunk_runs(s, c), c, kind, fp8_of)]
-    for buf in buffers:
-        for a in (buf.numel, buf.cost, buf.muon, buf.position, buf.tid, buf.shared):
-            a.setflags(write=False)
-    return _BUFFERS.put(buffers, key, inv)
+    """The buffers of stage ``s`` (:func:`_stages_buffers`)."""
+    return _stages_buffers(inv, [s], kind, fp8_of, fp8_key)[s]
+
+
+def _stages_buffers(inv: Inventory, stages: list[int], kind: str, fp8_of: Callable[[TensorSpec, int | None], bool] | None,
+                    fp8_key: tuple[int, int] | None) -> dict[int, list[_Buffer]]:
+    """The buffers of each of ``stages``, every chunk's (:func:`chunk_buffers`; the arrays of all of
+    them made at once, :func:`buffers.make_buffers`), memoised across plans on the inventory
+    (identity, held), the stage, the optimizer kind and the FP8 parameters (``fp8_key``: the BF16
+    layers ``fp8_of`` keeps, None without FP8 parameters): the plans of one layout's optimizer
+    choices (layout, load balance, TP mode) share them. Their arrays are made read-only."""
+    out: dict[int, list[_Buffer]] = {}
+    todo = []
+    for s in stages:
+        hit = _BUFFERS.get((s, kind, fp8_key), inv)
+        if hit is not None:
+            out[s] = hit
+        else:
+            todo.append(s)
+    chunks = [(c, kind, chunk_parts(inv.chunk_runs(s, c), fp8_of)) for s in todo for c in range(inv.vpp)]
+    made = make_buffers(chunks)
+    for i, s in enumerate(todo):
+        buffers = [buf for bufs in made[i * inv.vpp:(i + 1) * inv.vpp] for buf in bufs]
+        for buf in buffers:
+            for a in (buf.numel, buf.cost, buf.muon, buf.position, buf.tid, buf.shared):
+                a.setflags(write=False)
+        out[s] = _BUFFERS.put(buffers, (s, kind, fp8_key), inv)
+    return out
 
 
 def _stages(inv: Inventory, spec, grid: Grid, timer: Timer, st: NsSettings, fsdp: bool, fp8: bool,  # noqa: ANN001
@@ -209,7 +226,7 @@ def _stages(inv: Inventory, spec, grid: Grid, timer: Timer, st: NsSettings, fsdp
     GPU classes' work computed for all of them at once (:func:`rank_works`)."""
     fp8_of = (lambda t, layer: is_fp8_param(t, inv.model.num_layers, bf16_layers, layer)) if fp8 else None
     first_of: dict[tuple, int] = {}  # signature -> the stage built for it
-    keys, builders, buffers, loads = [], [], {}, []
+    keys, loads = [], []
     for s in range(inv.pp):
         def load(s: int = s) -> list[_Buffer]:
             return _stage_buffers(inv, s, spec.kind, fp8_of, bf16_layers if fp8 else None)
@@ -219,11 +236,29 @@ def _stages(inv: Inventory, spec, grid: Grid, timer: Timer, st: NsSettings, fsdp
         loads.append(load)
         if key not in first_of:  # this stage's own buffers only name its parameters: built if asked
             first_of[key] = s
-            buffers[s] = load()
-            builders.append(_stage(inv, s, buffers[s], spec, grid, timer, st, fsdp, precision, critical_only))
+    buffers = _stages_buffers(inv, list(first_of.values()), spec.kind, fp8_of, bf16_layers if fp8 else None)
+    _prepare(spec, grid, timer, st, fsdp, list(buffers.items()))
+    builders = [_stage(inv, s, bufs, spec, grid, timer, st, fsdp, precision, critical_only) for s, bufs in buffers.items()]
     built = {b.stage: b.finish(ranks) for b, ranks in zip(builders, rank_works(builders), strict=True)}
     return tuple(built[s] if first_of[key] == s else _restaged(built[first_of[key]], buffers[first_of[key]], s, loads[s])
                  for s, key in enumerate(keys))
+
+
+def _prepare(spec, grid: Grid, timer: Timer, st: NsSettings, fsdp: bool,  # noqa: ANN001
+             stages: list[tuple[int, list[_Buffer]]]) -> None:
+    """The per-buffer work of the distinct ``stages`` ((stage, buffers)) that :func:`_stage` finds
+    memoised on the plan's timer, made for all of them in one pass: the layer-wise spans effects
+    (:func:`spans_batch.prepare_spans_effects`) and the element-wise buckets
+    (:func:`ew_batch.prepare_element_wise`) of the current layer-wise layout and of the
+    element-wise distribution (not Megatron-FSDP's, nor the legacy or replicated ones)."""
+    dist = spec.resolved_distribution
+    current = dist == "layer_wise" and spec.layer_wise_layout == "current"
+    if fsdp or not (current or dist == "element_wise"):
+        return
+    builder = StageBuilder(0, grid, spec, timer, st)
+    if current:
+        prepare_spans_effects(builder, stages, spec.resolved_load_balance)
+    prepare_element_wise(builder, stages, muon_apart=current)
 
 
 def _stage(inv: Inventory, s: int, buffers: list[_Buffer], spec, grid: Grid, timer: Timer,  # noqa: ANN001

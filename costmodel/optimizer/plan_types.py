@@ -25,6 +25,12 @@ import numpy as np
 
 from workloads.comm import CollectiveCall, merge_calls
 
+COLUMNS = ("owned", "flops", "ns_s", "tp_s", "ew_s", "kernels", "ns_kernels", "muon_items", "adam_pieces",
+           "adam_chunks", "adam_numel", "norm_pieces", "norm_chunks", "items")
+"""Per-rank accumulators of a role: owned elements, NS FLOPs and GPU seconds, TP comm seconds, GPU
+seconds and launches of the per-tensor kernels (NS GEMM launches apart), Muon tensors stepped,
+fused-Adam shard pieces / chunks / elements, gradient-norm pieces / chunks, whole items owned."""
+
 
 @dataclass(frozen=True)
 class Bucket:

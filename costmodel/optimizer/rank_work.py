@@ -1,7 +1,7 @@
 """Per-GPU optimizer-step work of a stage: one :class:`RankWork` per class of identical GPUs.
 
 Internal to :mod:`costmodel.optimizer.plan` (its tables go to :meth:`StageBuilder.finish`): a stage's
-accumulated per-rank columns (:data:`costmodel.optimizer.stage_builder.COLUMNS`) of its dense and
+accumulated per-rank columns (:data:`costmodel.optimizer.plan_types.COLUMNS`) of its dense and
 expert roles, summed per (dense index, expert index) class, become the kernel launches by part,
 the GPU and host-issue seconds of each class's optimizer step (seconds are modelled GPU times).
 """

@@ -30,18 +30,21 @@ from costmodel.optimizer import kernel_sequence as ks
 from costmodel.optimizer import layouts as lay
 from costmodel.optimizer.buffers import GROUPS, _Buffer
 from costmodel.optimizer.elementwise import PARAM_BYTES
+from costmodel.optimizer.ew_batch import adam_rows, element_wise_key
 from costmodel.optimizer.newton_schulz import (
     NsSettings,
     tensor_ns_work,
     tp_comm_time_s,
 )
 from costmodel.optimizer.plan_types import (
+    COLUMNS,
     Bucket,
     LazyTuple,
     RankTable,
     RoleOwnership,
     StageOptimizerPlan,
 )
+from costmodel.optimizer.spans_batch import _SpansEffect, partition, spans_effects, spans_key
 from costmodel.optimizer.timer import Timer
 from topologies.identity_memo import IdentityMemo
 from workloads.comm import CollectiveCall, merge_calls
@@ -69,13 +72,6 @@ class Grid:
 
 
 _MUON_ROWS: IdentityMemo[np.ndarray] = IdentityMemo(4096)  # StageBuilder.muon_item's rows, the system by identity
-
-
-COLUMNS = ("owned", "flops", "ns_s", "tp_s", "ew_s", "kernels", "ns_kernels", "muon_items", "adam_pieces",
-           "adam_chunks", "adam_numel", "norm_pieces", "norm_chunks", "items")
-"""Per-rank accumulators of a role: owned elements, NS FLOPs and GPU seconds, TP comm seconds, GPU
-seconds and launches of the per-tensor kernels (NS GEMM launches apart), Muon tensors stepped,
-fused-Adam shard pieces / chunks / elements, gradient-norm pieces / chunks, whole items owned."""
 
 
 ADAM_SHARD_COLUMNS = [COLUMNS.index(c) for c in ("owned", "adam_numel", "adam_pieces", "adam_chunks", "norm_pieces",
@@ -114,40 +110,16 @@ class _Role:
         if everyone.any():
             self.acc += values[everyone].sum(axis=0)[:, None]
 
-    def span_sums(self, owner: np.ndarray, values: np.ndarray, span: np.ndarray, spans: int) -> np.ndarray:
-        """Per-rank sums of per-item rows ``values`` by owner (all >= 0), per span (``span[i]`` being
-        item i's), in one bincount (each bin adds the same items in the same order as one
-        :meth:`add_owned` per span): columns × ranks for one span, spans × columns × ranks otherwise;
-        :meth:`add_span_sums` adds them."""
-        ncol = len(COLUMNS)
-        index = ((span * self.size + owner)[:, None] * ncol + np.arange(ncol)).ravel()
-        sums = np.bincount(index, weights=values.ravel(), minlength=spans * self.size * ncol)
-        if spans == 1:
-            return sums.reshape(self.size, ncol).T
-        return sums.reshape(spans, self.size, ncol).transpose(0, 2, 1)
-
     def add_span_sums(self, sums: np.ndarray) -> None:
-        """Add :meth:`span_sums` to the accumulators span after span (what one :meth:`add_owned` per
-        span would add, in the same order)."""
+        """Add per-span sums (columns × ranks for one span, spans × columns × ranks otherwise:
+        :class:`spans_batch._SpansEffect`) to the accumulators span after span (what one
+        :meth:`add_owned` per span would add, in the same order)."""
         if sums.ndim == 2:
             self.acc += sums
             return
         # acc + span 0 + span 1 + ...: add.accumulate adds in that order, one span after the other
         steps = np.concatenate([self.acc[None], sums])
         self.acc[...] = np.add.accumulate(steps, axis=0)[-1]
-
-
-@dataclass(frozen=True, eq=False)
-class _SpansEffect:
-    """What stepping a buffer's layer-wise spans adds to a stage (:meth:`StageBuilder.layer_wise_current`):
-    the same for every buffer of a plan with the same per-item arrays, group size, bucket size and
-    strategy (the equal chunks of a plan's stages), whose parameter names alone differ."""
-
-    sums: np.ndarray  # StageBuilder role sums (_Role.span_sums)
-    picked: np.ndarray  # the Muon items stepped (positions in the buffer)
-    owners: np.ndarray  # their owners
-    calls: list[tuple[CollectiveCall, ...]]  # TP calls per distinct tensor of the buffer
-    buckets: list[tuple[int, int, int]]  # per span: (padded numel, used numel, last backprop position)
 
 
 class StageBuilder:
@@ -169,9 +141,10 @@ class StageBuilder:
         self.extra_calls: list[CollectiveCall] = []  # per-step collectives outside the DP buckets
         self._common: dict[tuple[int, str, bool], tuple[int, dict]] = {}  # see _bucket_common
 
-    def bucket_size(self, chunk: int) -> int | None:
-        """Elements per bucket; None (one bucket) for pp ranks > 0, chunks > 0, or no overlap."""
-        if not self.spec.overlap_grad_reduce or self.stage > 0 or chunk > 0:
+    def bucket_size(self, chunk: int, stage: int | None = None) -> int | None:
+        """Elements per bucket of ``chunk`` of this stage (or of ``stage``); None (one bucket) for pp
+        ranks > 0, chunks > 0, or no overlap."""
+        if not self.spec.overlap_grad_reduce or (self.stage if stage is None else stage) > 0 or chunk > 0:
             return None
         return self.spec.bucket_size_elements or lay.default_bucket_size(self.grid.dp)
 
@@ -294,18 +267,17 @@ class StageBuilder:
             role.call_parts.append((calls, buf.tid[picked]))
         role.owners.append(owner[is_muon])
 
-    def adam_shards(self, group: str, span: lay.BucketSpan, numel: np.ndarray) -> None:
-        """Fused Adam on each rank's equal shard of one padded bucket ``span`` (parameters ``numel``)."""
-        self.roles[group].acc[ADAM_SHARD_COLUMNS] += self._adam_shard_rows(self.grid.size(group), span, numel)
-
-    def _adam_shard_rows(self, gs: int, span: lay.BucketSpan, numel: np.ndarray) -> np.ndarray:
-        """Per-rank values of :data:`ADAM_SHARD_COLUMNS` of :meth:`adam_shards` over ``gs`` ranks."""
-        per_rank = lay.shard_param_numel(span, numel, gs).astype(np.float64)
-        pieces = ks.element_wise_shard_pieces(span.starts, numel[span.first:span.stop], span.numel, gs)
-        chunks = ks.shard_chunks(pieces, per_rank)
-        per_kernel = len(self.adam.piece_kernels)
-        piece_s = sum((self.timer.floored_s(pieces, b * per_rank) for b in self.adam.piece_kernels), np.zeros(len(pieces)))
-        return np.stack([per_rank, per_rank, pieces, chunks, pieces, chunks, per_kernel * pieces, piece_s])
+    def adam_shards(self, shards: list[tuple[str, lay.BucketSpan, np.ndarray]]) -> None:
+        """Fused Adam on each rank's equal shard of padded buckets (dp group, bucket ``span``, its
+        buffer's parameter sizes), added in order (their values made together: :func:`ew_batch.adam_rows`)."""
+        if not shards:
+            return
+        sizes = [self.grid.size(group) for group, _, _ in shards]
+        rows = adam_rows(self, [(span, numel, gs) for (_, span, numel), gs in zip(shards, sizes, strict=True)])
+        at = 0
+        for (group, _, _), gs in zip(shards, sizes, strict=True):
+            self.roles[group].acc[ADAM_SHARD_COLUMNS] += rows[:, at:at + gs]
+            at += gs
 
     def element_wise(self, buf: _Buffer, sel: np.ndarray, reduce: bool = True) -> None:
         """AdamW on equal shards of padded DDP buckets (reduce-scatter + all-gather; ``reduce`` False:
@@ -318,12 +290,13 @@ class StageBuilder:
             return
         gs, bucket_size = self.grid.size(buf.group), self.bucket_size(buf.chunk)
         numel, isolate = buf.numel[sel], buf.shared[sel]
-        key = (numel.tobytes(), isolate.tobytes(), gs, bucket_size, self.adam.piece_kernels)
+        key = element_wise_key(numel, isolate, gs, bucket_size, self.adam.piece_kernels)
         spans = self.timer.element_wise_spans.get(key)
-        if spans is None:
-            spans = self.timer.element_wise_spans[key] = [
-                (span, self._adam_shard_rows(gs, span, numel))
-                for span in lay.ddp_buckets(numel, gs, bucket_size, distributed_optimizer=True, isolate=isolate)]
+        if spans is None:  # the buckets' values made together (ew_batch.adam_rows)
+            made = lay.ddp_buckets(numel, gs, bucket_size, distributed_optimizer=True, isolate=isolate)
+            rows = adam_rows(self, [(span, numel, gs) for span in made]) if made else np.zeros((8, 0))
+            spans = self.timer.element_wise_spans[key] = [(span, rows[:, j * gs:(j + 1) * gs])
+                                                          for j, span in enumerate(made)]
         role = self.roles[buf.group]
         for span, rows in spans:
             role.acc[ADAM_SHARD_COLUMNS] += rows
@@ -339,7 +312,7 @@ class StageBuilder:
         if len(sel) == 0:
             return
         gs, bucket_size = self.grid.size(buf.group), self.bucket_size(buf.chunk)
-        key = (id(buf.numel), len(sel), gs, bucket_size, strategy)
+        key = spans_key(buf, sel, gs, bucket_size, strategy)
         hit = self.timer.spans_effects.get(key)
         if hit is not None and hit[0] is buf.numel:
             effect = hit[1]
@@ -366,26 +339,14 @@ class StageBuilder:
                             for numel, used, ready in effect.buckets)
 
     def _spans_effect(self, buf: _Buffer, sel: np.ndarray, spans: list[lay.BucketSpan]) -> _SpansEffect | None:
-        """The :class:`_SpansEffect` of stepping every layer-wise span of ``buf[sel]`` by its owners
-        (:meth:`step_whole` per span, as one call: the same per-rank sums, names, TP calls and owners),
-        or None when the spans are not a partition of ``sel`` in order with owners >= 0."""
-        if not spans:
+        """The :class:`_SpansEffect` of stepping every layer-wise span of ``buf[sel]`` (Muon items)
+        by its owners (:meth:`step_whole` per span, as one call: the same per-rank sums, names, TP
+        calls and owners: :func:`spans_batch.spans_effects` of the one buffer), or None when the
+        spans are not a partition of ``sel`` in order with owners >= 0."""
+        if not partition(spans, len(sel)):
             return None
-        assert all(span.owner is not None for span in spans)  # layer-wise spans always carry their owners
-        owner = np.concatenate([span.owner for span in spans])  # type: ignore[misc]
-        firsts = [span.first for span in spans]
-        contiguous = firsts[0] == 0 and spans[-1].stop == len(sel) and all(
-            a.stop == b.first for a, b in zip(spans[:-1], spans[1:], strict=True))
-        if not contiguous or len(owner) != len(sel) or bool((owner < 0).any()):
-            return None
-        role = self.roles[buf.group]
-        per, calls = self._per_tensor(buf)
-        span_of = np.repeat(np.arange(len(spans)), [span.stop - span.first for span in spans])
-        sums = role.span_sums(owner, per[buf.tid[sel]], span_of, len(spans))
-        is_muon = buf.muon[sel]
-        readies = np.maximum.reduceat(buf.position[sel], firsts).tolist()  # each span's last position
-        return _SpansEffect(sums, sel[is_muon], owner[is_muon], calls,
-                            [(span.numel, span.used, ready) for span, ready in zip(spans, readies, strict=True)])
+        made = spans_effects(self, [(buf, sel, spans, self.grid.size(buf.group))])
+        return None if made is None else made[0]
 
     def ddp(self, buf: _Buffer, gather_op: str | None) -> None:
         """Unpadded DDP buckets of the whole buffer, all-reduced (legacy layer-wise / replicated)."""

@@ -37,7 +37,7 @@ class Timer:
         self.muon_rows: dict[tuple, tuple[np.ndarray, tuple[CollectiveCall, ...]]] = {}  # see StageBuilder.muon_item
         self.adam_rows: dict[tuple[int, tuple[float, ...]], np.ndarray] = {}  # see StageBuilder.adam_item
         self.element_wise_spans: dict[tuple, list[tuple[lay.BucketSpan, np.ndarray]]] = {}  # see StageBuilder.element_wise
-        self.spans_effects: dict[tuple, tuple[np.ndarray, Any]] = {}  # stage_builder._SpansEffect: StageBuilder.layer_wise_current
+        self.spans_effects: dict[tuple, tuple[np.ndarray, Any]] = {}  # spans_batch._SpansEffect: StageBuilder.layer_wise_current
         if system is not None:
             from costmodel.compute import memory_time_s
 
