@@ -270,6 +270,7 @@ def write(pins: dict[str, Any], path: str | Path) -> None:
 def _pins_of_ref(ref: str, subset: bool) -> dict[str, Any]:
     """The pins computed by git ref ``ref``'s code (a temporary worktree; this script runs there)."""
     import os
+    import shutil
     import subprocess
     import tempfile
 
@@ -286,6 +287,7 @@ def _pins_of_ref(ref: str, subset: bool) -> dict[str, Any]:
     finally:
         subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], check=False,
                        capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> int:
