@@ -137,7 +137,8 @@ class LayerTemplate:
     one micro-batch per step, with the positions of its weight casts (forward, and their recomputed
     copies in backward), and what of the layer's sums no micro-batch count changes: each pass's
     :class:`PassIndex`, the operations' launches, the GEMM seconds and the routed experts'
-    weight-gradient seconds (weight casts are never GEMMs)."""
+    weight-gradient seconds (weight casts are never GEMMs), and the framework host seconds of each
+    window (an operation's framework calls are the same at every micro-batch count)."""
 
     ops: LayerOps
     times_s: tuple[tuple[float, ...], tuple[float, ...]]
@@ -149,8 +150,8 @@ class LayerTemplate:
     kernels: tuple[tuple[float, ...], tuple[float, ...]]  # launches of each operation
     gemm_s: dict[str, float]  # LayerParts.gemm_s (the caller must not change it)
     expert_wgrad_s: float
-    host_s: tuple[float, float]  # (forward, backward) framework host seconds (_host_s)
-    shares_s: tuple[tuple[float, ...], tuple[float, ...]]  # per pass: each window's share of them (_pass_s)
+    # per pass: each window's share of the framework host seconds (_host_s, _window_shares_s)
+    shares_s: tuple[tuple[float, ...], tuple[float, ...]]
 
 
 _TEMPLATES: IdentityMemo[LayerTemplate] = IdentityMemo(20_000)  # model and system keyed by identity
@@ -180,7 +181,7 @@ def _template(model: ModelSpec, system: SystemSpec, shape: RankShape, kind: str,
     host = _host_s(index, kind, system, calls[0], calls[1])
     shares = (_window_shares_s(index[0], calls[0], host[0]), _window_shares_s(index[1], calls[1], host[1]))
     template = LayerTemplate(ops, times, captured, index[0].casts, index[1].casts, (fa, ba), index, kernels, gemm_s,
-                             expert_wgrad_s, host, shares)
+                             expert_wgrad_s, shares)
     return _TEMPLATES.put(template, key, model, system)
 
 
