@@ -21,7 +21,7 @@ Layer kinds may carry ``:norc`` (``dense:norc``, ``moe:norc``): a layer that ful
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from costmodel.comm_exposure import (
@@ -182,6 +182,14 @@ class LayerCollectives:
     fwd: dict[str, CommAcc]
     bwd: dict[str, CommAcc]
     tp_exposed: tuple[float, float] | None
+    # per pass (forward, backward): (kind, accumulator, its bottleneck link) of the kinds with
+    # collectives (time > 0) in COMM_KINDS order, read once here rather than per use (comm_blocks)
+    present: tuple[tuple[tuple[str, CommAcc, str], ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        present = tuple(tuple((k, a, a.link) for k, a in ((k, acc[k]) for k in COMM_KINDS) if a.time_s > 0)
+                        for acc in (self.fwd, self.bwd))
+        object.__setattr__(self, "present", present)
 
 
 def layer_collectives(scenario: Scenario, shape: RankShape, kind: str, shapes: dict[str, GroupShape],
@@ -275,37 +283,40 @@ def comm_blocks(scenario: Scenario, coll: LayerCollectives, attn_s: tuple[float,
     """The forward and backward :class:`CommBlock` s of one layer's collectives ``coll`` with their
     exposed fractions: TP from ``coll``, CP under the attention core (``attn_s``, seconds), EP under
     the paired micro-batch and the layer's own work (``parts``; the micro-batch count enters here)."""
-    system, p, rt = scenario.system, scenario.par, scenario.runtime
-    fwd, bwd, tp_exposed = coll.fwd, coll.bwd, coll.tp_exposed
-    paired_share = ep_paired_share(scenario)
-    sm_share = dispatch_sm_share(rt, system.gpu.sm_count)
+    fwd, bwd = coll.present
+    if not overlap:  # every collective exposed
+        return (tuple(CommBlock(k, a.time_s, a.latency_s, link, 1.0, a.bytes) for k, a, link in fwd),
+                tuple(CommBlock(k, a.time_s, a.latency_s, link, 1.0, a.bytes) for k, a, link in bwd))
+    tp_exposed = coll.tp_exposed
+    out = []
+    for pass_index, present in enumerate((fwd, bwd)):
+        blocks = []
+        for k, a, link in present:  # time_s > 0
+            if k == "tp" and tp_exposed is not None:
+                fraction = min(1.0, tp_exposed[pass_index] / a.time_s)
+            elif k == "cp":
+                fraction = cp_exposed_fraction(a.time_s, attn_s[pass_index])
+            elif k == "ep":
+                fraction = ep_exposed_fraction(a.time_s, _ep_overlap(scenario, parts, pass_index))
+            else:
+                fraction = 1.0
+            blocks.append(CommBlock(k, a.time_s, a.latency_s, link, fraction, a.bytes))
+        out.append(tuple(blocks))
+    return out[0], out[1]
 
+
+def _ep_overlap(scenario: Scenario, parts: LayerParts, pass_index: int) -> EpOverlap:
+    """What one pass's EP all-to-alls hide under (:class:`EpOverlap`) in a layer of ``parts``:
+    forward: dispatch beside the other micro-batch's backward MLP, combine beside its attention;
+    backward: combine beside the other's forward attention, dispatch beside its forward MLP."""
+    p, rt = scenario.par, scenario.runtime
     delayed = parts.expert_wgrad_s if rt.delay_wgrad_compute else 0.0
     shared = parts.shared_expert_s if rt.moe_shared_expert_overlap else (0.0, 0.0)
     attn_f, attn_b = parts.attn_side_s
     mlp_f, mlp_b = parts.mlp_side_s[0], parts.mlp_side_s[1] - delayed
-
-    def ep_overlap(pass_index: int) -> EpOverlap:
-        if pass_index == 0:  # forward: dispatch beside the other's backward MLP, combine beside its attention
-            paired, own = (mlp_b, attn_b), (shared[0], 0.0)
-        else:  # backward: combine beside the other's forward attention, dispatch beside its forward MLP
-            paired, own = (attn_f, mlp_f), (shared[1], delayed)
-        return EpOverlap(paired_s=paired, own_s=own, paired_share=paired_share, sm_share=sm_share,
-                         ep_overlap=p.ep_comm_overlap)
-
-    def fraction(k: str, a: CommAcc, pass_index: int) -> float:
-        if not overlap or a.time_s <= 0:
-            return 1.0
-        if k == "tp" and tp_exposed is not None:
-            return min(1.0, tp_exposed[pass_index] / a.time_s)
-        if k == "cp":
-            return cp_exposed_fraction(a.time_s, attn_s[pass_index])
-        if k == "ep":
-            return ep_exposed_fraction(a.time_s, ep_overlap(pass_index))
-        return 1.0
-
-    def blocks(acc: dict[str, CommAcc], pass_index: int) -> tuple[CommBlock, ...]:
-        return tuple(CommBlock(k, a.time_s, a.latency_s, a.link, fraction(k, a, pass_index), a.bytes)
-                     for k, a in ((k, acc[k]) for k in COMM_KINDS) if a.time_s > 0)
-
-    return blocks(fwd, 0), blocks(bwd, 1)
+    if pass_index == 0:
+        paired, own = (mlp_b, attn_b), (shared[0], 0.0)
+    else:
+        paired, own = (attn_f, mlp_f), (shared[1], delayed)
+    return EpOverlap(paired_s=paired, own_s=own, paired_share=ep_paired_share(scenario),
+                     sm_share=dispatch_sm_share(rt, scenario.system.gpu.sm_count), ep_overlap=p.ep_comm_overlap)

@@ -137,7 +137,8 @@ class LayerTemplate:
     one micro-batch per step, with the positions of its weight casts (forward, and their recomputed
     copies in backward), and what of the layer's sums no micro-batch count changes: each pass's
     :class:`PassIndex`, the operations' launches, the GEMM seconds and the routed experts'
-    weight-gradient seconds (weight casts are never GEMMs)."""
+    weight-gradient seconds (weight casts are never GEMMs), and the framework host seconds of each
+    window (an operation's framework calls are the same at every micro-batch count)."""
 
     ops: LayerOps
     times_s: tuple[tuple[float, ...], tuple[float, ...]]
@@ -149,6 +150,8 @@ class LayerTemplate:
     kernels: tuple[tuple[float, ...], tuple[float, ...]]  # launches of each operation
     gemm_s: dict[str, float]  # LayerParts.gemm_s (the caller must not change it)
     expert_wgrad_s: float
+    # per pass: each window's share of the framework host seconds (_host_s, _window_shares_s)
+    shares_s: tuple[tuple[float, ...], tuple[float, ...]]
 
 
 _TEMPLATES: IdentityMemo[LayerTemplate] = IdentityMemo(20_000)  # model and system keyed by identity
@@ -171,8 +174,14 @@ def _template(model: ModelSpec, system: SystemSpec, shape: RankShape, kind: str,
     ba = sum(_pick(times[1], index[1].attention))
     gemm_s, expert_wgrad_s = _gemm_parts_s(ops, times, index)  # no weight cast is a GEMM
     kernels = (tuple(o.kernels for o in ops.forward), tuple(o.kernels for o in ops.backward))
+    # an operation's framework calls do not change with the micro-batch count: a weight cast's
+    # launches (casts x (1 + 1 / micro-batches), casts >= 0) are positive at every count or at none
+    # (python_calls_of), so the host time and its share per window are the template's
+    calls = (_calls(kernels[0]), _calls(kernels[1]))
+    host = _host_s(index, kind, system, calls[0], calls[1])
+    shares = (_window_shares_s(index[0], calls[0], host[0]), _window_shares_s(index[1], calls[1], host[1]))
     template = LayerTemplate(ops, times, captured, index[0].casts, index[1].casts, (fa, ba), index, kernels, gemm_s,
-                             expert_wgrad_s)
+                             expert_wgrad_s, shares)
     return _TEMPLATES.put(template, key, model, system)
 
 
@@ -206,29 +215,35 @@ def _pick(values: Sequence[float], at: tuple[int, ...]) -> list[float]:
     return [values[i] for i in at]
 
 
-def _calls(kernels: list[float]) -> list[float]:
+def _calls(kernels: Sequence[float]) -> list[float]:
     """Each operation's framework calls from its launches (:func:`costmodel.layer_costs.python_calls`)."""
     return [python_calls_of(k) for k in kernels]
 
 
-def _host_s(t: LayerTemplate, kind: str, system: SystemSpec, calls_f: list[float],
+def _host_s(index: tuple[PassIndex, PassIndex], kind: str, system: SystemSpec, calls_f: list[float],
             calls_b: list[float]) -> tuple[float, float]:
     """:func:`costmodel.layer_costs.framework_host_s` from the operations' framework calls (the same sums)."""
-    ix_f, ix_b = t.index
+    ix_f, ix_b = index
     return framework_share_s(kind, system, sum(calls_f), sum(_pick(calls_f, ix_f.eager)), sum(_pick(calls_b, ix_b.own)),
                              sum(_pick(calls_b, ix_b.own_eager)), sum(_pick(calls_b, ix_b.recomputed_eager)))
 
 
-def _pass_s(ix: PassIndex, times: list[float], kernels: list[float], calls: list[float], system: SystemSpec,
-            graphs: int, framework_s: float) -> tuple[float, float]:
-    """:func:`costmodel.layer_costs.pass_windows` from the operations' seconds, launches and framework
-    calls (the same sums, window by window as :func:`~costmodel.layer_costs.pass_stream`)."""
-    eff = system.efficiency
+def _window_shares_s(ix: PassIndex, calls: list[float], framework_s: float) -> tuple[float, ...]:
+    """Each window's share of one pass's framework host seconds ``framework_s``, in proportion to
+    its operations' framework ``calls`` (:func:`costmodel.layer_costs.pass_windows`, the same sums)."""
     all_calls = sum(calls) or 1.0
+    return tuple(framework_s * sum(calls[a:b]) / all_calls for a, b, _ in ix.windows)
+
+
+def _pass_s(ix: PassIndex, times: list[float], kernels: list[float], shares_s: tuple[float, ...],
+            system: SystemSpec, graphs: int) -> tuple[float, float]:
+    """:func:`costmodel.layer_costs.pass_windows` from the operations' seconds and launches and each
+    window's framework host seconds (:func:`_window_shares_s`; the same sums, window by window as
+    :func:`~costmodel.layer_costs.pass_stream`)."""
+    eff = system.efficiency
     total = slack = 0.0
-    for a, b, captured in ix.windows:
+    for (a, b, captured), share in zip(ix.windows, shares_s, strict=True):
         window_launches = sum(kernels[a:b], 0.0)
-        share = framework_s * sum(calls[a:b]) / all_calls
         gpu = sum(times[a:b], 0.0)
         issued = window_launches - sum(_pick(kernels, captured), 0.0) + graphs
         issue = issued * eff.kernel_issue_s + share
@@ -249,12 +264,10 @@ def layer_compute_s(model: ModelSpec, system: SystemSpec, shape: RankShape, kind
     t = _template(model, system, shape, kind, recompute, modules, capture)
     times_f, kernels_f = _recast(t.ops.forward, t.times_s[0], t.kernels[0], t.casts_f, shape.microbatches, system)
     times_b, kernels_b = _recast(t.ops.backward, t.times_s[1], t.kernels[1], t.casts_b, shape.microbatches, system)
-    calls_f, calls_b = _calls(kernels_f), _calls(kernels_b)
-    host_f, host_b = _host_s(t, kind, system, calls_f, calls_b)
     graphs = capture.graphs_per_pass(kind)
     ix_f, ix_b = t.index
-    f, slack_f = _pass_s(ix_f, times_f, kernels_f, calls_f, system, graphs, host_f)
-    b, slack_b = _pass_s(ix_b, times_b, kernels_b, calls_b, system, graphs, host_b)
+    f, slack_f = _pass_s(ix_f, times_f, kernels_f, t.shares_s[0], system, graphs)
+    b, slack_b = _pass_s(ix_b, times_b, kernels_b, t.shares_s[1], system, graphs)
     parts = LayerParts(dict(t.gemm_s),
                        (sum(_pick(times_f, ix_f.shared_expert), 0.0), sum(_pick(times_b, ix_b.shared_expert), 0.0)),
                        t.expert_wgrad_s,

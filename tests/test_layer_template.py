@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from costmodel.cuda_graphs import NO_GRAPHS, GraphCapture
-from costmodel.layer_costs import host_slack_s, layer_ops, layer_parts, ops_time
+from costmodel.layer_costs import host_slack_s, layer_ops, layer_parts, ops_time, python_calls
 from costmodel.layer_template import layer_compute_s
 from topologies.hardware import load_system
 from workloads.models import load_model
@@ -29,6 +29,8 @@ def test_only_the_weight_casts_depend_on_the_micro_batches() -> None:
     for a, b in zip(ops[0].forward + ops[0].backward, ops[1].forward + ops[1].backward, strict=True):
         assert (a == b) == (a.weight_cast is None), a.name
         assert recast_operation(a, 8) == b
+        # the template keeps the framework calls (hence the host time and its windows' shares) of one micro-batch
+        assert python_calls(a) == python_calls(b), a.name
 
 
 @pytest.mark.parametrize("precision", ["mxfp8", "fp8-cs", "bf16"])

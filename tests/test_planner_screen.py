@@ -13,6 +13,7 @@ from costmodel.calibrate.profile import CalibrationProfile, SystemCalibration
 from costmodel.planner.pins import parse_pins
 from costmodel.planner.plan import PlanOptions, memory_budget_bytes, run_plan
 from costmodel.planner.ranking import kendall_tau, pareto_front
+from costmodel.planner.screen import CHUNK, _shape_chunks
 from costmodel.planner.space import Candidate, build_scenario
 from topologies.inputs import UserInputError
 
@@ -233,3 +234,21 @@ def test_round_runner_hands_back_results_by_key() -> None:
             runner.take([("c", 1)])
         runner.finish()
         assert not runner.known(("a", 1))
+
+
+def test_first_bound_tasks_keep_each_expert_layout_on_one_worker() -> None:
+    # tp 1 / cp 1 / mbs 1 with expert layouts of 300 and 400 layouts (pp x vpp variants), then 1,100 of
+    # another (tp 2): 300 + 400 > 2 x CHUNK = 512, so the first two go to two tasks whole; the last is
+    # larger than a task and is cut at 512 layouts
+    def layouts(tp: int, ep: int, n: int) -> list[Candidate]:
+        return [Candidate(tp, pp, 1, 1, ep, 1, 1, "none", "muon", "layer_wise") for pp in range(n)]
+
+    ordered = layouts(1, 8, 300) + layouts(1, 16, 400) + layouts(2, 8, 1100)
+    chunks = _shape_chunks(ordered)
+    assert CHUNK == 256
+    assert [len(c) for c in chunks] == [300, 400, 512, 512, 76]
+    assert [c for chunk in chunks for c in chunk] == ordered
+    small = layouts(1, 8, 100) + layouts(1, 16, 100) + layouts(1, 32, 400)  # 100 + 100 fit one task, not + 400
+    assert [len(c) for c in _shape_chunks(small)] == [200, 400]
+    shapes = layouts(1, 8, 10) + layouts(2, 8, 10)  # another (tp, cp, mbs): another task however small
+    assert [len(c) for c in _shape_chunks(shapes)] == [10, 10]

@@ -100,18 +100,27 @@ def start_first_bounds(pool: TaskPool, cands: list[Candidate]) -> tuple[int, Ite
 
 def _shape_chunks(ordered: list[Candidate]) -> list[list[Candidate]]:
     """``ordered`` (in :func:`bound_order`) cut into tasks of one (tp, cp, mbs) each, at most
-    ``2 x CHUNK`` layouts: the layers without an MoE block (priced per tp, cp, mbs and micro-batch
-    count) and the layer templates are then priced by one worker, not by both (cut at fixed
-    sizes, a Kimi K2 search on 256 GPUs spent 12 % more CPU on its bounds with 2 workers than in
-    one process)."""
-    chunks: list[list[Candidate]] = []
-    last: tuple[int, int, int] | None = None
+    ``2 x CHUNK`` layouts, cut between expert layouts (ep, etp) where one must be cut: the layers
+    without an MoE block (priced per tp, cp, mbs and micro-batch count) and each MoE layer template
+    (per tp, cp, mbs, ep, etp) are then priced by one worker, not by both (cut at fixed sizes, a
+    Kimi K2 search on 256 GPUs spent 12 % more CPU on its bounds with 2 workers than in one
+    process). An expert layout with more than ``2 x CHUNK`` layouts is cut at fixed sizes."""
+    runs: list[list[Candidate]] = []  # the layouts of one (tp, cp, mbs, ep, etp), in order
+    last: tuple[int, ...] | None = None
     for c in ordered:
-        key = (c.tp, c.cp, c.mbs)
-        if key != last or len(chunks[-1]) >= 2 * CHUNK:
-            chunks.append([])
+        key = (c.tp, c.cp, c.mbs, c.ep, c.etp)
+        if key != last:
+            runs.append([])
             last = key
-        chunks[-1].append(c)
+        runs[-1].append(c)
+    chunks: list[list[Candidate]] = []
+    for run in runs:
+        shape = (run[0].tp, run[0].cp, run[0].mbs)
+        if chunks and (chunks[-1][0].tp, chunks[-1][0].cp, chunks[-1][0].mbs) == shape \
+                and len(chunks[-1]) + len(run) <= 2 * CHUNK:
+            chunks[-1].extend(run)
+            continue
+        chunks.extend(run[k:k + 2 * CHUNK] for k in range(0, len(run), 2 * CHUNK))
     return chunks
 
 
