@@ -28,7 +28,6 @@ from costmodel.optimizer import layouts as lay
 from costmodel.optimizer.buffers import _Buffer
 from costmodel.optimizer.timer import Timer
 from workloads.comm import CollectiveCall
-from workloads.inventory import TensorSpec
 
 
 class _GroupSizes(Protocol):
@@ -50,7 +49,7 @@ class BuilderView(Protocol):
 
     def bucket_size(self, chunk: int, stage: int | None = None) -> int | None: ...
 
-    def muon_item(self, t: TensorSpec) -> tuple[np.ndarray, tuple[CollectiveCall, ...]]: ...
+    def per_tensor(self, buf: _Buffer) -> tuple[np.ndarray, list[tuple[CollectiveCall, ...]]]: ...
 
 def element_wise_key(numel: np.ndarray, isolate: np.ndarray, gs: int, bucket_size: int | None,
                      piece_kernels: tuple) -> tuple:

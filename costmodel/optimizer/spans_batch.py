@@ -87,30 +87,22 @@ def _todo(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]],
     return todo
 
 
-def _muon_rows(builder: BuilderView, items: list[_Item], ncol: int) -> tuple[np.ndarray, list[int],
-                                                                            list[list[tuple[CollectiveCall, ...]]]]:
-    """(rows of ``ncol`` columns (:data:`COLUMNS`) of the buffers' distinct tensors, each
-    buffer's first row in it, each buffer's TP calls per distinct tensor): :meth:`StageBuilder.muon_item`
-    of the Muon tensors (a non-Muon tensor's row is never read here: zeros, no calls)."""
-    rows: list[np.ndarray] = []
+def _tensor_rows(builder: BuilderView, items: list[_Item], ncol: int) -> tuple[np.ndarray, list[int],
+                                                                              list[list[tuple[CollectiveCall, ...]]]]:
+    """(rows of ``ncol`` columns (:data:`COLUMNS`) of the buffers' distinct tensors, each buffer's
+    first row in it, each buffer's TP calls per distinct tensor): :meth:`StageBuilder.per_tensor` of
+    each buffer, stacked (only the Muon tensors' rows are read here)."""
+    tables: list[np.ndarray] = []
     firsts: list[int] = []
     calls: list[list[tuple[CollectiveCall, ...]]] = []
-    zero = np.zeros(ncol)
+    at = 0
     for buf, _, _, _ in items:
-        muon = np.zeros(len(buf.unique), dtype=bool)
-        muon[buf.tid] = buf.muon
-        firsts.append(len(rows))
-        own: list[tuple[CollectiveCall, ...]] = []
-        for t, m in zip(buf.unique, muon.tolist(), strict=True):
-            if m:
-                row, c = builder.muon_item(t)
-                rows.append(row)
-                own.append(c)
-            else:
-                rows.append(zero)
-                own.append(())
+        per, own = builder.per_tensor(buf)
+        firsts.append(at)
+        at += len(per)
+        tables.append(per)
         calls.append(own)
-    return np.array(rows, dtype=np.float64).reshape(len(rows), ncol), firsts, calls
+    return (np.concatenate(tables) if tables else np.zeros((0, ncol))), firsts, calls
 
 
 def spans_effects(builder: BuilderView, items: list[_Item]) -> list[_SpansEffect] | None:
@@ -120,7 +112,7 @@ def spans_effects(builder: BuilderView, items: list[_Item]) -> list[_SpansEffect
     pass; None when an owner is < 0 (never for layer-wise layouts: the buffers are then stepped span
     by span). ``builder`` (any StageBuilder of the plan) gives the Muon tensors' rows."""
     ncol = len(COLUMNS)
-    table, firsts, calls = _muon_rows(builder, items, ncol)
+    table, firsts, calls = _tensor_rows(builder, items, ncol)
     owners: list[np.ndarray] = []
     lengths: list[int] = []
     span_base: list[int] = []  # per span: its first bin (in ranks) in the bincount

@@ -219,7 +219,7 @@ class StageBuilder:
                                                        dtype=np.float64)
         return row
 
-    def _per_tensor(self, buf: _Buffer) -> tuple[np.ndarray, list[tuple[CollectiveCall, ...]]]:
+    def per_tensor(self, buf: _Buffer) -> tuple[np.ndarray, list[tuple[CollectiveCall, ...]]]:
         """Rows of :data:`COLUMNS` per distinct tensor of ``buf`` (items × columns), and each one's
         TP calls (empty for non-Muon tensors)."""
         hit = self._buffer_memo.get(id(buf))
@@ -249,7 +249,7 @@ class StageBuilder:
         if len(sel) == 0:
             return
         role = self.roles[buf.group]
-        per, calls = self._per_tensor(buf)
+        per, calls = self.per_tensor(buf)
         role.add_owned(owner, per[buf.tid[sel]])
         if gathered_by_copies:
             role.gather_items += len(sel)
