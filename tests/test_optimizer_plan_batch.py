@@ -15,7 +15,7 @@ from costmodel.optimizer import plan as plan_mod
 from costmodel.optimizer.ew_batch import adam_rows
 from costmodel.optimizer.newton_schulz import NsSettings
 from costmodel.optimizer.plan import _stage_buffers
-from costmodel.optimizer.spans_batch import prepare_spans_effects
+from costmodel.optimizer.spans_batch import memoise_spans_effects, prepare_spans_effects
 from costmodel.optimizer.stage_builder import COLUMNS, StageBuilder
 from costmodel.optimizer.timer import Timer
 from topologies.hardware import load_system
@@ -115,7 +115,8 @@ def test_one_pass_equals_buffer_by_buffer_fp8_params(monkeypatch: pytest.MonkeyP
 
 
 def test_spans_effects_by_hand() -> None:
-    """Each buffer's spans effect, made in the plan's one pass and alone (StageBuilder._spans_effect),
+    """Each buffer's spans effect, made in the plan's one pass and alone (memoise_spans_effects of the
+    one buffer, as StageBuilder.layer_wise_current asks on a miss),
     is what stepping its spans whole by their owners adds: per span, rank and column the rows of the
     span's items owned by the rank (StageBuilder.muon_item), added one item after the other in item
     order (bit for bit); the items stepped, their owners, and per span its padded and used numel and
@@ -132,9 +133,11 @@ def test_spans_effects_by_hand() -> None:
             sel = np.flatnonzero(buf.muon)
             gs, bucket_size = grid.size(buf.group), b.bucket_size(buf.chunk)
             spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, bucket_size, "lpt", isolate=buf.shared[sel])
-            numel, one = timer.spans_effects[(id(buf.numel), len(sel), gs, bucket_size, "lpt")]
-            alone = b._spans_effect(buf, sel, spans)
-            assert numel is buf.numel and alone is not None
+            key = (id(buf.numel), len(sel), gs, bucket_size, "lpt")
+            numel, one = timer.spans_effects[key]
+            memoise_spans_effects(b, [(key, buf, sel, gs, bucket_size)], "lpt")  # alone, on its own timer
+            alone_numel, alone = b.timer.spans_effects[key]
+            assert numel is buf.numel and alone_numel is buf.numel and alone is not one
             ncol = len(COLUMNS)
             hand = np.zeros((len(spans), ncol, gs))
             owners, buckets = [], []

@@ -60,15 +60,15 @@ def element_wise_key(numel: np.ndarray, isolate: np.ndarray, gs: int, bucket_siz
     return numel.tobytes(), isolate.tobytes(), gs, bucket_size, piece_kernels
 
 
-_Todo = tuple[tuple, np.ndarray, list[lay.BucketSpan], int]  # (memo key, item sizes, buckets, ranks)
+_Selection = tuple[tuple, np.ndarray, np.ndarray, int, "int | None"]
+# (memo key, item sizes, shared-embedding flags, ranks, bucket size in elements)
 
 
-def _todo(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]], muon_apart: bool) -> list[_Todo]:
+def _todo(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]], muon_apart: bool) -> list[_Selection]:
     """The element-wise selections of the buffers of ``stages`` whose buckets are not memoised
-    yet (their non-Muon items if ``muon_apart``, else all), with their buckets (the first of each
-    memo key only)."""
+    yet (their non-Muon items if ``muon_apart``, else all; the first of each memo key only)."""
     memo, grid = builder.timer.element_wise_spans, builder.grid
-    todo: list[_Todo] = []
+    todo: list[_Selection] = []
     keys: set[tuple] = set()
     for s, buffers in stages:
         for buf in buffers:
@@ -81,9 +81,25 @@ def _todo(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]], muon_ap
             if key in memo or key in keys:
                 continue
             keys.add(key)
-            todo.append((key, numel, lay.ddp_buckets(numel, gs, bucket_size, distributed_optimizer=True,
-                                                     isolate=isolate), gs))
+            todo.append((key, numel, isolate, gs, bucket_size))
     return todo
+
+
+def memoise_element_wise(builder: BuilderView, selections: list[_Selection]) -> None:
+    """Lay out the padded DDP buckets of each selection (memo key, item sizes, shared-embedding
+    flags, ranks, bucket size) and memoise them (``builder.timer.element_wise_spans``) with their
+    per-rank Adam values, made for all of them in one :func:`adam_rows` call."""
+    laid = [(key, numel, lay.ddp_buckets(numel, gs, bucket_size, distributed_optimizer=True, isolate=isolate), gs)
+            for key, numel, isolate, gs, bucket_size in selections]
+    buckets = [(span, numel, gs) for _, numel, spans, gs in laid for span in spans]
+    rows = adam_rows(builder, buckets) if buckets else np.zeros((8, 0))
+    at = 0
+    for key, _, spans, gs in laid:
+        made = []
+        for span in spans:
+            made.append((span, rows[:, at:at + gs]))
+            at += gs
+        builder.timer.element_wise_spans[key] = made
 
 
 def adam_rows(builder: BuilderView, buckets: list[tuple[lay.BucketSpan, np.ndarray, int]]) -> np.ndarray:
@@ -131,19 +147,8 @@ def adam_rows(builder: BuilderView, buckets: list[tuple[lay.BucketSpan, np.ndarr
 
 
 def prepare_element_wise(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]], muon_apart: bool) -> None:
-    """Memoise (``builder.timer.element_wise_spans``) the element-wise buckets and Adam values of
-    every buffer of ``stages`` ((stage, its buffers) of a plan) not memoised yet, all in one pass
+    """Memoise (:func:`memoise_element_wise`) the element-wise buckets and Adam values of every
+    buffer of ``stages`` ((stage, its buffers) of a plan) not memoised yet, all in one pass
     (``muon_apart``: the buffers' non-Muon items, as the current layer-wise layout steps them;
     else every item); ``builder`` (any StageBuilder of the plan) gives the bucket sizes and the timer."""
-    todo = _todo(builder, stages, muon_apart)
-    buckets = [(span, numel, gs) for _, numel, spans, gs in todo for span in spans]
-    if not buckets:
-        return
-    rows = adam_rows(builder, buckets)
-    at = 0
-    for key, _, spans, gs in todo:
-        made = []
-        for span in spans:
-            made.append((span, rows[:, at:at + gs]))
-            at += gs
-        builder.timer.element_wise_spans[key] = made
+    memoise_element_wise(builder, _todo(builder, stages, muon_apart))

@@ -8,7 +8,7 @@ buffer's per-item arrays, group size, bucket size and strategy (``Timer.spans_ef
 are gathered into one table, one ``bincount`` sums every span of every buffer (each bin adds its
 span's items in order, by owner: what one :meth:`_Role.add_owned` per span adds), one
 ``maximum.reduceat`` gives every span's last backprop position. A stage meeting a buffer whose
-effect is not memoised asks for that one buffer (:meth:`StageBuilder._spans_effect`);
+effect is not memoised asks for that one buffer (:func:`memoise_spans_effects`);
 :func:`prepare_spans_effects` asks for every buffer of every distinct stage of a plan before the
 stages are built (one pass instead of a few dozen numpy calls per buffer). The stages then find
 every effect in the memo (:meth:`StageBuilder.layer_wise_current`) and add them in their own
@@ -62,12 +62,14 @@ def spans_key(buf: _Buffer, sel: np.ndarray, gs: int, bucket_size: int | None, s
     return id(buf.numel), len(sel), gs, bucket_size, strategy
 
 
-def _todo(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]],
-          strategy: str) -> list[tuple[tuple, _Item]]:
-    """The layer-wise buffers of ``stages`` whose effect is not memoised yet, with their layouts
-    (the first of each memo key only; buffers whose spans are not a partition are left out)."""
+_Request = tuple[tuple, _Buffer, np.ndarray, int, "int | None"]  # (memo key, buffer, Muon items, ranks, bucket size)
+
+
+def _todo(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]], strategy: str) -> list[_Request]:
+    """The layer-wise buffers of ``stages`` whose effect is not memoised yet (the first of each
+    memo key only)."""
     memo, grid = builder.timer.spans_effects, builder.grid
-    todo: list[tuple[tuple, _Item]] = []
+    todo: list[_Request] = []
     keys: set[tuple] = set()
     for s, buffers in stages:
         for buf in buffers:
@@ -79,11 +81,8 @@ def _todo(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]],
             hit = memo.get(key)
             if key in keys or (hit is not None and hit[0] is buf.numel):
                 continue
-            spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, bucket_size, strategy,
-                                          isolate=buf.shared[sel])
-            if partition(spans, len(sel)):
-                keys.add(key)
-                todo.append((key, (buf, sel, spans, gs)))
+            keys.add(key)
+            todo.append((key, buf, sel, gs, bucket_size))
     return todo
 
 
@@ -150,15 +149,27 @@ def spans_effects(builder: BuilderView, items: list[_Item]) -> list[_SpansEffect
     return out
 
 
+def memoise_spans_effects(builder: BuilderView, requests: list[_Request], strategy: str) -> None:
+    """Lay out each request's buffer (memo key, buffer, its Muon items, ranks, bucket size) under
+    ``strategy`` and memoise (``builder.timer.spans_effects``) the effects of those whose spans are a
+    :func:`partition` of their items, made in one :func:`spans_effects` call (none when an owner is
+    < 0); a buffer left out is stepped span by span (:meth:`StageBuilder.layer_wise_current`)."""
+    keys, items = [], []
+    for key, buf, sel, gs, bucket_size in requests:
+        spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, bucket_size, strategy,
+                                      isolate=buf.shared[sel])
+        if partition(spans, len(sel)):
+            keys.append(key)
+            items.append((buf, sel, spans, gs))
+    effects = spans_effects(builder, items) if items else None
+    if effects is None:
+        return
+    for key, (buf, _, _, _), effect in zip(keys, items, effects, strict=True):
+        builder.timer.spans_effects[key] = (buf.numel, effect)
+
+
 def prepare_spans_effects(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]], strategy: str) -> None:
-    """Memoise (``builder.timer.spans_effects``) the layer-wise spans effect of every buffer of
+    """Memoise (:func:`memoise_spans_effects`) the layer-wise spans effect of every buffer of
     ``stages`` ((stage, its buffers) of a plan) not memoised yet, all in one pass; ``builder``
     (any StageBuilder of the plan) gives the bucket sizes and the distinct tensors' rows."""
-    todo = _todo(builder, stages, strategy)
-    if not todo:
-        return
-    effects = spans_effects(builder, [item for _, item in todo])
-    if effects is None:  # every stage goes buffer by buffer
-        return
-    for (key, (buf, _, _, _)), effect in zip(todo, effects, strict=True):
-        builder.timer.spans_effects[key] = (buf.numel, effect)
+    memoise_spans_effects(builder, _todo(builder, stages, strategy), strategy)

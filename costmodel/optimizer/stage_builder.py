@@ -30,7 +30,7 @@ from costmodel.optimizer import kernel_sequence as ks
 from costmodel.optimizer import layouts as lay
 from costmodel.optimizer.buffers import GROUPS, _Buffer
 from costmodel.optimizer.elementwise import PARAM_BYTES
-from costmodel.optimizer.ew_batch import adam_rows, element_wise_key
+from costmodel.optimizer.ew_batch import adam_rows, element_wise_key, memoise_element_wise
 from costmodel.optimizer.newton_schulz import (
     NsSettings,
     tensor_ns_work,
@@ -44,7 +44,7 @@ from costmodel.optimizer.plan_types import (
     RoleOwnership,
     StageOptimizerPlan,
 )
-from costmodel.optimizer.spans_batch import _SpansEffect, partition, spans_effects, spans_key
+from costmodel.optimizer.spans_batch import memoise_spans_effects, spans_key
 from costmodel.optimizer.timer import Timer
 from topologies.identity_memo import IdentityMemo
 from workloads.comm import CollectiveCall, merge_calls
@@ -292,11 +292,9 @@ class StageBuilder:
         numel, isolate = buf.numel[sel], buf.shared[sel]
         key = element_wise_key(numel, isolate, gs, bucket_size, self.adam.piece_kernels)
         spans = self.timer.element_wise_spans.get(key)
-        if spans is None:  # the buckets' values made together (ew_batch.adam_rows)
-            made = lay.ddp_buckets(numel, gs, bucket_size, distributed_optimizer=True, isolate=isolate)
-            rows = adam_rows(self, [(span, numel, gs) for span in made]) if made else np.zeros((8, 0))
-            spans = self.timer.element_wise_spans[key] = [(span, rows[:, j * gs:(j + 1) * gs])
-                                                          for j, span in enumerate(made)]
+        if spans is None:
+            memoise_element_wise(self, [(key, numel, isolate, gs, bucket_size)])
+            spans = self.timer.element_wise_spans[key]
         role = self.roles[buf.group]
         for span, rows in spans:
             role.acc[ADAM_SHARD_COLUMNS] += rows
@@ -308,26 +306,23 @@ class StageBuilder:
 
         What a buffer adds (its spans' per-rank sums, owners and buckets) is memoised per plan on its
         per-item arrays (shared by equal chunks, :func:`buffers._buffer`), group size, bucket size and
-        strategy, and replayed in the same order (:class:`_SpansEffect`)."""
+        strategy, and replayed in the same order (:class:`spans_batch._SpansEffect`)."""
         if len(sel) == 0:
             return
         gs, bucket_size = self.grid.size(buf.group), self.bucket_size(buf.chunk)
         key = spans_key(buf, sel, gs, bucket_size, strategy)
         hit = self.timer.spans_effects.get(key)
-        if hit is not None and hit[0] is buf.numel:
-            effect = hit[1]
-        else:
-            spans = lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, bucket_size, strategy,
-                                          isolate=buf.shared[sel])
-            made = self._spans_effect(buf, sel, spans)
-            if made is None:  # not a partition of sel: stepped span by span, not memoised
-                for span in spans:
-                    self.step_whole(buf, sel[span.first:span.stop], span.owner)  # type: ignore[arg-type]
-                    self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used, "reduce_scatter",
-                                    "all_gather", "layer_wise")
-                return
-            effect = made
-            self.timer.spans_effects[key] = (buf.numel, effect)
+        if hit is None or hit[0] is not buf.numel:
+            memoise_spans_effects(self, [(key, buf, sel, gs, bucket_size)], strategy)
+            hit = self.timer.spans_effects.get(key)
+        if hit is None or hit[0] is not buf.numel:  # not a partition of sel: stepped span by span, not memoised
+            for span in lay.layer_wise_layout(buf.numel[sel], buf.cost[sel], gs, bucket_size, strategy,
+                                              isolate=buf.shared[sel]):
+                self.step_whole(buf, sel[span.first:span.stop], span.owner)  # type: ignore[arg-type]
+                self.add_bucket(buf, sel[span.first:span.stop], span.numel, span.used, "reduce_scatter",
+                                "all_gather", "layer_wise")
+            return
+        effect = hit[1]
         role = self.roles[buf.group]
         role.add_span_sums(effect.sums)
         if len(effect.picked):
@@ -337,16 +332,6 @@ class StageBuilder:
         common, chunk = self._bucket_common(buf), -buf.chunk  # add_bucket of every span
         self.buckets.extend(((chunk, ready), (common, numel, used, "reduce_scatter", "all_gather", "layer_wise"))
                             for numel, used, ready in effect.buckets)
-
-    def _spans_effect(self, buf: _Buffer, sel: np.ndarray, spans: list[lay.BucketSpan]) -> _SpansEffect | None:
-        """The :class:`_SpansEffect` of stepping every layer-wise span of ``buf[sel]`` (Muon items)
-        by its owners (:meth:`step_whole` per span, as one call: the same per-rank sums, names, TP
-        calls and owners: :func:`spans_batch.spans_effects` of the one buffer), or None when the
-        spans are not a partition of ``sel`` in order with owners >= 0."""
-        if not partition(spans, len(sel)):
-            return None
-        made = spans_effects(self, [(buf, sel, spans, self.grid.size(buf.group))])
-        return None if made is None else made[0]
 
     def ddp(self, buf: _Buffer, gather_op: str | None) -> None:
         """Unpadded DDP buckets of the whole buffer, all-reduced (legacy layer-wise / replicated)."""
