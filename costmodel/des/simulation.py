@@ -218,7 +218,7 @@ class StepSimulation:
         if not per_layer:  # one slice: the whole pass (what the loop below does with the points {1.0})
             yield from self._slice(s, cost, 1.0, name, step)
             return
-        points = sorted(({j / layers for j in range(1, layers)} if per_layer else set())
+        points = sorted({j / layers for j in range(1, layers)}
                         | {c[0] for c in cuts or ()} | {1.0})
         pending = sorted(cuts or (), key=lambda c: c[0])
         done = 0.0
