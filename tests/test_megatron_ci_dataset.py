@@ -46,7 +46,8 @@ def test_a_moe_row_by_hand():
     assert run.optimizer_distribution == "element_wise" and run.overlap_param_gather is True
     assert run.scenario_settings == {
         "overlap_grad_reduce": True, "sequence_parallel": True, "grad_reduce_dtype": "fp32",
-        "moe_token_dispatcher_type": "allgather", "gradient_accumulation_fusion": False, "attention_backend": "unfused",
+        "moe_token_dispatcher_type": "allgather", "ep_comm_overlap": False, "gradient_accumulation_fusion": False,
+        "attention_backend": "unfused",
         "transformer_impl": "transformer_engine", "log_params_norm": True, "log_num_zeros_in_grad": True,
         "cross_entropy_loss_fusion": False, "moe_grouped_gemm": True, "moe_permute_fusion": False,
         "moe_router_fusion": False}
@@ -54,6 +55,20 @@ def test_a_moe_row_by_hand():
     assert run.extra is not None and run.extra["deterministic_mode"] == "true" and run.extra["ckpt_saves_in_window"] == 0
     scenario = run.scenario_overrides()
     assert scenario["model"] is m and scenario["moe_token_dispatcher_type"] == "allgather"
+
+
+def test_the_ep_overlap_flag_reaches_the_scenario():
+    """``--overlap-moe-expert-parallel-comm: true`` in the a2a_ovlp case's config (the CSV column
+    ``overlap_moe_expert_parallel_comm``) turns on muonsim's ``ep_comm_overlap``; its twin without the
+    flag keeps it off."""
+    from costmodel.calibrate.validation import scenario_for_run
+
+    runs, _ = load_dataset_rows("megatron-ci")
+    by_id = {r.run_id: r for r in runs}
+    on = by_id["gpt3_mcore_te_tp2_pp1_te_a2a_ovlp_8experts_etp1_ep4__dgx-h100__dev"]
+    off = by_id["gpt3_mcore_te_tp2_pp1_te_8experts_etp1_ep4__dgx-h100__dev"]
+    assert on.scenario_settings["ep_comm_overlap"] is True and off.scenario_settings["ep_comm_overlap"] is False
+    assert scenario_for_run(on).par.ep_comm_overlap
 
 
 def test_the_run_resolves_to_a_valid_scenario():

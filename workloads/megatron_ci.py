@@ -14,7 +14,7 @@ settings beyond the MeasuredRun columns go to ``MeasuredRun.scenario_settings``:
 overlap, sequence parallelism, recompute modules, gradient dtype (bf16 runs accumulate gradients
 in fp32 as Megatron forces; fp16 runs keep fp16 main grads unless
 ``--accumulate-allreduce-grads-in-fp32``: a 2-byte gradient, ``grad_reduce_dtype: bf16``), the
-MoE dispatcher, CUDA graphs.
+MoE dispatcher, the EP all-to-all overlap (``--overlap-moe-expert-parallel-comm``), CUDA graphs.
 
 **Rows the model cannot express** become :class:`SkippedRun` s with a one-line reason (T5, BERT,
 Mamba hybrids, multimodal, RL steps, unknown system / GPU count / vocabulary, fp32 training,
@@ -86,7 +86,7 @@ COLUMNS = (  # what the shipped copy keeps, in this order
     "qk_layernorm", "spec", "overlap_grad_reduce", "overlap_param_gather", "sequence_parallel", "tp_comm_overlap",
     "recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers", "cuda_graph_impl",
     "cuda_graph_flags", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_permute_fusion",
-    "ckpt_save_iters_in_window",
+    "overlap_moe_expert_parallel_comm", "ckpt_save_iters_in_window",
     "eval_iters_in_window", *sorted(set(FLAG_COLUMNS.values()) - {"phase"}), "phase",
 )
 
@@ -223,6 +223,8 @@ def _settings(row: dict[str, str], model: ModelSpec) -> dict[str, Any]:
         out["moe_token_dispatcher_type"] = row["moe_token_dispatcher_type"]
         if row["moe_flex_dispatcher_backend"] in ("deepep", "hybridep"):
             out["moe_flex_dispatcher_backend"] = row["moe_flex_dispatcher_backend"]
+        # --overlap-moe-expert-parallel-comm: the merged forward-backward steps (combined 1F1B)
+        out["ep_comm_overlap"] = _bool(row["overlap_moe_expert_parallel_comm"])
     out["gradient_accumulation_fusion"] = not _bool(row["no_gradient_accumulation_fusion"])
     if row["attention_backend"] in ("auto", "flash", "fused", "unfused", "local"):
         out["attention_backend"] = row["attention_backend"]
