@@ -74,7 +74,7 @@ def predict(
 
     console = make_console()
     console.print(exporters.render_table(report, layout=layered.summary()))
-    for line in release_settings_lines(chosen):
+    for line in release_settings_lines(chosen, sc):
         console.print(line, markup=False, highlight=False)
     for path, _ in texts:
         console.print(f"wrote {path}")

@@ -274,8 +274,11 @@ def resolve_release_scenario(scenario_file: Path | None, flags: dict[str, Any], 
     return scenario, layered, chosen
 
 
-def release_settings_lines(chosen: Any) -> list[str]:
-    """What ``predict``/``compare`` print about the recipe settings they used (one item per line)."""
+def release_settings_lines(chosen: Any, scenario: Any = None) -> list[str]:
+    """What ``predict``/``compare`` print about the recipe settings they used (one item per line); with
+    ``scenario``, also the flags that would give it the recipe run's own layout when it differs (the
+    settings come from the run; the layout does not)."""
+    from workloads.recipe_settings import layout_mismatch_flags
     from workloads.scenario import setting_default
 
     if chosen is None:
@@ -294,6 +297,10 @@ def release_settings_lines(chosen: Any) -> list[str]:
     if chosen.kept:
         lines.append("  yours kept: " + ", ".join(chosen.kept))
     lines += [f"  not applied: {k} ({why})" for k, why in chosen.skipped.items()]
+    flags = layout_mismatch_flags(chosen.choice.run_id, scenario) if scenario is not None else ""
+    if flags:
+        lines.append(f"  layout: not the recipe run's (--release sets recipe settings, not the layout); "
+                     f"that run's layout: {flags}")
     return lines
 
 

@@ -123,3 +123,19 @@ def test_predict_release_takes_that_releases_recipe_settings(run_cli, tmp_path) 
     assert bad.exit_code == 2 and "not a release tag" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     # a model the file never ran keeps muonsim's defaults
     assert json.loads(run_cli("predict", "--json", "--release", "26.06").stdout)["recipe_settings"] is None
+
+
+def test_predict_release_names_the_recipe_runs_layout_when_it_is_not_the_predictions(run_cli) -> None:
+    """--release takes the recipe settings, not the layout: the 25.11 H100 Qwen3-30B run (summary table:
+    16 GPUs, pp 2, vpp 24, ep 8, etp 1, mbs 2, gbs 512, seq 4096) differs from the model x system default
+    layout (the 26.06 run: pp 1, vpp 1, ep 16, mbs 1, gbs 1024) in pp, vpp, ep, mbs and gbs, and the output
+    names exactly those flags; with them given there is no such line."""
+    model = ("--model", "qwen3-30b-a3b", "--system", "dgx-h100", "--release", "25.11")
+    text = " ".join(run_cli("predict", *model).stdout.split())
+    assert "that run's layout: --pp 2 --vpp 24 --ep 8 --mbs 2 --gbs 512" in text
+    same = run_cli("predict", "--json", *model, "--pp", "2", "--vpp", "24", "--ep", "8", "--mbs", "2", "--gbs", "512")
+    assert json.loads(same.stdout)["recipe_settings"]["run_layout"] == {
+        "num_gpus": "16", "precision": "fp8-cs", "tp": "1", "pp": "2", "vpp": "24", "cp": "1", "ep": "8", "etp": "1",
+        "fsdp": "0", "micro_batch_size": "2", "global_batch_size": "512", "seq_length": "4096"}
+    assert "layout: not the recipe run's" not in run_cli("predict", *model, "--pp", "2", "--vpp", "24", "--ep", "8",
+                                                       "--mbs", "2", "--gbs", "512").stdout

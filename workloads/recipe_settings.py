@@ -208,6 +208,36 @@ class RecipeChoice:
                 f"{', ' + ref if ref else ''}); {self.reason}")
 
 
+# the recipe run's layout as (summary column, CLI flag): what --release does not apply (the layout comes
+# from the model x system defaults or the user) but a user may want to reproduce the run
+RUN_LAYOUT_FLAGS = (("num_gpus", "--gpus"), ("precision", "--precision"), ("tp", "--tp"), ("pp", "--pp"),
+                    ("vpp", "--vpp"), ("cp", "--cp"), ("ep", "--ep"), ("etp", "--etp"), ("fsdp", "--fsdp"),
+                    ("micro_batch_size", "--mbs"), ("global_batch_size", "--gbs"), ("seq_length", "--seq"))
+
+
+def run_layout(run_id: str) -> dict[str, str]:
+    """The published run's layout (summary columns of :data:`RUN_LAYOUT_FLAGS`, as text); empty for an
+    unknown run."""
+    run = next((r for r in _summary_rows() if r["run_id"] == run_id), None)
+    return {} if run is None else {col: run[col] for col, _ in RUN_LAYOUT_FLAGS}
+
+
+def scenario_layout(scenario: Any) -> dict[str, str]:
+    """``scenario``'s layout in the summary columns of :data:`RUN_LAYOUT_FLAGS` (as text)."""
+    p = scenario.par
+    return {"num_gpus": str(scenario.gpus), "precision": scenario.precision.value, "tp": str(p.tp),
+            "pp": str(p.pp), "vpp": str(p.vpp), "cp": str(p.cp), "ep": str(p.ep), "etp": str(p.expert_tp),
+            "fsdp": str(p.fsdp), "micro_batch_size": str(p.micro_batch_size),
+            "global_batch_size": str(p.global_batch_size), "seq_length": str(p.seq_length)}
+
+
+def layout_mismatch_flags(run_id: str, scenario: Any) -> str:
+    """The flags that would give ``scenario`` the layout of published run ``run_id`` (e.g. ``--pp 2
+    --vpp 24 --mbs 2``); empty when the layouts are equal or the run is unknown."""
+    run, ours = run_layout(run_id), scenario_layout(scenario)
+    return " ".join(f"{flag} {run[col]}" for col, flag in RUN_LAYOUT_FLAGS if run and run[col] != ours[col])
+
+
 @cache
 def published_names(model: str) -> frozenset[str]:
     """The published model names whose runs describe catalogue ``model``: its own name, and any model
@@ -302,7 +332,8 @@ class ReleaseSettings:
     skipped: dict[str, str]  # key -> why the recipe's value was not applied
 
     def to_json_dict(self) -> dict[str, Any]:
-        """Plain dict for ``--json``: source, applied settings (JSON-friendly), kept and skipped keys."""
+        """Plain dict for ``--json``: source, applied settings (JSON-friendly), kept and skipped keys, and
+        the recipe run's layout (:func:`run_layout`; ``--release`` does not apply it)."""
         def plain(v: Any) -> Any:
             if isinstance(v, tuple):
                 return [x.model_dump() if hasattr(x, "model_dump") else x for x in v]
@@ -310,7 +341,7 @@ class ReleaseSettings:
 
         return {"source": self.choice.source, "run_id": self.choice.run_id, "release": self.choice.release,
                 "applied": {k: plain(v) for k, v in self.applied.items()}, "kept_from_user": list(self.kept),
-                "skipped": self.skipped}
+                "skipped": self.skipped, "run_layout": run_layout(self.choice.run_id)}
 
 
 def _completed(layout: PartialLayout, sizes: dict[str, int]) -> str | None:
