@@ -13,8 +13,10 @@ from __future__ import annotations
 import numpy as np
 
 from costmodel.optimizer import layouts as lay
+from costmodel.optimizer.newton_schulz import NsSettings
 from costmodel.optimizer.plan import plan_from_inventory
-from costmodel.optimizer.stage_builder import Grid
+from costmodel.optimizer.stage_builder import Grid, StageBuilder
+from costmodel.optimizer.timer import Timer
 from workloads.comm import CollectiveCall
 from workloads.inventory import build_inventory
 from workloads.models import ModelSpec
@@ -86,3 +88,16 @@ def test_ping_pong_sort_is_stable_on_equal_numel() -> None:
     positions 0..4 get 0, 1, 1, 0, 0."""
     owner = lay.whole_param_owner(np.full(5, 7), np.zeros(5), 2, "ping_pong")
     assert owner.tolist() == [0, 1, 1, 0, 0]
+
+
+def test_default_bucket_size_ignores_context_parallelism() -> None:
+    """Megatron-Core 0.16.1 distributed_data_parallel.py:63-65: ``bucket_size = max(40e6, 1e6 ·
+    dp_group.size())`` where ``dp_group`` is built ``with_context_parallel=False``
+    (process_groups_config.py:470-472). dp 32, cp 2 (the dense group dp·cp = 64 ranks):
+    max(40e6, 32e6) = 40,000,000 elements, not max(40e6, 64e6) = 64,000,000."""
+    spec = OptimizerSpec(kind="adamw")
+    st = NsSettings.from_spec(spec)
+    builder = StageBuilder(0, Grid(dp=64, expert_dp=64, cp=2), spec, Timer(None, "bf16", None), st)
+    assert builder.bucket_size(0) == 40_000_000
+    no_cp = StageBuilder(0, Grid(dp=64, expert_dp=64), spec, Timer(None, "bf16", None), st)
+    assert no_cp.bucket_size(0) == 64_000_000

@@ -47,7 +47,8 @@ def round_up(value: int, multiple: int) -> int:
 
 
 def default_bucket_size(dp: int) -> int:
-    """Megatron's default bucket size in elements: max(40e6, 1e6·dp)."""
+    """Megatron's default bucket size in elements: max(40e6, 1e6·dp), ``dp`` the data-parallel size
+    without context parallelism (Megatron-Core 0.16.1 distributed_data_parallel.py:63-65)."""
     return max(40_000_000, 1_000_000 * dp)
 
 

@@ -90,7 +90,7 @@ def build_optimizer_plan(scenario, critical_only: bool = False) -> OptimizerPlan
     p = scenario.par
     placement = placement_for(scenario)
     grid = Grid(dp=scenario.dp * p.cp, expert_dp=scenario.expert_dp, tp=p.tp, etp=p.expert_tp, ep=p.ep,
-                instances=scenario.optimizer.num_distributed_optimizer_instances)
+                instances=scenario.optimizer.num_distributed_optimizer_instances, cp=p.cp)
     plan = plan_from_inventory(cached_inventory(scenario), scenario.optimizer, grid, scenario.system, placement.shape,
                                fsdp=p.fsdp > 0, precision=scenario.precision.value,
                                bf16_layers=scenario.runtime.bf16_layers, critical_only=critical_only)

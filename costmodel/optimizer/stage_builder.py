@@ -62,6 +62,7 @@ class Grid:
     etp: int = 1
     ep: int = 1
     instances: int = 1  # distributed-optimizer instances: the optimizer shards over dp / instances ranks
+    cp: int = 1  # context-parallel size (a factor of ``dp``): only the default bucket size reads it
 
     @property
     def gpus_per_stage(self) -> int:
@@ -144,10 +145,12 @@ class StageBuilder:
 
     def bucket_size(self, chunk: int, stage: int | None = None) -> int | None:
         """Elements per bucket of ``chunk`` of this stage (or of ``stage``); None (one bucket) for pp
-        ranks > 0, chunks > 0, or no overlap."""
+        ranks > 0, chunks > 0, or no overlap. The default is sized on the data-parallel group
+        **without** context parallelism (Megatron-Core 0.16.1 distributed_data_parallel.py:63-65 reads
+        ``dp_group``, built with ``with_context_parallel=False``, process_groups_config.py:470-472)."""
         if not self.spec.overlap_grad_reduce or (self.stage if stage is None else stage) > 0 or chunk > 0:
             return None
-        return self.spec.bucket_size_elements or lay.default_bucket_size(self.grid.dp)
+        return self.spec.bucket_size_elements or lay.default_bucket_size(self.grid.dp // self.grid.cp)
 
     def add_bucket(self, buf: _Buffer, idx: np.ndarray | None, numel: int, used: int, reduce_op: str | None,
                    gather_op: str | None, kind: str, ready: int | None = None) -> None:
