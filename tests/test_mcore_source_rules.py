@@ -101,3 +101,28 @@ def test_default_bucket_size_ignores_context_parallelism() -> None:
     assert builder.bucket_size(0) == 40_000_000
     no_cp = StageBuilder(0, Grid(dp=64, expert_dp=64), spec, Timer(None, "bf16", None), st)
     assert no_cp.bucket_size(0) == 64_000_000
+
+
+def test_legacy_gather_buffers_are_a_step_transient() -> None:
+    """Megatron-Core 0.16.1 layer_wise_optimizer.py:157-165: per group, ``src`` flattens the owned
+    parameters and ``output_list`` allocates every rank's flat parameters (Σ numel of the group, bf16)
+    before the ``all_gather``. Qwen3-30B-A3B on 16 GPUs, tp 1, pp 1, ep 8 (dp·cp 16, expert_dp 2),
+    fp32 gradients (no fp32 gradient copy). Expert elements per GPU, by hand: 48 layers × 16 local
+    experts × (fc1 2·768·2048 + fc2 2048·768 = 4,718,592) = 3,623,878,656; the expert group's
+    buffers: 2 B × (3,623,878,656 + 3,623,878,656 / 2) = 10,871,635,968 B, larger than the dense
+    group's (its ~1.5e9 elements × (1 + 1/16) × 2 B) and than the Newton–Schulz workspace, so it is
+    the step workspace. Hidden gathers (per bucket, received into the gradient buffer) and the
+    current layout have none: their workspace is the Newton–Schulz one alone."""
+    from workloads.memory import memory_breakdown
+    from workloads.scenario import ScenarioConfig
+
+    def workspace(layout: str, hide: bool) -> float:
+        sc = ScenarioConfig(model="qwen3-30b-a3b", gpus=16, parallelism=dict(
+            tp=1, pp=1, vpp=1, ep=8, global_batch_size=32, seq_length=4096, micro_batch_size=1),
+            optimizer=dict(layer_wise_layout=layout, hide_param_gather=hide)).resolve()
+        assert (sc.dp * sc.par.cp, sc.expert_dp, sc.optimizer.grad_bytes) == (16, 2, 4)
+        return memory_breakdown(sc).optimizer_workspace_bytes
+
+    assert workspace("legacy", False) == 10_871_635_968
+    ns_only = workspace("current", False)
+    assert ns_only < 1e9 and workspace("legacy", True) == ns_only
