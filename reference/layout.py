@@ -197,8 +197,8 @@ def close_chunk_before(chunk_numel: int, chunk_largest: int, numel: int, d: int,
     """Whether a non-empty chunk closes before a parameter of ``numel`` elements (Megatron's rule).
 
     Our reconstruction of ``LayerWiseDistributedOptimizer._compute_per_buffer_param_layout`` (issue 13
-    item 5; the source is not available here): the chunk (``chunk_numel`` elements, largest parameter
-    ``chunk_largest`` — the largest **in the chunk**) closes once it holds at least
+    item 5; Megatron-Core 0.18's source is not available, 0.16.x has no such layout): the chunk
+    (``chunk_numel`` elements, largest parameter ``chunk_largest`` — the largest **in the chunk**) closes once it holds at least
     ``max(bucket_size, floor(0.9·d·chunk_largest))`` elements and the parameter cannot be absorbed.
     Absorption is Megatron's element-count estimate, not a replay of the assignment: estimated shard
     ``S = round_up(max(ceil(C/d), M), shard_pad_multiple(d))``; absorbable iff ``numel <= d·S − C``

@@ -301,6 +301,42 @@ class LayerWiseLegacy(DistOptimizer):
         self.for_each_owned(lambda b, n: self.update_param(b, n, step),
                             lambda b, n: b.slots[n].owner == self.group_rank(b.group))
 
+    def start_param_gather(self, async_op: bool) -> list[tuple[FlatBucket, Pending]]:
+        """Synchronous: one variable-size all-gather per dp group kind of every parameter each rank
+        owns in it, as Megatron-Core 0.16.1 ``LayerWiseDistributedOptimizer.allgather_params``
+        (layer_wise_optimizer.py:151-182: flatten the owned parameters, one ``all_gather`` of uneven
+        sizes per group). Asynchronous (``hide_param_gather``): per bucket in forward order, the
+        legacy fallback's overlap of later Megatron-Core (PR #3524; 0.16.x has none)."""
+        if self.gather_op is None:
+            return []
+        if async_op:
+            return super().start_param_gather(async_op)
+        for kind in GROUP_KINDS:
+            buckets = [b for b in self.forward_order() if b.group == kind]
+            if buckets:
+                self._all_gather_v_group(kind, buckets)
+        return []
+
+    def _all_gather_v_group(self, kind: str, buckets: list[FlatBucket]) -> None:
+        """One all_gather_v over ``kind`` of the owned parameters of all ``buckets`` (each rank's
+        parameters flattened in bucket order, then slot order)."""
+        rank = self.group_rank(kind)
+        owned = {r: [(b, s) for b in buckets for s in b.layout.owned_slots(r)] for r in range(self.group_size(kind))}
+        sizes = [sum(s.numel for _, s in owned[r]) for r in owned]
+        mine = [b.pbuf[s.start: s.end] for b, s in owned[rank]]
+        send = torch.cat(mine) if mine else buckets[0].pbuf[:0].clone()
+
+        def unflatten(parts: list[torch.Tensor]) -> None:
+            for r, part in enumerate(parts):
+                if r == rank or len(parts) == 1:
+                    continue
+                pos = 0
+                for b, s in owned[r]:
+                    b.pbuf[s.start: s.end].copy_(part[pos: pos + s.numel])
+                    pos += s.numel
+
+        self.comm.all_gather_v(send, sizes, kind, "param_gather", unflatten, False)
+
 
 class LayerWiseCurrent(DistOptimizer):
     """Current layer-wise Muon: shard-aligned buckets per buffer, reduce-scatter, equal all-gather."""

@@ -11,7 +11,8 @@ is one module's mechanism:
   (sharded by Megatron-FSDP's ``optim_grads`` / ``optim_grads_params``);
 - **optimizer state** and the optimizer step's **workspace** (:mod:`workloads.optimizer_memory`):
   AdamW / Muon state (precision-aware dtypes, distributed-optimizer instances, FSDP, CPU offload),
-  and the step's transient buffers (fp32 gradient copies, Newton–Schulz workspace);
+  and the step's transient buffers (fp32 gradient copies, the larger of the Newton–Schulz workspace
+  and the legacy layer-wise gather's flat buffers);
 - **activations** (:mod:`workloads.activation_memory`): the stage's peak over the schedule
   (recompute, offloading, BF16 layers, the loss).
 
@@ -39,6 +40,7 @@ from workloads.optimizer_memory import (
     adam_state_bytes_per_param,
     counted_optimizer_bytes,
     distributed_optimizer_bytes_per_param,
+    legacy_gather_bytes,
     muon_state_bytes_per_param,
     newton_schulz_workspace_bytes,
     optimizer_workspace_bytes,
@@ -112,7 +114,8 @@ def stage_memory(scenario: Scenario, stage: int, inventory: Inventory | None = N
     if hit is None:
         weights = stage_weights(scenario, inv, stage)
         opt = counted_optimizer_bytes(scenario, ((t, r.count) for r in runs for t in r.templates))
-        workspace = optimizer_workspace_bytes(scenario, {id(t): t for r in runs for t in r.templates}.values())
+        workspace = max(optimizer_workspace_bytes(scenario, {id(t): t for r in runs for t in r.templates}.values()),
+                        legacy_gather_bytes(scenario, ((t, r.count) for r in runs for t in r.templates)))
         hit = (weights, opt, workspace)
         if memo is not None and key is not None:
             memo[key] = hit

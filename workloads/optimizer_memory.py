@@ -27,6 +27,10 @@ the state over ``d/k`` ranks (the instances all-reduce the reduced shards); ``re
 legacy layer-wise layout at dp·cp = 1: 1 for experts too (Megatron's ``shard_params`` returns
 early); Megatron-FSDP: the FSDP group unless ``data_parallel_sharding_strategy`` is ``no_shard``.
 
+**Legacy gather buffers** (transient, legacy layer-wise layout, :func:`legacy_gather_bytes`): the
+flat send and receive buffers of Megatron-Core 0.16.1's ``allgather_params``, after the step (they
+do not coexist with the Newton–Schulz workspace; the larger of the two counts).
+
 **Step workspace** (transient, Muon only): the Newton–Schulz buffers of the largest matrix on the
 stage: fp32 Nesterov copy ``U``, ``X`` in the matmul precision, ``A`` and ``B`` (``m×m``) in the
 matmul precision, the fp32 output and its scaled copy; in ``duplicated`` TP mode the fp32 gathered
@@ -182,6 +186,32 @@ def optimizer_workspace_bytes(scenario: Scenario, tensors: Iterable[TensorSpec])
             ws = _WORKSPACE.put(newton_schulz_workspace_bytes(t, *key), key, t)
         out = max(out, ws)
     return out
+
+
+def legacy_gather_bytes(scenario: Scenario, counted: Iterable[tuple[TensorSpec, int]]) -> float:
+    """Transient buffers of the legacy layer-wise parameter gather on one stage, in bytes.
+
+    Megatron-Core 0.16.1 ``LayerWiseDistributedOptimizer.allgather_params``
+    (layer_wise_optimizer.py:151-182), once per group (dp·cp, then expt_dp): ``src`` flattens the
+    rank's owned parameters and ``output_list`` allocates every rank's flat parameters
+    (``torch.empty`` of Σ numel of the group, model dtype) before the ``all_gather``; both are freed
+    before the next group's. Peak = max over groups of 2 B × (group numel + owned share). None when
+    the gather is hidden (the later per-bucket fallback receives into the gradient buffer), when
+    nothing is sharded (dp·cp = 1: ``shard_params`` returns early) or for a group of one rank."""
+    opt, p = scenario.optimizer, scenario.par
+    if not (opt.kind == "muon" and opt.resolved_distribution == "layer_wise" and opt.layer_wise_layout == "legacy") \
+            or (opt.hide_param_gather and opt.overlap_grad_reduce) or p.fsdp > 0 or scenario.dp * p.cp == 1:
+        return 0.0
+    numel = {"dp": 0, "expert_dp": 0}
+    for t, count in counted:
+        if t.optimizer != "none":
+            numel[t.dp_group] += t.rank_numel * count
+    best = 0.0
+    for group, n in numel.items():
+        d = state_shards(scenario, group)
+        if d > 1 and n > 0:
+            best = max(best, PARAM_BYTES * (n + n / d))
+    return best
 
 
 _WORKSPACE: IdentityMemo[float] = IdentityMemo(50_000)  # (tp mode, matmul bytes) + the tensor by identity

@@ -47,7 +47,8 @@ def round_up(value: int, multiple: int) -> int:
 
 
 def default_bucket_size(dp: int) -> int:
-    """Megatron's default bucket size in elements: max(40e6, 1e6·dp)."""
+    """Megatron's default bucket size in elements: max(40e6, 1e6·dp), ``dp`` the data-parallel size
+    without context parallelism (Megatron-Core 0.16.1 distributed_data_parallel.py:63-65)."""
     return max(40_000_000, 1_000_000 * dp)
 
 
@@ -226,7 +227,8 @@ def chunk_bounds(numel: list[int], d: int, bucket_size: int | None) -> list[int]
     """Start index of every chunk of a layer-wise buffer, plus ``len(numel)`` (Megatron's closure rule).
 
     Our reconstruction of ``LayerWiseDistributedOptimizer._compute_per_buffer_param_layout`` (issue 13
-    item 5; the source is not available here). Walking the parameters in backprop order, before adding
+    item 5): the current layout is Megatron-Core 0.18, whose source is not on the package registry
+    (0.16.x, read line by line, has only the legacy ``shard_params``). Walking the parameters in backprop order, before adding
     a parameter of ``n`` elements to a non-empty chunk of ``C`` elements whose largest parameter has
     ``M`` elements (largest **in the chunk**), the chunk closes when ``C >= max(bucket_size,
     floor(0.9·d·M))`` and the parameter cannot be absorbed. Absorption uses Megatron's element-count
@@ -285,7 +287,8 @@ def layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size:
 
 def isolated_bucket(first: int, numel: int, d: int) -> BucketSpan:
     """A shared embedding alone in a layer-wise bucket: whole on shard 0, the other shards padding
-    of equal size (our reading of the current layout's rule, §4.1; the source is not available)."""
+    of equal size (our reading of the current layout's rule, §4.1; Megatron-Core 0.18's source is not
+    available, 0.16.x has no such layout)."""
     shard = round_up(max(numel, 1), shard_pad_multiple(d))
     return BucketSpan(first, first + 1, shard * d, numel, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
 

@@ -90,7 +90,7 @@ def build_optimizer_plan(scenario, critical_only: bool = False) -> OptimizerPlan
     p = scenario.par
     placement = placement_for(scenario)
     grid = Grid(dp=scenario.dp * p.cp, expert_dp=scenario.expert_dp, tp=p.tp, etp=p.expert_tp, ep=p.ep,
-                instances=scenario.optimizer.num_distributed_optimizer_instances)
+                instances=scenario.optimizer.num_distributed_optimizer_instances, cp=p.cp)
     plan = plan_from_inventory(cached_inventory(scenario), scenario.optimizer, grid, scenario.system, placement.shape,
                                fsdp=p.fsdp > 0, precision=scenario.precision.value,
                                bf16_layers=scenario.runtime.bf16_layers, critical_only=critical_only)
@@ -287,6 +287,7 @@ def _stage(inv: Inventory, s: int, buffers: list[_Buffer], spec, grid: Grid, tim
             b.step_whole(buf, np.arange(len(buf.numel)), np.full(len(buf.numel), -1, dtype=np.int64))
     else:  # legacy: whole parameters of the whole stage assigned per dp group
         strategy = spec.resolved_load_balance
+        per_bucket_gather = spec.hide_param_gather and spec.overlap_grad_reduce
         for group in ("dp", "expert_dp"):
             bufs = [buf for buf in buffers if buf.group == group]
             if not bufs:
@@ -299,9 +300,13 @@ def _stage(inv: Inventory, s: int, buffers: list[_Buffer], spec, grid: Grid, tim
             at = 0
             for buf in bufs:
                 n = len(buf.numel)
-                b.ddp(buf, gather_op="all_gather_v")
+                # hidden: per bucket in the next forward (the legacy fallback of later Megatron-Core,
+                # PR #3524); Megatron-Core 0.16.x has no such overlap: one gather per group after the step
+                b.ddp(buf, gather_op="all_gather_v" if per_bucket_gather else None)
                 b.step_whole(buf, np.arange(n), owner[at:at + n], gathered_by_copies=True)
                 at += n
+            if not per_bucket_gather:
+                b.legacy_gather(bufs)
     if inv.pp > 1:
         for run in inv.stage_runs(s):
             for t in run.templates:
@@ -395,8 +400,11 @@ def _notes(inv: Inventory, spec, grid: Grid, dist: str, st: NsSettings, precisio
                          "parameters, gradients are all-reduced and no parameter is gathered")
         elif dist == "layer_wise" and spec.layer_wise_layout == "legacy":
             notes.append("legacy layer-wise layout: gradients all-reduced, whole parameters (Muon and AdamW) owned "
-                         f"by one rank ({spec.resolved_load_balance}), updated parameters gathered with a "
-                         "variable-size all_gather_v per bucket")
+                         f"by one rank ({spec.resolved_load_balance}), updated parameters gathered with one "
+                         "variable-size all_gather_v per dp group after the step (Megatron-Core 0.16.1 "
+                         "allgather_params)" + ("; hidden: per bucket in the next forward, which 0.16.x cannot "
+                                               "do (the later legacy fallback's overlap)"
+                                               if spec.hide_param_gather and spec.overlap_grad_reduce else ""))
         if dist == "layer_wise" and spec.layer_wise_layout == "current" and any(
                 t.dp_group == "expert_dp" and t.optimizer == "adamw" for t in inv.distinct_tensors):
             notes.append("expert-parallel non-Muon parameters modelled on element-wise buckets over expert_dp "

@@ -10,8 +10,9 @@ dp×cp, experts over ``expert_dp``); the distribution then decides buckets and w
   parameters per rank, balanced by ``load_balance``), reduce-scatter, NS on owned matrices, equal
   all-gather; non-Muon parameters in separate element-wise buckets;
 * ``layer_wise`` ``legacy``: unpadded DDP buckets all-reduced; every parameter (Muon and AdamW)
-  owned whole by one rank (ping-pong by numel over the stage by default); ``all_gather_v`` per
-  bucket of the updated parameters. With dp·cp = 1 Megatron's ``shard_params`` returns early:
+  owned whole by one rank (ping-pong by numel over the stage by default); one ``all_gather_v`` per
+  dp group of the updated parameters (Megatron-Core 0.16.1 ``allgather_params``; per bucket when
+  the gather is hidden, as the later legacy fallback does). With dp·cp = 1 ``shard_params`` returns early:
   every rank steps all its parameters (experts too, whatever expert_dp is), nothing is gathered;
 * ``replicated``: unpadded DDP buckets all-reduced; every rank steps everything.
 
@@ -61,6 +62,7 @@ class Grid:
     etp: int = 1
     ep: int = 1
     instances: int = 1  # distributed-optimizer instances: the optimizer shards over dp / instances ranks
+    cp: int = 1  # context-parallel size (a factor of ``dp``): only the default bucket size reads it
 
     @property
     def gpus_per_stage(self) -> int:
@@ -143,10 +145,12 @@ class StageBuilder:
 
     def bucket_size(self, chunk: int, stage: int | None = None) -> int | None:
         """Elements per bucket of ``chunk`` of this stage (or of ``stage``); None (one bucket) for pp
-        ranks > 0, chunks > 0, or no overlap."""
+        ranks > 0, chunks > 0, or no overlap. The default is sized on the data-parallel group
+        **without** context parallelism (Megatron-Core 0.16.1 distributed_data_parallel.py:63-65 reads
+        ``dp_group``, built with ``with_context_parallel=False``, process_groups_config.py:470-472)."""
         if not self.spec.overlap_grad_reduce or (self.stage if stage is None else stage) > 0 or chunk > 0:
             return None
-        return self.spec.bucket_size_elements or lay.default_bucket_size(self.grid.dp)
+        return self.spec.bucket_size_elements or lay.default_bucket_size(self.grid.dp // self.grid.cp)
 
     def add_bucket(self, buf: _Buffer, idx: np.ndarray | None, numel: int, used: int, reduce_op: str | None,
                    gather_op: str | None, kind: str, ready: int | None = None) -> None:
@@ -159,9 +163,10 @@ class StageBuilder:
 
     def _bucket_fields(self, what: tuple) -> dict:
         """The Bucket field values (but ``order``) of a bucket recorded by :meth:`add_bucket` as ``what``."""
-        common_key, numel, used, reduce_op, gather_op, kind = what
+        common_key, numel, used, reduce_op, gather_op, kind, *gather_used = what
         per, common = self._common[common_key]
-        gather_bytes = (used if gather_op == "all_gather_v" else numel) * per
+        # all_gather_v moves the parameters themselves: the bucket's, or (legacy_gather) a whole group's
+        gather_bytes = ((gather_used[0] if gather_used else used) if gather_op == "all_gather_v" else numel) * per
         kw = dict(common)
         kw.update(numel=numel, grad_bytes=numel * self.gb, param_bytes=gather_bytes if gather_op else numel * per,
                   reduce_op=reduce_op, gather_op=gather_op, used_numel=used, kind=kind)
@@ -339,6 +344,20 @@ class StageBuilder:
         for span in lay.ddp_buckets(buf.numel, gs, self.bucket_size(buf.chunk), distributed_optimizer=False):
             self.add_bucket(buf, np.arange(span.first, span.stop), span.numel, span.used, "all_reduce",
                             gather_op, "ddp")
+
+    def legacy_gather(self, bufs: list[_Buffer]) -> None:
+        """The legacy layer-wise parameter gather of one dp group (``bufs``: its buffers, whose DDP
+        buckets :meth:`ddp` added without a gather): Megatron-Core 0.16.1
+        ``LayerWiseDistributedOptimizer.allgather_params`` (layer_wise_optimizer.py:151-182) flattens
+        every parameter a rank owns in the group and issues **one** ``all_gather`` of uneven sizes per
+        group (dp·cp, then expt_dp), synchronously in ``step``: Σ numel elements of the model dtype.
+        It rides on the group's first bucket in forward order (the last DDP bucket of the first buffer)."""
+        total = int(sum(int(buf.numel.sum()) for buf in bufs))
+        first = min(bufs, key=lambda buf: buf.chunk)
+        common = self._bucket_common(first)  # its buckets were added in backprop order: take the last
+        at = max(i for i, (k, what) in enumerate(self.buckets) if what[0] == common and what[5] == "ddp")
+        order, what = self.buckets[at]
+        self.buckets[at] = (order, (*what[:4], "all_gather_v", what[5], total))
 
     def embedding_grad(self, t: TensorSpec, fsdp: int = 0) -> None:
         """The all-reduce of a shared embedding's gradient between the first and the last stage

@@ -83,9 +83,12 @@ class FastAnalytic:
         c, p = scenario.config, scenario.par
         placement = placement_for(scenario)
         shapes = tuple(placement.shape(k) for k in PLAN_GROUPS)
-        spec = c.optimizer.model_copy(update={"hide_param_gather": False})
+        spec = c.optimizer
+        if not (spec.resolved_distribution == "layer_wise" and spec.layer_wise_layout == "legacy"):
+            # the legacy layout's gathers depend on it (one per dp group, or per bucket when hidden)
+            spec = spec.model_copy(update={"hide_param_gather": False})
         return (scenario.model, self.plan_system(scenario.system), c.gpus, c.precision, c.placement, p.tp, p.pp, p.vpp, p.ep, p.expert_tp,
-                scenario.dp * p.cp, scenario.expert_dp, p.stage_split, spec, shapes)
+                scenario.dp * p.cp, p.cp, scenario.expert_dp, p.stage_split, spec, shapes)  # cp: the default bucket size
 
     def plan(self, scenario: Scenario) -> OptimizerPlan:
         """The optimizer plan of ``scenario`` (shared with every candidate of the same key)."""
