@@ -327,8 +327,7 @@ def _layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size
     out = []
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown load balance {strategy!r}; valid: {', '.join(STRATEGIES)}")
-    # integer costs summing below 2^53: every load stays an exact integer (what _small_lpt_span's memo needs)
-    exact = bool(np.all(cost >= 0)) and bool(np.all(cost == np.floor(cost))) and float(cost.sum()) < EXACT_LIMIT
+    exact = None  # integer costs >= 0 summing below 2^53 (what _small_lpt_span's memo needs), checked when first needed
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         if d == 1:  # one shard: every item on it, loads irrelevant
             out.append(_single_shard_span(lo, hi, sizes[lo:hi], costs[lo:hi], strategy))
@@ -337,6 +336,8 @@ def _layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size
                 len(bounds) > 2 or hi - lo < BATCH_RUN or not has_long_run(numel, cost)):
             # a small chunk of several (their placements memoised), or a small buffer without a long
             # run of identical items: plain lists
+            if exact is None:  # every load then stays an exact integer
+                exact = bool(np.all(cost >= 0)) and bool(np.all(cost == np.floor(cost))) and float(cost.sum()) < EXACT_LIMIT
             out.append(_small_lpt_span(lo, hi, sizes[lo:hi], costs[lo:hi], d, load, exact))
             continue
         loads = np.array(load)
