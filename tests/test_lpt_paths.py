@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 
+from costmodel.optimizer import layouts as lay
 from costmodel.optimizer import lpt
 
 
@@ -127,3 +128,50 @@ def test_one_per_shard_head_then_walk_equals_heap_walk(seed: int) -> None:
         mine = np.full(d, level)
         owner, start, cursor = lpt.lpt_place(np.array(sizes, dtype=np.int64), np.array(costs), mine, cap)
         assert (owner.tolist(), start.tolist(), cursor.tolist(), mine.tolist()) == expected
+
+
+def test_relative_loads_hand_case() -> None:
+    """Loads 10, 13, 30, 13 for a chunk whose costs sum to 3: from the least loaded, gaps 3 (kept),
+    0 (the tie kept) and 17 (beyond 3: made 4)."""
+    assert lay.relative_loads([10.0, 13.0, 30.0, 13.0], 3.0) == (0.0, 3.0, 7.0, 3.0)
+    assert lay.relative_loads([5.0, 5.0], 0.0) == (0.0, 0.0)
+    assert lay.relative_loads([9.0, 5.0], 0.0) == (1.0, 0.0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_small_chunk_memo_on_relative_loads_equals_the_walk(seed: int) -> None:
+    """A chunk placed on loads B whose relative loads equal those of loads A placed before (the
+    memo hits: the gaps beyond the chunk's cost sum differ, and the least load) gets what the list
+    walk gives on B: the same shards and starts, and B's own loads plus the chunk's costs."""
+    rng = random.Random(400 + seed)
+    hits = 0
+    for _ in range(400):
+        d, n = rng.choice([2, 3, 4, 8]), rng.randint(1, 8)
+        kinds = [(rng.choice([64, 100, 4096, 14_680_064]), float(rng.choice([0, 1, 2, 7, 64, 3_000_000])))
+                 for _ in range(3)]
+        items = [rng.choice(kinds) for _ in range(n)]
+        sizes, costs = [s for s, _ in items], [c for _, c in items]
+        spread = int(sum(costs))
+        gaps = [rng.choice([0, 1, max(spread - 1, 0), spread, spread + 1, 3 * spread + 5]) for _ in range(d - 1)]
+        wider = [g if g <= spread else rng.choice([spread + 1, 2 * spread + 3, 10**9 + spread]) for g in gaps]
+        order = rng.sample(range(d), d)
+        loads_a, loads_b = [0.0] * d, [0.0] * d
+        at_a, at_b = float(rng.choice([0, 7, 10**12])), float(rng.choice([0, 5, 10**11]))
+        for k, r in enumerate(order):
+            at_a += gaps[k - 1] if k else 0
+            at_b += wider[k - 1] if k else 0
+            loads_a[r], loads_b[r] = at_a, at_b
+        lay._SMALL_CHUNK_MEMO.clear()
+        lay._small_lpt_span(0, n, sizes, costs, d, list(loads_a))
+        mine = list(loads_b)
+        span = lay._small_lpt_span(0, n, sizes, costs, d, mine)
+        hits += len(lay._SMALL_CHUNK_MEMO) == 1
+        walked = list(loads_b)
+        owner, start, cursor = lpt.lpt_place_small(sizes, costs, walked, 1.3 * sum(sizes) / d)
+        shard = lay.round_up(max(max(cursor), 1), lay.shard_pad_multiple(d))
+        assert span.owner is not None and span.owner.tolist() == owner
+        assert span.starts.tolist() == [o * shard + a for o, a in zip(owner, start, strict=True)]
+        assert (span.numel, span.used) == (shard * d, sum(sizes))
+        assert mine == walked
+    lay._SMALL_CHUNK_MEMO.clear()
+    assert hits == 400  # every second chunk was a memo hit

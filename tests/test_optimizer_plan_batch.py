@@ -278,5 +278,11 @@ def test_buffers_of_all_stages_at_once_equal_the_definition(kind: str, fp8: bool
                 assert got.tolist() == values and not got.flags.writeable, name
                 assert other.dtype == got.dtype and np.array_equal(other, got), name
             assert (a.chunk, a.group, a.fp8, a.unique, a.names) == (b.chunk, b.group, b.fp8, b.unique, b.names)
+            # the item selections every pass and stage of a plan reads: made once, read-only
+            muon = want["muon"]
+            assert b.muon_items.tolist() == [i for i, m in enumerate(muon) if m] and b.muon_items is b.muon_items
+            assert b.adam_items.tolist() == [i for i, m in enumerate(muon) if not m]
+            assert b.all_items.tolist() == list(range(len(muon)))
+            assert not any(x.flags.writeable for x in (b.muon_items, b.adam_items, b.all_items))
             assert b.muon.dtype == bool and b.numel.dtype == np.int64 and b.position.dtype == np.int64
     plan_mod._BUFFERS.clear()

@@ -74,10 +74,30 @@ class _Buffer:
                     out += [f"{name}{k}" for k in reversed(range(copies))] if t.num_experts > 1 else [name] * copies
         return out
 
+    @cached_property
+    def muon_items(self) -> np.ndarray:
+        """Positions of the Muon items (read-only; a plan's passes and stages all select them)."""
+        return _read_only(np.flatnonzero(self.muon))
+
+    @cached_property
+    def adam_items(self) -> np.ndarray:
+        """Positions of the other items (read-only)."""
+        return _read_only(np.flatnonzero(~self.muon))
+
+    @cached_property
+    def all_items(self) -> np.ndarray:
+        """Positions of every item, 0 .. n-1 (read-only)."""
+        return _read_only(np.arange(len(self.numel)))
+
     @property
     def tensors(self) -> list[TensorSpec]:
         """The distinct tensor of every item."""
         return [self.unique[i] for i in self.tid.tolist()]
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
 
 
 def param_cost(t: TensorSpec) -> int:

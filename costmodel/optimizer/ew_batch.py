@@ -72,7 +72,7 @@ def _todo(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]], muon_ap
     keys: set[tuple] = set()
     for s, buffers in stages:
         for buf in buffers:
-            sel = np.flatnonzero(~buf.muon) if muon_apart else np.arange(len(buf.numel))
+            sel = buf.adam_items if muon_apart else buf.all_items
             if len(sel) == 0:
                 continue
             gs, bucket_size = grid.size(buf.group), builder.bucket_size(buf.chunk, s)

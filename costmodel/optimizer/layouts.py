@@ -330,8 +330,7 @@ def _layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size
     out = []
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown load balance {strategy!r}; valid: {', '.join(STRATEGIES)}")
-    # integer costs summing below 2^53: every load stays an exact integer (what _small_lpt_span's memo needs)
-    exact = bool(np.all(cost >= 0)) and bool(np.all(cost == np.floor(cost))) and float(cost.sum()) < EXACT_LIMIT
+    exact = None  # integer costs >= 0 summing below 2^53 (what _small_lpt_span's memo needs), checked when first needed
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         if d == 1:  # one shard: every item on it, loads irrelevant
             out.append(_single_shard_span(lo, hi, sizes[lo:hi], costs[lo:hi], strategy))
@@ -340,6 +339,8 @@ def _layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size
                 len(bounds) > 2 or hi - lo < BATCH_RUN or not has_long_run(numel, cost)):
             # a small chunk of several (their placements memoised), or a small buffer without a long
             # run of identical items: plain lists
+            if exact is None:  # every load then stays an exact integer
+                exact = bool(np.all(cost >= 0)) and bool(np.all(cost == np.floor(cost))) and float(cost.sum()) < EXACT_LIMIT
             out.append(_small_lpt_span(lo, hi, sizes[lo:hi], costs[lo:hi], d, load, exact))
             continue
         loads = np.array(load)
@@ -355,27 +356,47 @@ _SMALL_CHUNK_MEMO: dict[tuple[tuple[int, ...], tuple[float, ...], tuple[float, .
 _SMALL_CHUNK_MEMO_SIZE = 20_000
 
 
+def relative_loads(load: list[float], spread: float) -> tuple[float, ...]:
+    """``load`` as the placement of a chunk whose costs sum to ``spread`` sees it (integer loads and
+    costs >= 0): the loads in ascending order (ties kept) from 0, every gap between consecutive
+    loads kept if at most ``spread`` and made ``spread + 1`` if larger.
+
+    A chunk's walk compares shard loads plus what it has added to them (between 0 and ``spread``
+    each) and nothing else: two shards further apart than ``spread`` compare the same way whatever
+    the distance, two shards with no such gap between them keep their exact difference. Loads
+    with equal relative loads hence give equal placements (and equal added costs)."""
+    order = sorted(range(len(load)), key=load.__getitem__)
+    out = [0.0] * len(load)
+    at, prev, wide = 0.0, load[order[0]], spread + 1
+    for r in order:
+        gap = load[r] - prev
+        at += gap if gap <= spread else wide
+        out[r], prev = at, load[r]
+    return tuple(out)
+
+
 def _small_lpt_span(lo: int, hi: int, sizes: list[int], costs: list[float], d: int, load: list[float],
                     exact: bool = False) -> BucketSpan:
     """The bucket of chunk ``lo:hi`` placed by LPT under the 1.3x cap on plain lists
     (:func:`costmodel.optimizer.lpt.lpt_place_small`; what :func:`_assign_chunk` does, without
     numpy's per-call overhead); ``load`` is updated in place.
 
-    Memoised on (sizes, costs, loads relative to the least loaded shard) while every cost and load
-    is an integer and every load stays below 2⁵³: the float additions and comparisons are then exact,
-    so the placement depends on the loads only through their differences (the repeated chunks of
-    a buffer of identical expert matrices hit). ``exact``: the caller knows it is so (integer costs
-    of the whole buffer summing below 2⁵³, loads starting at 0), else it is checked here."""
-    base = min(load)
+    Memoised on (sizes, costs, :func:`relative_loads`) while every cost is a non-negative integer,
+    every load an integer and every load stays below 2⁵³: the float additions and comparisons are
+    then exact, so the placement and the costs it adds per shard depend on the loads only through
+    their relative loads (the repeated chunks of a buffer of identical expert matrices hit, also
+    when some shards drift ever further ahead). ``exact``: the caller knows it is so (integer
+    costs >= 0 of the whole buffer summing below 2⁵³, loads starting at 0), else it is checked here."""
     key = None
     if exact or (max(load) + sum(costs) < EXACT_LIMIT and all(x.is_integer() for x in load)
-                 and all(float(c).is_integer() for c in costs)):
-        key = (tuple(sizes), tuple(costs), tuple(x - base for x in load))
+                 and all(float(c).is_integer() and c >= 0 for c in costs)):
+        key = (tuple(sizes), tuple(costs), relative_loads(load, float(sum(costs))))
         hit = _SMALL_CHUNK_MEMO.get(key)
         if hit is not None:
-            padded_numel, chunk_used, starts, owners, after = hit
-            load[:] = [base + x for x in after]
+            padded_numel, chunk_used, starts, owners, added = hit
+            load[:] = [x + a for x, a in zip(load, added, strict=True)]
             return BucketSpan.of(lo, hi, padded_numel, chunk_used, starts, owners)
+    before = list(load)
     used = sum(sizes)
     owner, start, cursor = lpt_place_small(sizes, costs, load, LPT_CAP * float(used) / d)
     shard = round_up(max(max(cursor), 1), shard_pad_multiple(d))
@@ -386,7 +407,8 @@ def _small_lpt_span(lo: int, hi: int, sizes: list[int], costs: list[float], d: i
         span.owner.setflags(write=False)  # type: ignore[union-attr]
         if len(_SMALL_CHUNK_MEMO) >= _SMALL_CHUNK_MEMO_SIZE:
             _SMALL_CHUNK_MEMO.clear()
-        _SMALL_CHUNK_MEMO[key] = (span.numel, used, span.starts, span.owner, tuple(x - base for x in load))  # type: ignore[assignment]
+        _SMALL_CHUNK_MEMO[key] = (span.numel, used, span.starts, span.owner,  # type: ignore[assignment]
+                                  tuple(x - b for x, b in zip(load, before, strict=True)))
     return span
 
 

@@ -161,15 +161,17 @@ class _Shards:
                 start_parts.append(levels.ravel()[:take])
             seq, starts = np.concatenate(shard_parts), np.concatenate(start_parts)
             taken = np.bincount(seq, minlength=d).tolist()
-        cursor = self.cursor
+        # only the shards that took items change; each gets a heap entry with its new load (the old
+        # one is stale: the costs are > 0 here, so loads only grow), as _put does
+        cursor, loads, heap = self.cursor, self.load, self.heap
         for r in range(d):
-            if taken[r]:
-                cursor[r] = padded[r] + (taken[r] - 1) * step + size
-        self.padded = [p + t * step for p, t in zip(padded, taken, strict=True)]
-        self.top = max(self.padded)
-        self.load = [float(x + t * cost) for x, t in zip(load, taken, strict=True)]
-        self.heap = [(x, r) for r, x in enumerate(self.load)]
-        heapq.heapify(self.heap)
+            t = taken[r]
+            if t:
+                cursor[r] = padded[r] + (t - 1) * step + size
+                padded[r] += t * step
+                self.top = max(self.top, padded[r])
+                loads[r] = float(load[r] + t * cost)
+                heapq.heappush(heap, (loads[r], r))
         return seq, starts, fit
 
 

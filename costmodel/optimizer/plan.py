@@ -173,7 +173,7 @@ def _fsdp_stage(b: StageBuilder, buffers: list, strategy: str) -> None:
         _fsdp_shards(b, buffers)
         return
     for buf in buffers:
-        everything = np.arange(len(buf.numel))
+        everything = buf.all_items
         if strategy == "optim_grads":  # sharded gradients: only the parameter gather is per bucket
             b.element_wise(buf, everything, reduce=False)
         elif strategy == "optim":
@@ -271,20 +271,20 @@ def _stage(inv: Inventory, s: int, buffers: list[_Buffer], spec, grid: Grid, tim
         _fsdp_stage(b, buffers, spec.data_parallel_sharding_strategy)
     elif dist == "element_wise":
         for buf in buffers:
-            b.element_wise(buf, np.arange(len(buf.numel)))
+            b.element_wise(buf, buf.all_items)
     elif dist == "replicated":
         for buf in buffers:
             b.ddp(buf, gather_op=None)
-            b.step_whole(buf, np.arange(len(buf.numel)), np.full(len(buf.numel), -1, dtype=np.int64))
+            b.step_whole(buf, buf.all_items, np.full(len(buf.numel), -1, dtype=np.int64))
     elif spec.layer_wise_layout == "current":
         strategy = spec.resolved_load_balance
         for buf in buffers:
-            b.layer_wise_current(buf, np.flatnonzero(buf.muon), strategy)
-            b.element_wise(buf, np.flatnonzero(~buf.muon))
+            b.layer_wise_current(buf, buf.muon_items, strategy)
+            b.element_wise(buf, buf.adam_items)
     elif grid.dp == 1:  # legacy with dp·cp = 1: Megatron's shard_params returns early (nothing sharded)
         for buf in buffers:
             b.ddp(buf, gather_op=None)
-            b.step_whole(buf, np.arange(len(buf.numel)), np.full(len(buf.numel), -1, dtype=np.int64))
+            b.step_whole(buf, buf.all_items, np.full(len(buf.numel), -1, dtype=np.int64))
     else:  # legacy: whole parameters of the whole stage assigned per dp group
         strategy = spec.resolved_load_balance
         per_bucket_gather = spec.hide_param_gather and spec.overlap_grad_reduce

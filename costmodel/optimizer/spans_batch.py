@@ -73,7 +73,7 @@ def _todo(builder: BuilderView, stages: list[tuple[int, list[_Buffer]]], strateg
     keys: set[tuple] = set()
     for s, buffers in stages:
         for buf in buffers:
-            sel = np.flatnonzero(buf.muon)
+            sel = buf.muon_items
             if len(sel) == 0:
                 continue
             gs, bucket_size = grid.size(buf.group), builder.bucket_size(buf.chunk, s)
