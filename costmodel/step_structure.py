@@ -70,7 +70,8 @@ from workloads.operations import ACT_BYTES
 if TYPE_CHECKING:
     from workloads.scenario import Scenario
 
-_KIND_CACHE: IdentityMemo[tuple] = IdentityMemo(CACHE_LIMIT)  # layer_cache_key + overlap -> costs (model, system by identity)
+# (layer_cache_key without the kind, overlap) -> {kind: costs}; model, system by identity
+_KIND_CACHE: IdentityMemo[dict[str, tuple]] = IdentityMemo(CACHE_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -237,12 +238,16 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     placement = placement_for(scenario)
     shapes = {k: placement.shape(k) for k in LAYER_GROUP_KINDS}
     items = _chunk_items(scenario)
+    # one key for every kind of the layout (the kind is all that differs): built and hashed once
+    key = (layer_cache_key(scenario, shape, "", shapes), overlap)
+    costs = _KIND_CACHE.get(key, model, system)
+    if costs is None:
+        costs = _KIND_CACHE.put({}, key, model, system)
     per_kind: dict[str, tuple[float, float, tuple[CommBlock, ...], tuple[CommBlock, ...]]] = {}
     for kind in sorted({k for kinds in items for k in kinds}):
-        key = (*layer_cache_key(scenario, shape, kind, shapes), overlap)
-        hit = _KIND_CACHE.get(key, model, system)
-        per_kind[kind] = hit if hit is not None else _KIND_CACHE.put(
-            layer_kind_costs(scenario, shape, kind, shapes, overlap), key, model, system)
+        hit = costs.get(kind)
+        per_kind[kind] = hit if hit is not None else costs.setdefault(
+            kind, layer_kind_costs(scenario, shape, kind, shapes, overlap))
     if p.fsdp > 0:
         add_fsdp_blocks(scenario, placement, per_kind, overlap)
     add_offload_blocks(scenario, per_kind, overlap)
