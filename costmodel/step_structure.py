@@ -169,19 +169,23 @@ class StepStructure:
 
 # ----------------------------------------------------------------------------------------------
 def _merge(blocks: list[CommBlock]) -> tuple[CommBlock, ...]:
-    by: dict[str, list[CommBlock]] = {}
+    """One block per kind (in order of first appearance) summing the kind's blocks in list order (the
+    sums of ``sum()`` over them, taken in one pass): time, exposed time, latency, bytes; the first
+    block's link."""
+    by: dict[str, list] = {}  # kind -> [time, exposed, latency, bytes, link]; sums from 0 as sum() does
     for b in blocks:
-        by.setdefault(b.kind, []).append(b)
-    out = []
-    for k, bs in by.items():
-        t = sum(b.time_s for b in bs)
-        exposed = sum(b.exposed_s for b in bs)
-        out.append(CommBlock(k, t, sum(b.latency_s for b in bs), bs[0].link, exposed / t if t > 0 else 1.0,
-                             sum(b.bytes for b in bs)))
-    return tuple(out)
+        acc = by.get(b.kind)
+        if acc is None:
+            acc = by[b.kind] = [0, 0, 0, 0, b.link]
+        acc[0] += b.time_s
+        acc[1] += b.exposed_s
+        acc[2] += b.latency_s
+        acc[3] += b.bytes
+    return tuple(CommBlock(k, t, latency, link, exposed / t if t > 0 else 1.0, nbytes)
+                 for k, (t, exposed, latency, nbytes, link) in by.items())
 
 
-def _chunk_items(scenario: Scenario) -> list[list[str]]:
+def _chunk_items(scenario: Scenario) -> tuple[tuple[str, ...], ...]:
     """Layer kinds of every virtual stage (index chunk * pp + stage); layers kept in BF16 by
     ``first_last_layers_bf16`` in a low-precision run are marked ``:bf16`` (``dense:bf16``, see
     :func:`costmodel.layer_comm.layer_kind_costs`), layers full recompute leaves out ``:norc``."""
@@ -192,7 +196,7 @@ def _chunk_items(scenario: Scenario) -> list[list[str]]:
     items = _layer_kinds(tuple(scenario.virtual_stage_layers), model.num_layers, model.mtp_layers, first_moe,
                          block, bf16_layers)
     assert len(items) == p.pp * p.vpp
-    return [list(kinds) for kinds in items]
+    return items
 
 
 @lru_cache(maxsize=4096)
@@ -271,7 +275,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     for s in range(p.pp):
         chunks = []
         for c in range(p.vpp):
-            kinds = tuple(items[c * p.pp + s])
+            kinds = items[c * p.pp + s]
             shared = passes.get(kinds)
             if shared is None:
                 f = sum(per_kind[k][0] for k in kinds)

@@ -11,6 +11,8 @@
 - A rank shape's derived shapes (:attr:`RankShape.without_experts`, :attr:`RankShape.one_microbatch`)
   equal :func:`dataclasses.replace` of the shape, are made once per shape object and leave its
   equality and hash alone.
+- A chunk's collective blocks merged per kind (:func:`costmodel.step_structure._merge`, one pass)
+  are the per-kind sums by hand, in order of first appearance, with the first block's link.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from costmodel import layer_comm, step_structure
-from costmodel.layer_costs import LAYER_GROUP_KINDS, rank_shape
+from costmodel.layer_costs import LAYER_GROUP_KINDS, CommBlock, rank_shape
 from costmodel.step_structure import build_step_structure
 from topologies.placement import placement_for
 from workloads import optimizer_memory as om
@@ -100,3 +102,13 @@ def test_rank_shape_derived_shapes() -> None:
     assert shape == twin and hash(shape) == hash(twin)  # the cached shapes are not fields
     assert shape.without_experts.one_microbatch == dataclasses.replace(shape, ep=1, etp=1, moe_dispatcher="flex",
                                                                        microbatches=1)
+
+
+def test_merge_sums_each_kind_in_order() -> None:
+    blocks = [CommBlock("tp", 3.0, 0.5, "nvlink", 0.5, 100.0), CommBlock("ep", 2.0, 0.25, "network", 1.0, 40.0),
+              CommBlock("tp", 1.0, 0.125, "network", 0.25, 60.0), CommBlock("cp", 0.0, 0.0, "nvlink", 1.0, 0.0)]
+    tp, ep, cp = step_structure._merge(blocks)
+    assert tp == CommBlock("tp", 4.0, 0.625, "nvlink", (1.5 + 0.25) / 4.0, 160.0)
+    assert ep == blocks[1]
+    assert cp == CommBlock("cp", 0.0, 0.0, "nvlink", 1.0, 0.0)  # no time: exposed fraction 1
+    assert step_structure._merge([]) == ()
