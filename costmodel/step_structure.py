@@ -70,8 +70,10 @@ from workloads.operations import ACT_BYTES
 if TYPE_CHECKING:
     from workloads.scenario import Scenario
 
-# (layer_cache_key without the kind, overlap) -> {kind: costs}; model, system by identity
-_KIND_CACHE: IdentityMemo[dict[str, tuple]] = IdentityMemo(CACHE_LIMIT)
+# (layer_cache_key without the kind, overlap) -> {kind: costs}; model, system by identity. An entry
+# holds a layout's kinds (3 to ~8): a quarter of CACHE_LIMIT layouts keeps about as many kind costs
+# alive as CACHE_LIMIT entries of one kind each did
+_KIND_CACHE: IdentityMemo[dict[str, tuple]] = IdentityMemo(CACHE_LIMIT // 4)
 
 
 @dataclass(frozen=True)
