@@ -135,14 +135,18 @@ def counted_optimizer_bytes(scenario: Scenario, counted: Iterable[tuple[TensorSp
         return StateBytes(0.0, 0.0)
     adam, muon = adam_bytes(opt), muon_bytes(opt)
     shards = {g: state_shards(scenario, g) for g in ("dp", "expert_dp")}
+    # bytes per parameter, read once: AdamW's, and Muon's for its own tensors when the optimizer is Muon
+    adam_b = (adam.persistent, adam.transient)
+    muon_b = (muon.persistent, muon.transient) if opt.kind == "muon" else adam_b
     persistent = transient = 0.0
     for t, count in counted:
-        if t.optimizer == "none":
+        owner = t.optimizer
+        if owner == "none":
             continue
-        per = muon if opt.kind == "muon" and t.optimizer == "muon" else adam
+        state_b, copy_b = muon_b if owner == "muon" else adam_b
         share = t.rank_numel / shards[t.dp_group] * count
-        persistent += per.persistent * share
-        transient += per.transient * share
+        persistent += state_b * share
+        transient += copy_b * share
     return StateBytes(persistent, transient)
 
 
