@@ -21,7 +21,7 @@ Layer kinds may carry ``:norc`` (``dense:norc``, ``moe:norc``): a layer that ful
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from costmodel.comm_exposure import (
@@ -135,7 +135,7 @@ def layer_compute(scenario: Scenario, shape: RankShape, kind: str) -> LayerCompu
     capture = GraphCapture.of(scenario.runtime)
     modules = tuple(p.recompute_modules)
     base = base_kind(kind)
-    key_shape = shape if base in MOE_OPS_KINDS else replace(shape, ep=1, etp=1, moe_dispatcher="flex")
+    key_shape = shape if base in MOE_OPS_KINDS else shape.without_experts
     key = (key_shape, kind, p.recompute, modules, capture)
     hit = _COMPUTE.get(key, model, system)
     if hit is not None:

@@ -15,7 +15,7 @@ the same order, so the result is the same float as building the layer afresh. Ti
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from costmodel.compute import operation_time_s
@@ -161,7 +161,7 @@ def _template(model: ModelSpec, system: SystemSpec, shape: RankShape, kind: str,
               modules: tuple[str, ...], capture: GraphCapture) -> LayerTemplate:
     """The :class:`LayerTemplate` of a layer of ``kind`` at ``shape`` with one micro-batch per step
     (memoised; model and system keyed by identity)."""
-    one = replace(shape, microbatches=1)
+    one = shape.one_microbatch
     key = (one, kind, recompute, modules, capture)
     hit = _TEMPLATES.get(key, model, system)
     if hit is not None:

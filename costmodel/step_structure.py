@@ -70,7 +70,10 @@ from workloads.operations import ACT_BYTES
 if TYPE_CHECKING:
     from workloads.scenario import Scenario
 
-_KIND_CACHE: IdentityMemo[tuple] = IdentityMemo(CACHE_LIMIT)  # layer_cache_key + overlap -> costs (model, system by identity)
+# (layer_cache_key without the kind, overlap) -> {kind: costs}; model, system by identity. An entry
+# holds a layout's kinds (3 to ~8): a quarter of CACHE_LIMIT layouts keeps about as many kind costs
+# alive as CACHE_LIMIT entries of one kind each did
+_KIND_CACHE: IdentityMemo[dict[str, tuple]] = IdentityMemo(CACHE_LIMIT // 4)
 
 
 @dataclass(frozen=True)
@@ -168,19 +171,23 @@ class StepStructure:
 
 # ----------------------------------------------------------------------------------------------
 def _merge(blocks: list[CommBlock]) -> tuple[CommBlock, ...]:
-    by: dict[str, list[CommBlock]] = {}
+    """One block per kind (in order of first appearance) summing the kind's blocks in list order (the
+    sums of ``sum()`` over them, taken in one pass): time, exposed time, latency, bytes; the first
+    block's link."""
+    by: dict[str, list] = {}  # kind -> [time, exposed, latency, bytes, link]; sums from 0 as sum() does
     for b in blocks:
-        by.setdefault(b.kind, []).append(b)
-    out = []
-    for k, bs in by.items():
-        t = sum(b.time_s for b in bs)
-        exposed = sum(b.exposed_s for b in bs)
-        out.append(CommBlock(k, t, sum(b.latency_s for b in bs), bs[0].link, exposed / t if t > 0 else 1.0,
-                             sum(b.bytes for b in bs)))
-    return tuple(out)
+        acc = by.get(b.kind)
+        if acc is None:
+            acc = by[b.kind] = [0, 0, 0, 0, b.link]
+        acc[0] += b.time_s
+        acc[1] += b.exposed_s
+        acc[2] += b.latency_s
+        acc[3] += b.bytes
+    return tuple(CommBlock(k, t, latency, link, exposed / t if t > 0 else 1.0, nbytes)
+                 for k, (t, exposed, latency, nbytes, link) in by.items())
 
 
-def _chunk_items(scenario: Scenario) -> list[list[str]]:
+def _chunk_items(scenario: Scenario) -> tuple[tuple[str, ...], ...]:
     """Layer kinds of every virtual stage (index chunk * pp + stage); layers kept in BF16 by
     ``first_last_layers_bf16`` in a low-precision run are marked ``:bf16`` (``dense:bf16``, see
     :func:`costmodel.layer_comm.layer_kind_costs`), layers full recompute leaves out ``:norc``."""
@@ -191,7 +198,7 @@ def _chunk_items(scenario: Scenario) -> list[list[str]]:
     items = _layer_kinds(tuple(scenario.virtual_stage_layers), model.num_layers, model.mtp_layers, first_moe,
                          block, bf16_layers)
     assert len(items) == p.pp * p.vpp
-    return [list(kinds) for kinds in items]
+    return items
 
 
 @lru_cache(maxsize=4096)
@@ -237,12 +244,16 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     placement = placement_for(scenario)
     shapes = {k: placement.shape(k) for k in LAYER_GROUP_KINDS}
     items = _chunk_items(scenario)
+    # one key for every kind of the layout (the kind is all that differs): built and hashed once
+    key = (layer_cache_key(scenario, shape, "", shapes), overlap)
+    costs = _KIND_CACHE.get(key, model, system)
+    if costs is None:
+        costs = _KIND_CACHE.put({}, key, model, system)
     per_kind: dict[str, tuple[float, float, tuple[CommBlock, ...], tuple[CommBlock, ...]]] = {}
     for kind in sorted({k for kinds in items for k in kinds}):
-        key = (*layer_cache_key(scenario, shape, kind, shapes), overlap)
-        hit = _KIND_CACHE.get(key, model, system)
-        per_kind[kind] = hit if hit is not None else _KIND_CACHE.put(
-            layer_kind_costs(scenario, shape, kind, shapes, overlap), key, model, system)
+        hit = costs.get(kind)
+        per_kind[kind] = hit if hit is not None else costs.setdefault(
+            kind, layer_kind_costs(scenario, shape, kind, shapes, overlap))
     if p.fsdp > 0:
         add_fsdp_blocks(scenario, placement, per_kind, overlap)
     add_offload_blocks(scenario, per_kind, overlap)
@@ -266,7 +277,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     for s in range(p.pp):
         chunks = []
         for c in range(p.vpp):
-            kinds = tuple(items[c * p.pp + s])
+            kinds = items[c * p.pp + s]
             shared = passes.get(kinds)
             if shared is None:
                 f = sum(per_kind[k][0] for k in kinds)

@@ -34,6 +34,7 @@ decides which of them stay on the GPU and for how many micro-batches:
 from __future__ import annotations
 
 from functools import lru_cache
+from operator import mul
 from typing import TYPE_CHECKING, Any
 
 from topologies.hardware import Precision
@@ -226,22 +227,23 @@ def _all_stages_bytes(scenario: Scenario, share_chunks: bool = True) -> tuple[fl
     offload = rt.cpu_offloading_num_layers if rt.cpu_offloading else 0
     chunk_memo: dict[tuple, tuple[float, float, float]] = {}
     out = []
-    for stage in range(p.pp):
+    pp, vpp, microbatches = p.pp, p.vpp, scenario.num_microbatches
+    for stage in range(pp):
         per_chunk, extra = [], 0.0
         for c, layers in enumerate(layout[stage]):
             first = min(offload, len(layers)) if c == 0 else 0
-            rows = [table[i] for i in layers]
-            key = (first, *map(id, rows))  # the rows are the table's per-class objects
+            key = (first, *[id(table[i]) for i in layers])  # the rows are the table's per-class objects
             hit = chunk_memo.get(key) if share_chunks else None
             if hit is None:
                 hit = chunk_memo[key] = _chunk_bytes(scenario, list(layers), first, table=table)
             resident, recompute_peak, _ = hit
             per_chunk.append(resident)
             extra = max(extra, recompute_peak)
-        if stage == p.pp - 1:
+        if stage == pp - 1:
             per_chunk[-1] += loss_activation_bytes(scenario)
-        counts = _inflight(p.pp, p.vpp, stage, scenario.num_microbatches)
-        out.append(sum(c * b for c, b in zip(counts, per_chunk, strict=True)) + extra)
+        counts = _inflight(pp, vpp, stage, microbatches)
+        assert len(counts) == len(per_chunk)
+        out.append(sum(map(mul, counts, per_chunk)) + extra)  # the products of zip(counts, per_chunk), in order
     return tuple(out)
 
 

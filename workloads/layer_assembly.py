@@ -111,7 +111,7 @@ def layer_operations(model: ModelSpec, shape: RankShape, moe: bool, recompute: s
                      recompute_modules: tuple[str, ...] = ("core_attn",)) -> LayerOps:
     """Operations of one transformer layer (attention + dense or MoE MLP) for one micro-batch."""
     b = _builder(model, shape)
-    key = replace(shape, ep=1, etp=1, moe_dispatcher="flex")
+    key = shape.without_experts
     b.extend(_part_ops(model, key, "attention"))
     if moe:
         b.extend(_part_ops(model, key, "router"))

@@ -88,7 +88,8 @@ settings; each our reading of Megatron-Core / Transformer Engine, marked assumpt
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Literal
 
 from topologies.hardware import TENSOR_CORE_CLASS
@@ -217,6 +218,17 @@ class RankShape:
     def sp_tokens(self) -> int:
         """Tokens of the sequence-parallel regions (sharded over tp when sp is on)."""
         return self.tokens // self.tp if self.sequence_parallel else self.tokens
+
+    @cached_property
+    def without_experts(self) -> RankShape:
+        """This shape with ep, etp and the dispatcher reset: what a layer without an MoE block (or the
+        parts of a MoE layer outside its routed experts) reads; one object per shape object."""
+        return replace(self, ep=1, etp=1, moe_dispatcher="flex")
+
+    @cached_property
+    def one_microbatch(self) -> RankShape:
+        """This shape in a step of one micro-batch (one object per shape object)."""
+        return replace(self, microbatches=1)
 
 
 @dataclass(frozen=True)

@@ -135,14 +135,18 @@ def counted_optimizer_bytes(scenario: Scenario, counted: Iterable[tuple[TensorSp
         return StateBytes(0.0, 0.0)
     adam, muon = adam_bytes(opt), muon_bytes(opt)
     shards = {g: state_shards(scenario, g) for g in ("dp", "expert_dp")}
+    # bytes per parameter, read once: AdamW's, and Muon's for its own tensors when the optimizer is Muon
+    adam_b = (adam.persistent, adam.transient)
+    muon_b = (muon.persistent, muon.transient) if opt.kind == "muon" else adam_b
     persistent = transient = 0.0
     for t, count in counted:
-        if t.optimizer == "none":
+        owner = t.optimizer
+        if owner == "none":
             continue
-        per = muon if opt.kind == "muon" and t.optimizer == "muon" else adam
+        state_b, copy_b = muon_b if owner == "muon" else adam_b
         share = t.rank_numel / shards[t.dp_group] * count
-        persistent += per.persistent * share
-        transient += per.transient * share
+        persistent += state_b * share
+        transient += copy_b * share
     return StateBytes(persistent, transient)
 
 
@@ -170,20 +174,21 @@ def newton_schulz_workspace_bytes(tensor: TensorSpec, tp_mode: str, matmul_bytes
     return best
 
 
-def optimizer_workspace_bytes(scenario: Scenario, tensors: Iterable[TensorSpec]) -> float:
-    """Newton–Schulz workspace of the largest Muon matrix among ``tensors``, in bytes (0 for AdamW)."""
+def optimizer_workspace_bytes(scenario: Scenario, groups: Iterable[tuple[TensorSpec, ...]]) -> float:
+    """Newton–Schulz workspace of the largest Muon matrix among the tensors of ``groups`` (tuples of
+    tensors, e.g. the templates of a stage's runs), in bytes (0 for AdamW). Memoised per group
+    tuple: the stages of a layout share their layers' template tuples."""
     opt = scenario.optimizer
     if opt.kind != "muon":
         return 0.0
     matmul_bytes = 2 if opt.matmul_precision == "bf16" else FP32_BYTES
     key = (opt.tp_mode, matmul_bytes)
     out = 0.0
-    for t in tensors:
-        if t.optimizer != "muon":
-            continue
-        ws = _WORKSPACE.get(key, t)  # the stages of a layout share their layers' tensors
+    for group in groups:
+        ws = _WORKSPACE.get(key, group)
         if ws is None:
-            ws = _WORKSPACE.put(newton_schulz_workspace_bytes(t, *key), key, t)
+            ws = _WORKSPACE.put(max((newton_schulz_workspace_bytes(t, *key) for t in group if t.optimizer == "muon"),
+                                    default=0.0), key, group)
         out = max(out, ws)
     return out
 
@@ -214,4 +219,4 @@ def legacy_gather_bytes(scenario: Scenario, counted: Iterable[tuple[TensorSpec, 
     return best
 
 
-_WORKSPACE: IdentityMemo[float] = IdentityMemo(50_000)  # (tp mode, matmul bytes) + the tensor by identity
+_WORKSPACE: IdentityMemo[float] = IdentityMemo(50_000)  # (tp mode, matmul bytes) + the group tuple by identity

@@ -227,6 +227,7 @@ def stage_weights(scenario: Scenario, inventory: Inventory, stage: int) -> Stage
     lowp = low_precision_storage(scenario) if scenario.precision.tensor_core_class != "bf16" else BF16_STORAGE
     shards = {g: fsdp_shards(scenario, g) for g in ("dp", "expert_dp")}
     fsdp = any(sh.params > 1 or sh.grads > 1 for sh in shards.values())
+    split = {group: (sh.params, sh.grads) for group, sh in shards.items()}  # read once, not per tensor
     for run in inventory.stage_runs(stage):
         for layer, count in _layer_classes(scenario, run):
             gather = grad_units = 0.0
@@ -236,20 +237,20 @@ def stage_weights(scenario: Scenario, inventory: Inventory, stage: int) -> Stage
             for t in run.templates:
                 n = float(t.rank_numel)
                 w = lowp if low_layer and is_te_gemm_weight(t) else BF16_STORAGE
-                sh = shards[t.dp_group]
-                params += w.param_bytes * n / sh.params * count
-                buffers += ((w.cache_bytes if sh.params == 1 else 0.0) * n + w.gather_buffer_bytes * n / sh.params) * count
-                if sh.params > 1 and keep_transposes and w is not BF16_STORAGE:
-                    buffers += n * count  # Megatron-FSDP keep_fp8_transpose_cache: every gathered FP8 weight's transpose stays
-                if sh.params > 1:
+                param_shards, grad_shards = split[t.dp_group]
+                params += w.param_bytes * n / param_shards * count
+                buffers += ((w.cache_bytes if param_shards == 1 else 0.0) * n + w.gather_buffer_bytes * n / param_shards) * count
+                if param_shards > 1:
+                    if keep_transposes and w is not BF16_STORAGE:
+                        buffers += n * count  # Megatron-FSDP keep_fp8_transpose_cache: every gathered FP8 weight's transpose stays
                     gather += w.gathered_bytes * n
                     numel_units += t.rank_numel
                 if t.optimizer == "none":
                     continue
-                grads += g * n / sh.grads * count
-                if sh.grads > 1:
+                grads += g * n / grad_shards * count
+                if grad_shards > 1:
                     grad_units += g * n
-                    if sh.params == 1:
+                    if param_shards == 1:
                         numel_units += t.rank_numel
             if not fsdp:
                 continue

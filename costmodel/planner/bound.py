@@ -59,10 +59,7 @@ def _non_moe_key(scenario: Scenario, shape: Any, shapes: dict[str, Any]) -> tupl
     do not read the rank shape's ep, etp or dispatcher (:func:`costmodel.layer_comm.layer_compute`
     keys them alike) and its collectives are TP and CP only (:func:`costmodel.layer_comm.layer_comm`
     adds EP ones to MoE layers alone), so the layouts of one search that differ in ep or etp share it."""
-    from dataclasses import replace
-
-    dense_shape = replace(shape, ep=1, etp=1, moe_dispatcher="flex")
-    return lc.layer_cache_key(scenario, dense_shape, "", {k: shapes[k] for k in NON_MOE_GROUPS})
+    return lc.layer_cache_key(scenario, shape.without_experts, "", {k: shapes[k] for k in NON_MOE_GROUPS})
 
 
 def _p2p_s(scenario: Scenario, shape: Any, shapes: dict[str, Any]) -> float:
