@@ -44,7 +44,7 @@ SCENARIO_FLAGS: dict[str, tuple[str, str, str]] = {
     "optimizer": ("optimizer", "KIND", "adamw or muon"),
     "distribution": ("distribution", "MODE", "replicated, element_wise or layer_wise"),
     "layout": ("layer_wise_layout", "MODE", "layer-wise layout: legacy or current"),
-    "tp_mode": ("tp_mode", "MODE", "Muon TP Newton-Schulz mode: duplicated, distributed, blockwise"),
+    "tp_mode": ("tp_mode", "MODE", "Muon TP Newton-Schulz mode: duplicated, distributed or blockwise (default, as Megatron)"),
     "load_balance": ("load_balance", "MODE", "none, ping_pong or lpt"),
     "hide_param_gather": ("hide_param_gather", "BOOL", "overlap the parameter all-gather with the next forward (on/off)"),
     "ns_steps": ("ns_steps", "INT", "Newton-Schulz iterations"),

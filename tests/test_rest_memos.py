@@ -82,11 +82,11 @@ def test_workspace_is_the_largest_muon_tensor_of_the_groups() -> None:
     assert om.optimizer_workspace_bytes(scenario, reversed(groups)) == by_hand
     assert om.optimizer_workspace_bytes(scenario, [()]) == 0.0
     # the TP mode is in the key: a sharded Muon tensor's workspace depends on it
-    other = _kimi(tp_mode="blockwise")
-    by_hand_block = max(om.newton_schulz_workspace_bytes(t, "blockwise", matmul_bytes)
+    other = _kimi(tp_mode="duplicated")  # the default is blockwise
+    by_hand_dup = max(om.newton_schulz_workspace_bytes(t, "duplicated", matmul_bytes)
                       for g in groups for t in g if t.optimizer == "muon")
-    assert by_hand_block != by_hand
-    assert om.optimizer_workspace_bytes(other, groups) == by_hand_block
+    assert by_hand_dup != by_hand
+    assert om.optimizer_workspace_bytes(other, groups) == by_hand_dup
     # AdamW: no Newton-Schulz workspace
     assert om.optimizer_workspace_bytes(_kimi(optimizer="adamw"), groups) == 0.0
 

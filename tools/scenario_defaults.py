@@ -21,7 +21,7 @@ For each model × system (see :mod:`workloads.scenario_defaults` for how the tab
 2. **published**: :data:`PUBLISHED` (a layout published outside the table, e.g. NVIDIA's Kimi K2 run),
    when Muon fits it.
 3. **search**: otherwise the best plan of ``muonsim plan`` with every optimizer setting pinned to
-   muonsim's defaults (:func:`search_pins`: Muon, current layer-wise layout, duplicated TP mode,
+   muonsim's defaults (:func:`search_pins`: Muon, current layer-wise layout, blockwise TP mode,
    LPT, Megatron's synchronous parameter gather) and tp/pp/vpp/cp/ep/etp/micro-batch/recompute searched, with the built-in calibration,
    seed 0, ranked by the analytic engine (what predict uses by default). GPUs, global batch and sequence come from the model's
    newest run on this system (one Muon could not run or fit), else its published layout, else its

@@ -57,7 +57,9 @@ class OptimizerSpec(BaseModel):
     layer_wise_layout: LayerWiseLayout = Field("current", description="legacy: all-reduce + variable all-gather; current: padded reduce-scatter + equal all-gather")
     ns_steps: int = Field(5, gt=0, lt=100)
     ns_coefficients: CoefficientSet = "quintic"
-    tp_mode: TpMode = "duplicated"
+    tp_mode: TpMode = Field("blockwise", description="Muon's tensor-parallel Newton-Schulz mode; default Megatron's "
+                            "(muon_tp_mode, Megatron-Core 0.16.1 optimizer_config.py:278, and every release of "
+                            "the recipe settings file)")
     matmul_precision: MatmulPrecision = Field("bf16", description="Newton-Schulz matmuls: bf16 ('medium'), tf32 ('high'), fp32 ('highest')")
     use_syrk: bool = False
     split_qkv: bool = True
