@@ -57,6 +57,7 @@ def clear_caches() -> None:
     from workloads.inventory import clear_inventory_cache
 
     _CACHE.clear()
+    _SPEC_JSON.clear()
     _BUFFERS.clear()
     timer._MUON_KERNELS.clear()
     stage_builder._MUON_ROWS.clear()
@@ -67,12 +68,23 @@ def clear_caches() -> None:
     newton_schulz._tensor_work.cache_clear()
 
 
+# the JSON of a model or a system (frozen pydantic models), keyed by identity: the scenarios of a
+# search share them, and dumping them was most of a new scenario's plan key
+_SPEC_JSON: IdentityMemo[str] = IdentityMemo(256)
+
+
 def plan_key(scenario) -> tuple:  # noqa: ANN001 - workloads.scenario.Scenario
     """Hashable key of everything the optimizer plan depends on (model, system, sizes, optimizer)."""
     c = scenario.config
-    return (scenario.model.model_dump_json(), scenario.system.model_dump_json(), c.gpus, c.precision,
+    return (_spec_json(scenario.model), _spec_json(scenario.system), c.gpus, c.precision,
             c.parallelism.model_dump_json(), c.optimizer.model_dump_json(), c.placement.model_dump_json(),
             scenario.runtime.bf16_layers)
+
+
+def _spec_json(spec) -> str:  # noqa: ANN001 - a frozen pydantic model (ModelSpec, SystemSpec)
+    """``spec.model_dump_json()``, memoised per object (identity)."""
+    hit = _SPEC_JSON.get((), spec)
+    return hit if hit is not None else _SPEC_JSON.put(spec.model_dump_json(), (), spec)
 
 
 def build_optimizer_plan(scenario, critical_only: bool = False) -> OptimizerPlan:  # noqa: ANN001 - workloads.scenario.Scenario

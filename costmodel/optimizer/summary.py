@@ -9,6 +9,10 @@ kernel launches by part, its GPU and host-issue seconds (:mod:`costmodel.optimiz
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import chain
+from operator import mul
+
 from costmodel.optimizer.plan_types import OptimizerPlan, RankWork, StageOptimizerPlan, rank_column
 from costmodel.report import CollectiveOut, OptimizerKernelsOut, OptimizerReport, Stats
 
@@ -37,15 +41,30 @@ def kernels_out(rank: RankWork, stage: StageOptimizerPlan) -> OptimizerKernelsOu
         grad_prescale_launches=sum(1 for b in stage.buckets if b.prescaled))
 
 
+def newton_schulz_figures(stages: Sequence[StageOptimizerPlan]) -> tuple[int, float, float]:
+    """(GPUs, Newton-Schulz FLOPs over every GPU, Newton-Schulz FLOPs of the busiest GPU) of ``stages``.
+
+    The FLOPs total is the sum over the stages, in order, of each rank class's FLOPs times its
+    multiplicity (from 0, class by class); the products, the GPUs and the largest FLOPs are made once
+    per distinct rank table (the stages with the same tensors share their plan's ``ranks``), the sum
+    then adds the same products in the same order as a walk over every stage."""
+    figures: dict[int, tuple[int, list[float], list[float]]] = {}  # id(ranks) -> (GPUs, products, [largest FLOPs])
+    for s in stages:
+        if id(s.ranks) not in figures:
+            fs, ms = rank_column(s.ranks, "newton_schulz_flops"), rank_column(s.ranks, "multiplicity")
+            figures[id(s.ranks)] = (sum(ms), list(map(mul, fs, ms)), [max(fs)] if fs else [])
+    per_stage = [figures[id(s.ranks)] for s in stages]
+    # the walk over every stage meets its first largest value in the first distinct table holding it
+    return (sum(g for g, _, _ in per_stage), sum(chain.from_iterable(p for _, p, _ in per_stage)),
+            max(chain.from_iterable(f for _, _, f in figures.values()), default=0.0))
+
+
 def optimizer_report(plan: OptimizerPlan, exposed_s: float, hidden_s: float) -> OptimizerReport:
     """Fill :class:`costmodel.report.OptimizerReport` from ``plan`` and the engine's exposed/hidden seconds."""
     crit = plan.critical_stage
     loads = rank_column(crit.ranks, "total_s") or [0.0]
     mean = crit.mean_rank_s
-    gpus = sum(s.gpus for s in plan.stages)
-    flops = [(rank_column(s.ranks, "newton_schulz_flops"), rank_column(s.ranks, "multiplicity")) for s in plan.stages]
-    flops_total = sum(f * m for fs, ms in flops for f, m in zip(fs, ms, strict=True))  # the same products, same order
-    flops_max = max((f for fs, _ in flops for f in fs), default=0.0)
+    gpus, flops_total, flops_max = newton_schulz_figures(plan.stages)
     used = sum(b.used_numel for s in plan.stages for b in s.buckets)
     padded = sum(b.numel for s in plan.stages for b in s.buckets)
     collectives = [
