@@ -73,6 +73,27 @@ def _out_dir(grid_path: Path, out: Path | None) -> Path:
     return out_dir
 
 
+def _check_writable(out_dir: Path, journal_path: Path, created: bool) -> None:
+    """Raise CliError when ``out_dir`` cannot be created or its journal cannot be written (before any
+    point runs); leaves nothing behind that was not there."""
+    existed = journal_path.exists()
+    try:
+        out_dir.mkdir(exist_ok=True)
+    except OSError as err:
+        raise CliError(f"--out: cannot create directory '{out_dir}': {err.strerror or err}") from None
+    try:
+        with open(journal_path, "a", encoding="utf-8"):
+            pass
+    except OSError as err:
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise CliError(f"--out: cannot write in directory '{out_dir}': {err.strerror or err}") from None
+    if not existed:
+        journal_path.unlink()
+        if created:
+            out_dir.rmdir()
+
+
 @user_errors
 def sweep(
     grid_file: Annotated[Path, typer.Argument(metavar="GRID.yaml", help="grid file: lists of scenario settings; every combination is a point")],
@@ -115,6 +136,7 @@ def _sweep(grid_file: Path, out: Path | None, jobs: int, scheduler: str | None, 
     out_dir = _out_dir(grid_path, out)
     created = not out_dir.exists()
     journal_path = out_dir / JOURNAL
+    _check_writable(out_dir, journal_path, created)
     if fresh and journal_path.exists():
         old = Journal(journal_path)
         old.open()  # fails while another sweep holds it
