@@ -18,6 +18,7 @@ from cli.common import (
     CliError,
     JsonOpt,
     WideOpt,
+    check_output_paths,
     print_json,
     user_errors,
     with_scenario_flags,
@@ -244,8 +245,7 @@ def calibrate(
     """Fit the named efficiency factors to measured runs; report held-out error; write a profile."""
     if out is None:
         raise CliError("--out PROFILE.yaml is required")
-    if out.parent and not out.parent.exists():
-        raise CliError(f"directory '{out.parent}' does not exist")
+    check_output_paths(out)  # a missing directory or a directory given as the file: before the fit
     if microbench:
         if runs_files or dataset:
             raise CliError("--microbench measures this machine; do not give runs with it")

@@ -1,9 +1,11 @@
 """Output paths that cannot be written are one-line errors (exit 2) found before any work, and nothing
-is left behind: ``sweep --out`` to a directory that cannot be created or written in (before: a
-traceback with exit 1)."""
+is left behind: ``sweep --out`` to a directory that cannot be created or written in, and ``calibrate
+--out`` naming a directory (before, the first was a traceback with exit 1, the second came only after
+the whole fit, ~30 s)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -35,3 +37,10 @@ def test_sweep_out_that_cannot_be_written_is_one_line(run_cli, tmp_path: Path, o
     assert "--out" in err and str(out) in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.yaml"]
 
+
+def test_calibrate_out_naming_a_directory_fails_before_fitting(run_cli, tmp_path: Path) -> None:
+    start = time.perf_counter()
+    err = _one_line(run_cli("calibrate", "--dataset", "megatron-bridge", "--factors", "gemm_bf16", "--out", tmp_path))
+    assert "is a directory" in err and str(tmp_path) in err
+    assert time.perf_counter() - start < 5.0  # the fit takes ~10-30 s; the check comes first
+    assert list(tmp_path.iterdir()) == []
