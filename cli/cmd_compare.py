@@ -33,6 +33,7 @@ from cli.common import (
     print_json,
     resolve_release_scenario,
     user_errors,
+    with_release_note,
     with_scenario_flags,
 )
 from cli.compare_render import breakdown
@@ -113,19 +114,21 @@ def compare(
     check_output_paths(html)
     variants = expand_variants(scenario_flags)
     check_release(None, release, "")
-    scenarios, layouts = [], []
+    scenarios, layouts, choices = [], [], []
     for label, flags in variants:
         try:
-            sc, layered, _ = resolve_release_scenario(scenario_file, flags, release)
+            sc, layered, chosen = resolve_release_scenario(scenario_file, flags, release)
         except UserInputError as err:
             raise UserInputError(f"variant {label}: {err}") from None
         scenarios.append(sc)
+        choices.append(chosen)
         layouts.append(layered.summary())
     profile = load_calibration(calibration)
     from costmodel.engine import predict
 
     labels = [label for label, _ in variants]
-    reports = [predict(sc, engine, profile, release) for sc in scenarios]  # type: ignore[arg-type]
+    reports = [with_release_note(predict(sc, engine, profile, release), release, chosen, sc)  # type: ignore[arg-type]
+               for sc, chosen in zip(scenarios, choices, strict=True)]
     data = comparison_data(labels, reports)
     for entry, layout in zip(data["variants"], layouts, strict=True):
         entry["layout"] = layout

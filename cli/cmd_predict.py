@@ -21,6 +21,7 @@ from cli.common import (
     release_settings_lines,
     resolve_release_scenario,
     user_errors,
+    with_release_note,
     with_scenario_flags,
     write_text_atomically,
 )
@@ -55,6 +56,7 @@ def predict(
     sc, layered, chosen = resolve_release_scenario(scenario_file, scenario_flags, release)
     profile = load_calibration(calibration)
     report = run_predict(sc, engine, profile, release)  # type: ignore[arg-type]
+    report = with_release_note(report, release, chosen, sc)
     from costmodel import exporters
 
     texts: list[tuple[Path, str]] = []

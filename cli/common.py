@@ -274,6 +274,17 @@ def resolve_release_scenario(scenario_file: Path | None, flags: dict[str, Any], 
     return scenario, layered, chosen
 
 
+def with_release_note(report: Any, release: str | None, chosen: Any, scenario: Any) -> Any:
+    """``report`` with a warning when ``--release`` applied no recipe settings because the settings file
+    has no run of the scenario's model on its system (muonsim's defaults stay); otherwise ``report``."""
+    if release is None or chosen is not None:
+        return report
+    note = (f"--release {release} applies no recipe settings: no Megatron-Bridge recipe run of "
+            f"{scenario.model.name} on {scenario.system.name} in the recipe settings file; the settings stay "
+            "the scenario's (its defaults and yours)")
+    return report.model_copy(update={"warnings": [*report.warnings, note]})
+
+
 def release_settings_lines(chosen: Any, scenario: Any = None) -> list[str]:
     """What ``predict``/``compare`` print about the recipe settings they used (one item per line); with
     ``scenario``, also the flags that would give it the recipe run's own layout when it differs (the

@@ -139,3 +139,21 @@ def test_predict_release_names_the_recipe_runs_layout_when_it_is_not_the_predict
         "fsdp": "0", "micro_batch_size": "2", "global_batch_size": "512", "seq_length": "4096"}
     assert "layout: not the recipe run's" not in run_cli("predict", *model, "--pp", "2", "--vpp", "24", "--ep", "8",
                                                        "--mbs", "2", "--gbs", "512").stdout
+
+
+def test_predict_release_says_when_the_model_never_ran_on_the_system(run_cli) -> None:
+    """Kimi K2 has no Megatron-Bridge recipe run on any system: --release applies no recipe settings, and
+    predict says so (text and --json warnings) instead of ignoring the flag without a word; the numbers are
+    those without --release."""
+    plain = json.loads(run_cli("predict", "--json").stdout)
+    res = run_cli("predict", "--json", "--release", "26.02")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["recipe_settings"] is None and data["step_time_s"] == plain["step_time_s"]
+    notes = [w for w in data["warnings"] if "--release 26.02" in w]
+    assert len(notes) == 1 and "no Megatron-Bridge recipe run of kimi-k2 on gb300-nvl72" in notes[0], data["warnings"]
+    assert not any("--release" in w for w in plain["warnings"])
+    text = " ".join(run_cli("predict", "--release", "26.02").stdout.split())
+    assert "--release 26.02 applies no recipe settings: no Megatron-Bridge recipe run of kimi-k2 on gb300-nvl72" in text
+    compared = " ".join(run_cli("compare", "--optimizer", "adamw,muon", "--release", "26.02").stdout.split())
+    assert "--release 26.02 applies no recipe settings" in compared
