@@ -142,3 +142,18 @@ def test_validate_a_megatron_log_with_flags(run_cli, tmp_path):
     assert row["measured_step_time_s"] == pytest.approx((2000.0 + 18) / 1e3)  # median of iterations 6..30
     missing = run_cli("validate", log, "--datasheet", "--model", "llama3-8b")
     assert_one_line_error(missing, "the log does not say")
+
+
+@pytest.mark.parametrize("name", ["runs", "runs.csv", "train.log"])
+def test_validate_a_directory_says_it_is_a_directory(run_cli, tmp_path, name):
+    """A directory given as a runs file: one line saying so (before: 'unknown kind of runs file' for a
+    plain directory name, 'does not exist' for one named like a CSV or log)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    for command in (["validate", str(folder)], ["calibrate", str(folder), "--out", str(tmp_path / "p.yaml")]):
+        result = run_cli(*command)
+        assert result.exit_code == 2, result.output
+        err = result.stderr.strip()
+        assert err.startswith("error: ") and "\n" not in err, err
+        assert f"'{folder}' is a directory" in err and "CSV" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
