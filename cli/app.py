@@ -11,6 +11,8 @@ import typer
 from typer._click import exceptions as click_exceptions
 from typer.core import TyperGroup
 
+from cli.common import hide_flag_types
+
 
 class OneLineErrorGroup(TyperGroup):
     """The root command: a usage error (unknown flag or command, missing argument, a flag value of the
@@ -20,6 +22,7 @@ class OneLineErrorGroup(TyperGroup):
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
         """Run the command line; usage errors become ``error: ...; see 'muonsim CMD --help'``."""
+        hide_flag_types(self)
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:

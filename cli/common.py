@@ -388,3 +388,22 @@ def write_text_atomically(path: Path, text: str) -> None:
     except OSError as err:
         tmp.unlink(missing_ok=True)
         raise CliError(f"cannot write '{path}': {err.strerror or err}") from None
+
+
+def hide_flag_types(command: Any) -> None:
+    """No value shown beside on/off flags (--json, --version, ...) in the help of ``command`` and its
+    subcommands: typer prints '<bool>' there, which reads as a value to type ('--json true')."""
+    for param in command.params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    help_option = command.get_help_option
+
+    def get_help_option(ctx: Any) -> Any:
+        option = help_option(ctx)
+        if option is not None and option.metavar is None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = get_help_option
+    for sub in getattr(command, "commands", {}).values():
+        hide_flag_types(sub)

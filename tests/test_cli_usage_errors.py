@@ -46,3 +46,14 @@ def test_help_and_version_still_exit_0(run_cli) -> None:
     assert run_cli("predict", "--help").exit_code == 0
     version = run_cli("--version")
     assert version.exit_code == 0 and version.stdout.startswith("muonsim")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["predict", "--help"], ["sweep", "--help"], ["calibrate", "--help"],
+                                  ["reference", "run", "--help"]])
+def test_help_shows_no_value_for_on_off_flags(run_cli, argv: list[str]) -> None:
+    """typer 0.29 prints '<bool>' beside flags such as --json and --version, which take no value: a user
+    following the help types '--json true' and gets "scenario file 'true' does not exist"."""
+    result = run_cli(*argv)
+    assert result.exit_code == 0, result.output
+    assert "<bool>" not in result.stdout, result.stdout
+    assert "--json" in result.stdout or "--version" in result.stdout
