@@ -157,3 +157,16 @@ def test_predict_release_says_when_the_model_never_ran_on_the_system(run_cli) ->
     assert "--release 26.02 applies no recipe settings: no Megatron-Bridge recipe run of kimi-k2 on gb300-nvl72" in text
     compared = " ".join(run_cli("compare", "--optimizer", "adamw,muon", "--release", "26.02").stdout.split())
     assert "--release 26.02 applies no recipe settings" in compared
+
+
+def test_compare_release_names_the_recipe_run_its_settings_come_from(run_cli) -> None:
+    """compare --release applied a run's recipe settings without naming the run (predict does): the text
+    and each --json variant now say which run (here DeepSeek-V3's 26.06 run on 256 GB300)."""
+    flags = ("compare", "--model", "deepseek-v3", "--optimizer", "adamw,muon", "--release", "26.06")
+    text = " ".join(run_cli(*flags).stdout.split())
+    assert "recipe settings: megatron_bridge_recipe_settings.csv: run mb-26.06-deepseek-v3-gb300-nvl72" in text
+    data = json.loads(run_cli(*flags, "--json").stdout)
+    runs = {v["recipe_settings"]["run_id"] for v in data["variants"]}
+    assert len(runs) == 1 and runs.pop().startswith("mb-26.06-deepseek-v3-gb300-nvl72"), runs
+    plain = json.loads(run_cli("compare", "--model", "deepseek-v3", "--optimizer", "adamw,muon", "--json").stdout)
+    assert all(v["recipe_settings"] is None for v in plain["variants"])
