@@ -73,6 +73,18 @@ def _out_dir(grid_path: Path, out: Path | None) -> Path:
     return out_dir
 
 
+def _check_search_keys(grid_path: Path, search: dict[str, Any], aliases: dict[str, str]) -> None:
+    """Raise CliError for a ``plan.search`` key plan does not search (the pins would silently drop it)."""
+    from costmodel.planner.pins import CATEGORICAL_FLAGS, NUMERIC_KEYS, SEARCH_KEYS
+
+    valid = [*NUMERIC_KEYS.values(), *CATEGORICAL_FLAGS.values()]
+    for raw in search:
+        name = raw.replace("-", "_")
+        if aliases.get(name, name) not in SEARCH_KEYS:
+            raise CliError(f"grid file '{grid_path}': plan.search.{raw}: not a searched setting; "
+                           f"valid: {', '.join(valid)}")
+
+
 def _check_writable(out_dir: Path, journal_path: Path, created: bool) -> None:
     """Raise CliError when ``out_dir`` cannot be created or its journal cannot be written (before any
     point runs); leaves nothing behind that was not there."""
@@ -130,6 +142,7 @@ def _sweep(grid_file: Path, out: Path | None, jobs: int, scheduler: str | None, 
     spec = read_grid_file(grid_path)
     profile = load_calibration(_grid_calibration(grid_path, calibration, spec.calibration))
     aliases = {flag: key for flag, (key, _, _) in SCENARIO_FLAGS.items()}
+    _check_search_keys(grid_path, spec.plan.search, aliases)
     grid = expand_grid(grid_path, aliases, profile, spec.release, grid_file=spec)
     for system in sorted({p.scenario.system.name for p in grid.points if p.scenario is not None}):
         check_release(profile, spec.release, system)
