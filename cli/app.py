@@ -8,10 +8,17 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
-from typer._click import exceptions as click_exceptions
 from typer.core import TyperGroup
 
+try:  # typer >= 0.2x carries its own click
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # older typer (pyproject allows >= 0.12): click itself
+    from click import exceptions as click_exceptions  # type: ignore[no-redef]
+
 from cli.common import hide_flag_types
+
+# click >= 8.2 raises this after printing the help of a command given no arguments (none before)
+NO_ARGS_IS_HELP: Any = getattr(click_exceptions, "NoArgsIsHelpError", ())
 
 
 class OneLineErrorGroup(TyperGroup):
@@ -27,7 +34,7 @@ class OneLineErrorGroup(TyperGroup):
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except click_exceptions.NoArgsIsHelpError as err:  # the help is already printed
+        except NO_ARGS_IS_HELP as err:  # the help is already printed
             sys.exit(err.exit_code)
         except click_exceptions.ClickException as err:
             typer.echo(f"error: {one_line_usage_error(err, sys.argv[1:] if args is None else list(args))}", err=True)

@@ -393,6 +393,9 @@ def write_text_atomically(path: Path, text: str) -> None:
 def hide_flag_types(command: Any) -> None:
     """No value shown beside on/off flags (--json, --version, ...) in the help of ``command`` and its
     subcommands: typer prints '<bool>' there, which reads as a value to type ('--json true')."""
+    if getattr(command, "flag_types_hidden", False):
+        return
+    command.flag_types_hidden = True
     for param in command.params:
         if getattr(param, "is_flag", False) and param.metavar is None:
             param.metavar = ""
