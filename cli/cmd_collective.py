@@ -175,4 +175,10 @@ def topology(
     ]
     if html is not None:
         lines.append(f"  wrote {html}")
-    typer.echo("\n".join(lines))
+    import textwrap
+
+    from cli.terminal import console
+
+    width = console().width
+    typer.echo("\n".join(textwrap.fill(line, width, subsequent_indent="    ", break_on_hyphens=False,
+                                        break_long_words=False) for line in lines))

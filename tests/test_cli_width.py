@@ -90,3 +90,12 @@ def test_inventory_memory_headers_are_readable_at_80_columns(narrow, argv):
     table = "\n".join(lines[start:start + 16])
     assert "…" not in table, table
     assert "weight buffers" in " ".join(out.split()) and "optimizer workspace" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("gpus", ["8", "144", "4096"])
+def test_topology_fits_80_columns(narrow, gpus):
+    """topology printed its fabric summary as lines of up to ~130 characters; they wrap at the width
+    (continuation lines indented) like every other output."""
+    out = narrow("topology", "--system", "gb300-nvl72", "--gpus", gpus)
+    text = " ".join(out.split())
+    assert f"{gpus} GPUs on" in text and "scale-out bisection" in text and "switches (radix" in text
