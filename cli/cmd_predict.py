@@ -17,6 +17,7 @@ from cli.common import (
     check_engine,
     check_output_paths,
     check_release,
+    ignored_setting_notes,
     print_json,
     release_settings_lines,
     resolve_release_scenario,
@@ -76,6 +77,8 @@ def predict(
 
     console = make_console()
     console.print(exporters.render_table(report, layout=layered.summary()))
+    for note in ignored_setting_notes(report, layered):
+        console.print(f"note: {note}", markup=False, highlight=False)
     for line in release_settings_lines(chosen, sc):
         console.print(line, markup=False, highlight=False)
     for path, _ in texts:

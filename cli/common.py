@@ -285,6 +285,13 @@ def with_release_note(report: Any, release: str | None, chosen: Any, scenario: A
     return report.model_copy(update={"warnings": [*report.warnings, note]})
 
 
+def ignored_setting_notes(report: Any, layered: Any) -> list[str]:
+    """The optimizer plan's 'X has no effect' notes for the settings X the user gave (flag or file)."""
+    mine = set(layered.to_json_dict()["set_by_user"])
+    notes = report.optimizer.notes if report.optimizer is not None else ()
+    return [n for n in notes if any(f"{key} has no effect" in n for key in mine)]
+
+
 def release_settings_lines(chosen: Any, scenario: Any = None) -> list[str]:
     """What ``predict``/``compare`` print about the recipe settings they used (one item per line); with
     ``scenario``, also the flags that would give it the recipe run's own layout when it differs (the

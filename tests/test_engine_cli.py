@@ -170,3 +170,15 @@ def test_compare_release_names_the_recipe_run_its_settings_come_from(run_cli) ->
     assert len(runs) == 1 and runs.pop().startswith("mb-26.06-deepseek-v3-gb300-nvl72"), runs
     plain = json.loads(run_cli("compare", "--model", "deepseek-v3", "--optimizer", "adamw,muon", "--json").stdout)
     assert all(v["recipe_settings"] is None for v in plain["variants"])
+
+
+def test_predict_says_when_a_setting_you_gave_has_no_effect(run_cli) -> None:
+    """--fp8-param-gather on with Muon (the AdamW path only) and --tp-mode with tp = etp = 1 change nothing;
+    the optimizer plan knew it (--json optimizer.notes) but the table did not say so. A note line now names
+    the setting you gave; settings you did not give stay quiet."""
+    fp8 = " ".join(run_cli("predict", "--fp8-param-gather", "on").stdout.split())
+    assert "note: fp8_param_gather has no effect: it is the element-wise distributed optimizer's (AdamW) path" in fp8
+    mode = " ".join(run_cli("predict", "--tp-mode", "distributed").stdout.split())
+    assert "note: tp = etp = 1: every Newton-Schulz call is local, tp_mode has no effect" in mode
+    plain = run_cli("predict").stdout
+    assert "has no effect" not in plain
