@@ -157,3 +157,16 @@ def test_validate_a_directory_says_it_is_a_directory(run_cli, tmp_path, name):
         assert err.startswith("error: ") and "\n" not in err, err
         assert f"'{folder}' is a directory" in err and "CSV" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+@pytest.mark.parametrize("release_factors", ["gemm_bf17", "attention", "gemm_bf16,grouped_gem"])
+def test_calibrate_release_factors_outside_the_fitted_ones_are_an_error(run_cli, b300_csv, tmp_path, release_factors):
+    """--release-factors names factors refined per release; one that is not fitted (a typo, or a factor
+    missing from --factors) was dropped without a word and the profile written without it."""
+    out = tmp_path / "p.yaml"
+    result = run_cli("calibrate", b300_csv, "--out", out, "--factors", "gemm_bf16,gemm_fp8",
+                     "--release-factors", release_factors)
+    bad = [f for f in release_factors.split(",") if f not in ("gemm_bf16", "gemm_fp8")]
+    assert_one_line_error(result, f"--release-factors: '{bad[0]}'")
+    assert "gemm_bf16, gemm_fp8" in result.stderr
+    assert not out.exists()
