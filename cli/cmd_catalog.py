@@ -16,6 +16,10 @@ from cli.common import (
     with_scenario_flags,
 )
 
+# the memory table's component headers, short enough for nine columns in 80 (a caption spells them out)
+MEMORY_HEADERS = {"weights": "weights", "weight_buffers": "w. bufs", "gradients": "grads",
+                  "optimizer_state": "opt. state", "optimizer_workspace": "opt. work", "activations": "activ."}
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``catalog``, ``describe`` and ``inventory`` commands."""
@@ -185,7 +189,10 @@ def inventory(
                      f"recompute {sc.par.recompute}; total = peak: the activations and the optimizer "
                      "workspace never coexist)")
     names = list(memory[0].components_bytes)
-    for col in ("stage", *(n.replace("_", " ") for n in names), "total", "fits"):
+    short = [MEMORY_HEADERS.get(n, n.replace("_", " ")) for n in names]
+    mt.caption = "; ".join(f"{h}: {n.replace('_', ' ')}" for h, n in zip(short, names, strict=True)
+                           if h != n.replace("_", " "))
+    for col in ("stage", *short, "total", "fits"):
         mt.add_column(col, justify="right")
     for m in memory:
         parts = m.components_bytes

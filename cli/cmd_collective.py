@@ -68,6 +68,9 @@ def _place(system: str, gpus: int, tp: int, pp: int, cp: int, ep: int, etp: int,
     from topologies.placement import place_job
 
     sys_spec = load_system(system)
+    if gpus_per_domain is not None and gpus_per_domain < 1:  # place_job reads 0 as 'not given'
+        raise CliError(f"gpus_per_domain {gpus_per_domain} must be between 1 and the NVLink domain size "
+                       f"{sys_spec.nvlink.domain_size}")
     return sys_spec, place_job(sys_spec, gpus, tp=tp, cp=cp, ep=ep, etp=etp, pp=pp, gpus_per_domain=gpus_per_domain)
 
 
@@ -172,4 +175,10 @@ def topology(
     ]
     if html is not None:
         lines.append(f"  wrote {html}")
-    typer.echo("\n".join(lines))
+    import textwrap
+
+    from cli.terminal import console
+
+    width = console().width
+    typer.echo("\n".join(textwrap.fill(line, width, subsequent_indent="    ", break_on_hyphens=False,
+                                        break_long_words=False) for line in lines))

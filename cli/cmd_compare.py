@@ -33,6 +33,7 @@ from cli.common import (
     print_json,
     resolve_release_scenario,
     user_errors,
+    with_release_note,
     with_scenario_flags,
 )
 from cli.compare_render import breakdown
@@ -113,22 +114,25 @@ def compare(
     check_output_paths(html)
     variants = expand_variants(scenario_flags)
     check_release(None, release, "")
-    scenarios, layouts = [], []
+    scenarios, layouts, choices = [], [], []
     for label, flags in variants:
         try:
-            sc, layered, _ = resolve_release_scenario(scenario_file, flags, release)
+            sc, layered, chosen = resolve_release_scenario(scenario_file, flags, release)
         except UserInputError as err:
             raise UserInputError(f"variant {label}: {err}") from None
         scenarios.append(sc)
+        choices.append(chosen)
         layouts.append(layered.summary())
     profile = load_calibration(calibration)
     from costmodel.engine import predict
 
     labels = [label for label, _ in variants]
-    reports = [predict(sc, engine, profile, release) for sc in scenarios]  # type: ignore[arg-type]
+    reports = [with_release_note(predict(sc, engine, profile, release), release, chosen, sc)  # type: ignore[arg-type]
+               for sc, chosen in zip(scenarios, choices, strict=True)]
     data = comparison_data(labels, reports)
-    for entry, layout in zip(data["variants"], layouts, strict=True):
+    for entry, layout, chosen in zip(data["variants"], layouts, choices, strict=True):
         entry["layout"] = layout
+        entry["recipe_settings"] = chosen.to_json_dict() if chosen is not None else None
     if html is not None:
         from costmodel.optimizer.plan import build_optimizer_plan
         from costmodel.report_figures import compare_html
@@ -148,6 +152,9 @@ def compare(
     console.print(render_wide(data, reports) if wide else render_narrow(data, reports, console.width))
     for layout in dict.fromkeys(layouts):
         console.print(f"[dim]{layout}[/dim]", highlight=False)
+    for source in dict.fromkeys(c.choice.source for c in choices if c is not None):  # what --release applied
+        console.print(f"recipe settings: {source} (--json: the settings applied per variant)",
+                      markup=False, highlight=False)
     if html is not None:
         console.print(f"wrote {html}")
 

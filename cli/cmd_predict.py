@@ -17,10 +17,12 @@ from cli.common import (
     check_engine,
     check_output_paths,
     check_release,
+    ignored_setting_notes,
     print_json,
     release_settings_lines,
     resolve_release_scenario,
     user_errors,
+    with_release_note,
     with_scenario_flags,
     write_text_atomically,
 )
@@ -55,6 +57,7 @@ def predict(
     sc, layered, chosen = resolve_release_scenario(scenario_file, scenario_flags, release)
     profile = load_calibration(calibration)
     report = run_predict(sc, engine, profile, release)  # type: ignore[arg-type]
+    report = with_release_note(report, release, chosen, sc)
     from costmodel import exporters
 
     texts: list[tuple[Path, str]] = []
@@ -74,6 +77,8 @@ def predict(
 
     console = make_console()
     console.print(exporters.render_table(report, layout=layered.summary()))
+    for note in ignored_setting_notes(report, layered):
+        console.print(f"note: {note}", markup=False, highlight=False)
     for line in release_settings_lines(chosen, sc):
         console.print(line, markup=False, highlight=False)
     for path, _ in texts:

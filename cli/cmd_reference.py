@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from cli.common import CliError, fail, print_json, user_errors, write_text_atomically
+from cli.common import (
+    CliError,
+    fail,
+    hide_flag_types,
+    print_json,
+    user_errors,
+    write_text_atomically,
+)
 
 if TYPE_CHECKING:
     from reference.config import RunFlag
@@ -94,6 +101,7 @@ class _LazyRunGroup(TyperGroup):
             return super().get_command(ctx, cmd_name)
         if _LazyRunGroup._run is None:
             _LazyRunGroup._run = _run_command()
+            hide_flag_types(_LazyRunGroup._run)
         return _LazyRunGroup._run
 
 

@@ -73,6 +73,39 @@ def _out_dir(grid_path: Path, out: Path | None) -> Path:
     return out_dir
 
 
+def _check_search_keys(grid_path: Path, search: dict[str, Any], aliases: dict[str, str]) -> None:
+    """Raise CliError for a ``plan.search`` key plan does not search (the pins would silently drop it)."""
+    from costmodel.planner.pins import CATEGORICAL_FLAGS, NUMERIC_KEYS, SEARCH_KEYS
+
+    valid = [*NUMERIC_KEYS.values(), *CATEGORICAL_FLAGS.values()]
+    for raw in search:
+        name = raw.replace("-", "_")
+        if aliases.get(name, name) not in SEARCH_KEYS:
+            raise CliError(f"grid file '{grid_path}': plan.search.{raw}: not a searched setting; "
+                           f"valid: {', '.join(valid)}")
+
+
+def _check_writable(out_dir: Path, journal_path: Path, created: bool) -> None:
+    """Raise CliError when ``out_dir`` cannot be created or its journal cannot be written (before any
+    point runs); leaves nothing behind that was not there."""
+    existed = journal_path.exists()
+    try:
+        out_dir.mkdir(exist_ok=True)
+    except OSError as err:
+        raise CliError(f"--out: cannot create directory '{out_dir}': {err.strerror or err}") from None
+    try:
+        with open(journal_path, "a", encoding="utf-8"):
+            pass
+    except OSError as err:
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise CliError(f"--out: cannot write in directory '{out_dir}': {err.strerror or err}") from None
+    if not existed:
+        journal_path.unlink()
+        if created:
+            out_dir.rmdir()
+
+
 @user_errors
 def sweep(
     grid_file: Annotated[Path, typer.Argument(metavar="GRID.yaml", help="grid file: lists of scenario settings; every combination is a point")],
@@ -109,12 +142,14 @@ def _sweep(grid_file: Path, out: Path | None, jobs: int, scheduler: str | None, 
     spec = read_grid_file(grid_path)
     profile = load_calibration(_grid_calibration(grid_path, calibration, spec.calibration))
     aliases = {flag: key for flag, (key, _, _) in SCENARIO_FLAGS.items()}
+    _check_search_keys(grid_path, spec.plan.search, aliases)
     grid = expand_grid(grid_path, aliases, profile, spec.release, grid_file=spec)
     for system in sorted({p.scenario.system.name for p in grid.points if p.scenario is not None}):
         check_release(profile, spec.release, system)
     out_dir = _out_dir(grid_path, out)
     created = not out_dir.exists()
     journal_path = out_dir / JOURNAL
+    _check_writable(out_dir, journal_path, created)
     if fresh and journal_path.exists():
         old = Journal(journal_path)
         old.open()  # fails while another sweep holds it

@@ -18,6 +18,7 @@ from cli.common import (
     CliError,
     JsonOpt,
     WideOpt,
+    check_output_paths,
     print_json,
     user_errors,
     with_scenario_flags,
@@ -244,8 +245,7 @@ def calibrate(
     """Fit the named efficiency factors to measured runs; report held-out error; write a profile."""
     if out is None:
         raise CliError("--out PROFILE.yaml is required")
-    if out.parent and not out.parent.exists():
-        raise CliError(f"directory '{out.parent}' does not exist")
+    check_output_paths(out)  # a missing directory or a directory given as the file: before the fit
     if microbench:
         if runs_files or dataset:
             raise CliError("--microbench measures this machine; do not give runs with it")
@@ -257,6 +257,11 @@ def calibrate(
     runs, where, skipped = _gather_runs(runs_files, dataset, scenario_flags, warmup)
     fitted = _factor_list(factors, DEFAULT_FACTORS)
     per_release = _factor_list(release_factors, DEFAULT_RELEASE_FACTORS)
+    if release_factors is not None:  # the defaults not fitted are dropped; the ones you name must be fitted
+        for name_ in per_release:
+            if name_ not in fitted:
+                raise CliError(f"--release-factors: '{name_}' is not a fitted factor; a release factor refines one of "
+                               f"--factors ({', '.join(fitted)})")
     try:
         settings = FitSettings(factors=fitted, release_factors=tuple(f for f in per_release if f in fitted),
                                loss=loss, folds=folds, holdout=holdout, fit_reconstructed=not skip_reconstructed,

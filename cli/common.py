@@ -274,6 +274,24 @@ def resolve_release_scenario(scenario_file: Path | None, flags: dict[str, Any], 
     return scenario, layered, chosen
 
 
+def with_release_note(report: Any, release: str | None, chosen: Any, scenario: Any) -> Any:
+    """``report`` with a warning when ``--release`` applied no recipe settings because the settings file
+    has no run of the scenario's model on its system (muonsim's defaults stay); otherwise ``report``."""
+    if release is None or chosen is not None:
+        return report
+    note = (f"--release {release} applies no recipe settings: no Megatron-Bridge recipe run of "
+            f"{scenario.model.name} on {scenario.system.name} in the recipe settings file; the settings stay "
+            "the scenario's (its defaults and yours)")
+    return report.model_copy(update={"warnings": [*report.warnings, note]})
+
+
+def ignored_setting_notes(report: Any, layered: Any) -> list[str]:
+    """The optimizer plan's 'X has no effect' notes for the settings X the user gave (flag or file)."""
+    mine = set(layered.to_json_dict()["set_by_user"])
+    notes = report.optimizer.notes if report.optimizer is not None else ()
+    return [n for n in notes if any(f"{key} has no effect" in n for key in mine)]
+
+
 def release_settings_lines(chosen: Any, scenario: Any = None) -> list[str]:
     """What ``predict``/``compare`` print about the recipe settings they used (one item per line); with
     ``scenario``, also the flags that would give it the recipe run's own layout when it differs (the
@@ -377,3 +395,25 @@ def write_text_atomically(path: Path, text: str) -> None:
     except OSError as err:
         tmp.unlink(missing_ok=True)
         raise CliError(f"cannot write '{path}': {err.strerror or err}") from None
+
+
+def hide_flag_types(command: Any) -> None:
+    """No value shown beside on/off flags (--json, --version, ...) in the help of ``command`` and its
+    subcommands: typer prints '<bool>' there, which reads as a value to type ('--json true')."""
+    if getattr(command, "flag_types_hidden", False):
+        return
+    command.flag_types_hidden = True
+    for param in command.params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    help_option = command.get_help_option
+
+    def get_help_option(ctx: Any) -> Any:
+        option = help_option(ctx)
+        if option is not None and option.metavar is None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = get_help_option
+    for sub in getattr(command, "commands", {}).values():
+        hide_flag_types(sub)

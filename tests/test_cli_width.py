@@ -78,3 +78,24 @@ def test_wide_keeps_the_wide_layout(run_cli) -> None:
     res = run_cli("compare", "--optimizer", "adamw,muon", "--wide")
     assert res.exit_code == 0 and "Δ vs baseline" in res.stdout
     assert max(len(line) for line in res.stdout.splitlines()) > WIDTH
+
+
+@pytest.mark.parametrize("argv", [["inventory"], ["inventory", "--model", "llama3-8b", "--system", "dgx-h100"]])
+def test_inventory_memory_headers_are_readable_at_80_columns(narrow, argv):
+    """The memory table's nine columns did not fit 80 columns: every component header came out cut
+    ('weigh…', 'gradi…', 'optim…', 'activ…'). Short headers and a legend line keep them whole."""
+    out = narrow(*argv)
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("memory per GPU, GB"))
+    table = "\n".join(lines[start:start + 16])
+    assert "…" not in table, table
+    assert "weight buffers" in " ".join(out.split()) and "optimizer workspace" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("gpus", ["8", "144", "4096"])
+def test_topology_fits_80_columns(narrow, gpus):
+    """topology printed its fabric summary as lines of up to ~130 characters; they wrap at the width
+    (continuation lines indented) like every other output."""
+    out = narrow("topology", "--system", "gb300-nvl72", "--gpus", gpus)
+    text = " ".join(out.split())
+    assert f"{gpus} GPUs on" in text and "scale-out bisection" in text and "switches (radix" in text

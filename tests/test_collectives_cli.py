@@ -60,7 +60,7 @@ def test_bad_input_is_one_line_and_exit_2(run_cli, args, needle):
 def test_topology_summary_and_json(run_cli):
     result = run_cli("topology", "--system", "gb300-nvl72", "--gpus", "256")
     assert result.exit_code == 0, result.output
-    assert "256 GPUs on 4 NVLink domain(s) of 72 (64 used per domain)" in result.stdout
+    assert "256 GPUs on 4 NVLink domain(s) of 72 (64 used per domain)" in " ".join(result.stdout.split())  # wrapped
     assert "4 rails" in result.stdout and "bisection" in result.stdout
     data = json.loads(run_cli("topology", "--system", "dgx-b200", "--gpus", "4096", "--json").stdout)
     assert (data["leaves"], data["spines"], data["cores"], data["tiers"]) == (128, 128, 64, 3)
@@ -82,3 +82,15 @@ def test_size_parsing_and_sweeps():
     assert size_sweep(1e3, 8e3, 2) == [1e3, 2e3, 4e3, 8e3]
     with pytest.raises(CliError):
         size_sweep(8e3, 1e3, 2)
+
+
+@pytest.mark.parametrize("command", [["topology", "--gpus", "144"], ["collective", "all_reduce", "--gpus", "144"]])
+@pytest.mark.parametrize("value", ["0", "-4"])
+def test_gpus_per_domain_below_one_is_a_one_line_error(run_cli, command, value):
+    """--gpus-per-domain 0 was taken as 'not given' (the default, 72 per GB300 rack) and printed a fabric the
+    user did not ask for; like -4 (and like predict's placement.gpus_per_domain) it is an error."""
+    result = run_cli(*command, "--gpus-per-domain", value)
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err and result.stdout == ""
+    assert f"gpus_per_domain {value}" in err and "between 1 and the NVLink domain size 72" in err, err

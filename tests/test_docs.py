@@ -26,3 +26,17 @@ def test_architecture_doc_covers_what_a_newcomer_needs() -> None:
     for path in re.findall(r"`((?:cli|costmodel|workloads|topologies|reference|tools)/[\w/.]+\.(?:py|yaml))`", text):
         if "NAME" not in path:  # templates: workloads/data/models/NAME.yaml
             assert (ROOT / path).exists(), f"docs/architecture.md names {path}, which does not exist"
+
+
+def test_readme_catalogue_lists_what_muonsim_catalog_lists(run_cli) -> None:
+    """The README's catalogue line names every model and system `muonsim catalog --json` lists (it left
+    out dgx-a100, which the catalogue and the Megatron CI dataset use)."""
+    import json
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    line = text[text.index("Catalogue: models"):]
+    line = line[:line.index("figures and sources")]
+    catalog = json.loads(run_cli("catalog", "--json").stdout)
+    for kind in ("models", "systems"):
+        for entry in catalog[kind]:
+            assert f"`{entry['name']}`" in line, (kind, entry["name"], line)

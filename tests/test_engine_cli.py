@@ -139,3 +139,46 @@ def test_predict_release_names_the_recipe_runs_layout_when_it_is_not_the_predict
         "fsdp": "0", "micro_batch_size": "2", "global_batch_size": "512", "seq_length": "4096"}
     assert "layout: not the recipe run's" not in run_cli("predict", *model, "--pp", "2", "--vpp", "24", "--ep", "8",
                                                        "--mbs", "2", "--gbs", "512").stdout
+
+
+def test_predict_release_says_when_the_model_never_ran_on_the_system(run_cli) -> None:
+    """Kimi K2 has no Megatron-Bridge recipe run on any system: --release applies no recipe settings, and
+    predict says so (text and --json warnings) instead of ignoring the flag without a word; the numbers are
+    those without --release."""
+    plain = json.loads(run_cli("predict", "--json").stdout)
+    res = run_cli("predict", "--json", "--release", "26.02")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["recipe_settings"] is None and data["step_time_s"] == plain["step_time_s"]
+    notes = [w for w in data["warnings"] if "--release 26.02" in w]
+    assert len(notes) == 1 and "no Megatron-Bridge recipe run of kimi-k2 on gb300-nvl72" in notes[0], data["warnings"]
+    assert not any("--release" in w for w in plain["warnings"])
+    text = " ".join(run_cli("predict", "--release", "26.02").stdout.split())
+    assert "--release 26.02 applies no recipe settings: no Megatron-Bridge recipe run of kimi-k2 on gb300-nvl72" in text
+    compared = " ".join(run_cli("compare", "--optimizer", "adamw,muon", "--release", "26.02").stdout.split())
+    assert "--release 26.02 applies no recipe settings" in compared
+
+
+def test_compare_release_names_the_recipe_run_its_settings_come_from(run_cli) -> None:
+    """compare --release applied a run's recipe settings without naming the run (predict does): the text
+    and each --json variant now say which run (here DeepSeek-V3's 26.06 run on 256 GB300)."""
+    flags = ("compare", "--model", "deepseek-v3", "--optimizer", "adamw,muon", "--release", "26.06")
+    text = " ".join(run_cli(*flags).stdout.split())
+    assert "recipe settings: megatron_bridge_recipe_settings.csv: run mb-26.06-deepseek-v3-gb300-nvl72" in text
+    data = json.loads(run_cli(*flags, "--json").stdout)
+    runs = {v["recipe_settings"]["run_id"] for v in data["variants"]}
+    assert len(runs) == 1 and runs.pop().startswith("mb-26.06-deepseek-v3-gb300-nvl72"), runs
+    plain = json.loads(run_cli("compare", "--model", "deepseek-v3", "--optimizer", "adamw,muon", "--json").stdout)
+    assert all(v["recipe_settings"] is None for v in plain["variants"])
+
+
+def test_predict_says_when_a_setting_you_gave_has_no_effect(run_cli) -> None:
+    """--fp8-param-gather on with Muon (the AdamW path only) and --tp-mode with tp = etp = 1 change nothing;
+    the optimizer plan knew it (--json optimizer.notes) but the table did not say so. A note line now names
+    the setting you gave; settings you did not give stay quiet."""
+    fp8 = " ".join(run_cli("predict", "--fp8-param-gather", "on").stdout.split())
+    assert "note: fp8_param_gather has no effect: it is the element-wise distributed optimizer's (AdamW) path" in fp8
+    mode = " ".join(run_cli("predict", "--tp-mode", "distributed").stdout.split())
+    assert "note: tp = etp = 1: every Newton-Schulz call is local, tp_mode has no effect" in mode
+    plain = run_cli("predict").stdout
+    assert "has no effect" not in plain

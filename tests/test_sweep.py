@@ -183,6 +183,9 @@ def test_ctrl_c_on_a_dask_cluster_exits_cleanly(tmp_path, cluster) -> None:
     ("grid: {mbs: 1, micro_batch_size: 2}", "given twice"),
     ("grid: {tp: 1}\nplan: {top_k: -1}", "plan.top_k"),
     ("grid: {tp: 1}\nplan: {search: {tp: x}}", "plan: --tp: 'x' is not an integer"),
+    # a setting plan does not search (a typo, or a scenario setting): was ignored, the search ran unpinned
+    ("grid: {tp: 1}\nplan: {search: {ppp: [1]}}", "plan.search.ppp: not a searched setting; valid: tp, pp"),
+    ("grid: {tp: 1}\nplan: {search: {seq_length: [4096]}}", "plan.search.seq_length: not a searched setting"),
 ])
 def test_bad_grid_files_are_one_line_errors(run_cli, tmp_path, grid, fragment) -> None:
     path = tmp_path / "bad.yaml"

@@ -142,3 +142,31 @@ def test_validate_a_megatron_log_with_flags(run_cli, tmp_path):
     assert row["measured_step_time_s"] == pytest.approx((2000.0 + 18) / 1e3)  # median of iterations 6..30
     missing = run_cli("validate", log, "--datasheet", "--model", "llama3-8b")
     assert_one_line_error(missing, "the log does not say")
+
+
+@pytest.mark.parametrize("name", ["runs", "runs.csv", "train.log"])
+def test_validate_a_directory_says_it_is_a_directory(run_cli, tmp_path, name):
+    """A directory given as a runs file: one line saying so (before: 'unknown kind of runs file' for a
+    plain directory name, 'does not exist' for one named like a CSV or log)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    for command in (["validate", str(folder)], ["calibrate", str(folder), "--out", str(tmp_path / "p.yaml")]):
+        result = run_cli(*command)
+        assert result.exit_code == 2, result.output
+        err = result.stderr.strip()
+        assert err.startswith("error: ") and "\n" not in err, err
+        assert f"'{folder}' is a directory" in err and "CSV" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+@pytest.mark.parametrize("release_factors", ["gemm_bf17", "attention", "gemm_bf16,grouped_gem"])
+def test_calibrate_release_factors_outside_the_fitted_ones_are_an_error(run_cli, b300_csv, tmp_path, release_factors):
+    """--release-factors names factors refined per release; one that is not fitted (a typo, or a factor
+    missing from --factors) was dropped without a word and the profile written without it."""
+    out = tmp_path / "p.yaml"
+    result = run_cli("calibrate", b300_csv, "--out", out, "--factors", "gemm_bf16,gemm_fp8",
+                     "--release-factors", release_factors)
+    bad = [f for f in release_factors.split(",") if f not in ("gemm_bf16", "gemm_fp8")]
+    assert_one_line_error(result, f"--release-factors: '{bad[0]}'")
+    assert "gemm_bf16, gemm_fp8" in result.stderr
+    assert not out.exists()

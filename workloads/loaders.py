@@ -409,6 +409,9 @@ def load_runs(path: str | Path, overrides: Mapping[str, Any] | None = None,
               warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS) -> list[MeasuredRun]:
     """Read runs from a CSV, JSON or Megatron log file (chosen by suffix); overrides apply to logs only."""
     p = Path(path)
+    if p.is_dir():
+        raise UserInputError(f"runs file '{p}' is a directory; give a CSV, JSON or Megatron log file "
+                             f"(.csv, .json, {', '.join(LOG_SUFFIXES)})")
     suffix = p.suffix.lower()
     if suffix == ".csv":
         return load_csv(p)
