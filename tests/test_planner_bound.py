@@ -79,3 +79,29 @@ def test_send_receive_memo_follows_every_input(default_scenario) -> None:
         seen.add(p2p)
         assert fast_pipeline_bound_s(sc) == pytest.approx(engine.engine_pipeline_bound_s(sc), rel=1e-12), name
     assert len(seen) == len(variants)  # every input changes it
+
+
+def test_fast_plans_are_shared_across_cp_only_where_the_buckets_are_equal() -> None:
+    """cp enters the optimizer plan only through Megatron's default DDP bucket size, max(40e6, 1e6·dp)
+    with dp **without** cp: Kimi K2 on 256 GPUs (pp 4) at cp 1 / dp 64 and cp 2 / dp 32 has equal
+    dp·cp = 64 but buckets of 64e6 and 40e6 elements, so the plans differ; at 128 GPUs (ep 32), cp 1 / dp 32
+    and cp 2 / dp 16 both have 40e6-element buckets, so the planner builds one plan for both, and it equals
+    the plan built for each on its own."""
+    from costmodel.optimizer.plan import build_optimizer_plan
+    from costmodel.planner.fast_analytic import FastAnalytic
+    from workloads.scenario import DEFAULT_SCENARIO
+
+    base = DEFAULT_SCENARIO.resolve()
+    fast = FastAnalytic()
+    big1, big2 = base.with_updates(cp=1), base.with_updates(cp=2)
+    assert (big1.dp, big2.dp) == (64, 32)
+    assert fast.plan_key(big1) != fast.plan_key(big2)
+    small1, small2 = base.with_updates(gpus=128, ep=32, cp=1), base.with_updates(gpus=128, ep=32, cp=2)
+    assert (small1.dp, small2.dp) == (32, 16)
+    assert fast.plan_key(small1) == fast.plan_key(small2)
+    shared = fast.plan(small1)
+    assert fast.plan(small2) is shared
+    own = build_optimizer_plan(small2, critical_only=True)
+    assert [(b.numel, b.used_numel, b.reduce_op, b.gather_op) for s in own.stages for b in s.buckets] == \
+        [(b.numel, b.used_numel, b.reduce_op, b.gather_op) for s in shared.stages for b in s.buckets]
+    assert [max(r.total_s for r in s.ranks) for s in own.stages] == [max(r.total_s for r in s.ranks) for s in shared.stages]

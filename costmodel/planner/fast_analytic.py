@@ -78,6 +78,7 @@ class FastAnalytic:
 
     def plan_key(self, scenario: Scenario) -> tuple[Any, ...]:
         """Everything the optimizer plan of ``scenario`` depends on."""
+        from costmodel.optimizer.layouts import default_bucket_size
         from topologies.placement import placement_for
 
         c, p = scenario.config, scenario.par
@@ -87,8 +88,12 @@ class FastAnalytic:
         if not (spec.resolved_distribution == "layer_wise" and spec.layer_wise_layout == "legacy"):
             # the legacy layout's gathers depend on it (one per dp group, or per bucket when hidden)
             spec = spec.model_copy(update={"hide_param_gather": False})
+        # cp enters the plan only through the default DDP bucket size, sized on dp without cp
+        # (StageBuilder.bucket_size): key on that size, so layouts of equal dp·cp whose buckets are
+        # equal (dp <= 40 without cp) share their plan
+        bucket = spec.bucket_size_elements or default_bucket_size(scenario.dp)
         return (scenario.model, self.plan_system(scenario.system), c.gpus, c.precision, c.placement, p.tp, p.pp, p.vpp, p.ep, p.expert_tp,
-                scenario.dp * p.cp, p.cp, scenario.expert_dp, p.stage_split, spec, shapes)  # cp: the default bucket size
+                scenario.dp * p.cp, bucket, scenario.expert_dp, p.stage_split, spec, shapes)
 
     def plan(self, scenario: Scenario) -> OptimizerPlan:
         """The optimizer plan of ``scenario`` (shared with every candidate of the same key)."""
