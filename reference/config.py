@@ -51,7 +51,7 @@ class RunConfig(BaseModel):
     distribution: Distribution | None = Field(
         None, description="optimizer distribution (default: element_wise for adamw, layer_wise for muon)")
     layout: Layout = Field("current", description="layer-wise layout")
-    tp_mode: TpMode = Field("duplicated", description="Muon tensor-parallel Newton-Schulz mode")
+    tp_mode: TpMode = Field("blockwise", description="Muon tensor-parallel Newton-Schulz mode (default: 'blockwise', 'muon_tp_mode' in Megatron-Core 0.16.1, as in predict)")
     load_balance: LoadBalance | None = Field(
         None, description="layer-wise load balance (default: lpt for current, ping_pong for legacy)")
     hide_param_gather: bool = Field(

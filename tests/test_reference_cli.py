@@ -66,13 +66,14 @@ def test_help_shows_every_runconfig_field_typed_with_its_default():
 
 
 def test_defaults_are_megatrons():
-    """Megatron-Core's defaults where the reference has the setting (issue 13: overlap_param_gather off)."""
+    """Megatron-Core's defaults where the reference has the setting (issue 13: overlap_param_gather off;
+    muon_tp_mode 'blockwise', Megatron-Core 0.16.1 optimizer/optimizer_config.py:278)."""
     from reference.config import make_config
 
     cfg = make_config()
     assert cfg.hide_param_gather is False
     assert (cfg.tp_mode, cfg.split_qkv, cfg.ns_coefficients, cfg.ns_steps, cfg.scale_mode) == (
-        "duplicated", True, "quintic", 5, "spectral")
+        "blockwise", True, "quintic", 5, "spectral")
     assert (cfg.momentum, cfg.nesterov, cfg.weight_decay_method, cfg.matmul_precision, cfg.extra_scale_factor) == (
         0.95, False, "decoupled", "bf16", 1.0)
 

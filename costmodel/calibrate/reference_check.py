@@ -183,7 +183,7 @@ def optimizer_spec(config: Mapping[str, Any]) -> OptimizerSpec:
     return OptimizerSpec(
         kind=config.get("optimizer", "muon"), distribution=config.get("distribution"),
         layer_wise_layout=config.get("layout", "current"), ns_steps=config.get("ns_steps", 5),
-        ns_coefficients=coefficients, tp_mode=config.get("tp_mode", "duplicated"),
+        ns_coefficients=coefficients, tp_mode=config.get("tp_mode", "blockwise"),  # the reference default
         matmul_precision=config.get("matmul_precision", "bf16"), split_qkv=config.get("split_qkv", True),
         load_balance=config.get("load_balance"), hide_param_gather=config.get("hide_param_gather", True),
         grad_reduce_dtype=config.get("grad_dtype", "fp32"), bucket_size_elements=config.get("bucket_size"),
