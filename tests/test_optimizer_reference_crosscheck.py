@@ -37,9 +37,11 @@ def _check(case: dict) -> None:
     res = run_reference(dict(steps=1, **case))
     tp, etp, w = case["tp"], case["etp"], case["world_size"]
     inv = build_inventory(load_shapes("tiny"), tp=tp, etp=etp, split_qkv=True)
+    # a case without tp_mode runs both sides' defaults (Megatron's blockwise in each)
+    mode = {"tp_mode": case["tp_mode"]} if "tp_mode" in case else {}
     spec = OptimizerSpec(kind=case["optimizer"], distribution=case.get("distribution"),
-                         layer_wise_layout=case.get("layout", "current"), tp_mode=case.get("tp_mode", "duplicated"),
-                         load_balance=case.get("load_balance"), bucket_size_elements=case.get("bucket_size"))
+                         layer_wise_layout=case.get("layout", "current"), load_balance=case.get("load_balance"),
+                         bucket_size_elements=case.get("bucket_size"), **mode)
     expected = expected_rank_collectives(inv, spec, Grid(dp=w // tp, expert_dp=w // etp, tp=tp, etp=etp))
     for g in range(w):
         assert sorted(res.collectives_by_rank[g]) == sorted(expected[g]), f"GPU {g}"
