@@ -68,9 +68,6 @@ def _place(system: str, gpus: int, tp: int, pp: int, cp: int, ep: int, etp: int,
     from topologies.placement import place_job
 
     sys_spec = load_system(system)
-    if gpus_per_domain is not None and gpus_per_domain < 1:  # place_job reads 0 as 'not given'
-        raise CliError(f"gpus_per_domain {gpus_per_domain} must be between 1 and the NVLink domain size "
-                       f"{sys_spec.nvlink.domain_size}")
     return sys_spec, place_job(sys_spec, gpus, tp=tp, cp=cp, ep=ep, etp=etp, pp=pp, gpus_per_domain=gpus_per_domain)
 
 

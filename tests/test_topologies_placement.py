@@ -113,6 +113,7 @@ def test_placement_for_the_default_scenario(default_scenario):
     (dict(gpus=100, tp=8), "not divisible by tp*cp*pp"),
     (dict(gpus=256, ep=3), "not divisible by etp*ep*pp"),
     (dict(gpus=256, gpus_per_domain=96), "exceeds the NVLink domain size"),
+    (dict(gpus=256, gpus_per_domain=0), "gpus_per_domain 0 must be between 1 and the NVLink domain size 72"),
     (dict(gpus=256, gpus_per_domain=48), "not a multiple of gpus_per_domain"),
     (dict(gpus=2_000_000), "exceeds the gb300-nvl72 limit"),
     (dict(gpus=0), "gpus must be >= 1"),

@@ -327,7 +327,10 @@ def place_job(system: SystemSpec, gpus: int, tp: int = 1, cp: int = 1, ep: int =
         raise UserInputError(f"gpus {gpus} exceeds the {system.name} limit of {system.max_gpus}")
     _check_divisible(gpus, tp, cp, ep, etp, pp)
     block = _policy_block(system.nvlink.domain_size, tp, cp, ep, etp)
-    g = gpus_per_domain or default_gpus_per_domain(system, gpus, block)
+    g = default_gpus_per_domain(system, gpus, block) if gpus_per_domain is None else gpus_per_domain
+    if g < 1:  # 0 is a value given, not 'not given'
+        raise UserInputError(f"gpus_per_domain {g} must be between 1 and the NVLink domain size "
+                             f"{system.nvlink.domain_size}")
     if g > system.nvlink.domain_size:
         raise UserInputError(f"gpus_per_domain {g} exceeds the NVLink domain size {system.nvlink.domain_size}")
     if gpus % g:

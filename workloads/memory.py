@@ -113,7 +113,7 @@ def stage_memory(scenario: Scenario, stage: int, inventory: Inventory | None = N
     hit = memo.get(key) if memo is not None and key is not None else None
     if hit is None:
         weights = stage_weights(scenario, inv, stage)
-        counted = [(t, n) for r in runs for n in (r.count,) for t in r.templates]
+        counted = [(t, r.count) for r in runs for t in r.templates]
         opt = counted_optimizer_bytes(scenario, counted)
         workspace = max(optimizer_workspace_bytes(scenario, {id(r.templates): r.templates for r in runs}.values()),
                         legacy_gather_bytes(scenario, counted))

@@ -200,7 +200,7 @@ def legacy_gather_bytes(scenario: Scenario, counted: Iterable[tuple[TensorSpec, 
     (layer_wise_optimizer.py:151-182), once per group (dp·cp, then expt_dp): ``src`` flattens the
     rank's owned parameters and ``output_list`` allocates every rank's flat parameters
     (``torch.empty`` of Σ numel of the group, model dtype) before the ``all_gather``; both are freed
-    before the next group's. Peak = max over groups of 2 B × (group numel + owned share). None when
+    before the next group's. Peak = max over groups of 2 B × (group numel + owned share). 0 when
     the gather is hidden (the later per-bucket fallback receives into the gradient buffer), when
     nothing is sharded (dp·cp = 1: ``shard_params`` returns early) or for a group of one rank."""
     opt, p = scenario.optimizer, scenario.par
