@@ -45,6 +45,7 @@ def _gather_runs(paths: list[Path] | None, datasets: list[str] | None, flags: di
     and the dataset rows that are not runs (with their reasons)."""
     from workloads.datasets import load_dataset_rows
     from workloads.loaders import LOG_SUFFIXES, load_many
+    from workloads.megatron_ci import is_megatron_ci_csv, load_megatron_ci
 
     paths = list(paths or [])
     datasets = list(datasets or [])
@@ -56,8 +57,11 @@ def _gather_runs(paths: list[Path] | None, datasets: list[str] | None, flags: di
     if flags and not any(p.suffix.lower() in LOG_SUFFIXES for p in paths):
         raise CliError(f"scenario flags ({', '.join(sorted(flags))}) describe training logs; "
                        "no log file was given (CSV and JSON runs carry their own scenario)")
-    loaded = {d: load_dataset_rows(d) for d in datasets}
-    runs = load_many(paths, flags, warmup, preloaded={f"dataset '{d}'": rows[0] for d, rows in loaded.items()})
+    loaded = {f"dataset '{d}'": load_dataset_rows(d) for d in datasets}
+    # a Megatron CI runs CSV (e.g. a newer harvest than the shipped copy) goes through its own loader
+    loaded |= {f"file '{p}'": load_megatron_ci(p) for p in paths if is_megatron_ci_csv(p)}
+    others = [p for p in paths if f"file '{p}'" not in loaded]
+    runs = load_many(others, flags, warmup, preloaded={name: rows[0] for name, rows in loaded.items()})
     where = ", ".join([f"dataset {d}" for d in datasets] + [p.name for p in paths])
     return runs, where, [s for rows in loaded.values() for s in rows[1]]
 

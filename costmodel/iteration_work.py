@@ -1,4 +1,4 @@
-"""Per-iteration logging work at the end of the step: ``--log-num-zeros-in-grad``, ``--log-params-norm``.
+"""Per-iteration work at the end of the step: ``--log-num-zeros-in-grad``, ``--log-params-norm`` and the weight-hash check.
 
 Megatron-LM runs them on every iteration when asked (the CI configurations do); both end in a
 host synchronisation, after the gradient-norm synchronisation of the optimizer step, so they add to
@@ -16,6 +16,18 @@ Each is a stream of kernels issued after a synchronisation (``max(GPU, host issu
 :mod:`costmodel.kernels`) followed by a one-float all-reduce (latency only). Sizes are the local
 parameters of the stage's rank (its tp/ep shards; with the distributed optimizer the main
 gradients are dp-sharded: one piece per parameter and 1/dp of the elements).
+
+``--check-weight-hash-across-dp-replicas-interval N`` (training.py, after the step and its logging;
+the interval timer keeps running, so it lands in the next iteration's time): Megatron-Core's
+``check_param_hashes_across_dp_replicas`` (0.16.1 ``core/utils.py:846-905``) walks every parameter
+of every model chunk and computes ``hashlib.sha1(param.data.to("cpu").float().numpy())``: per
+parameter a synchronous device-to-host copy of the BF16 tensor (``host_sync_s`` plus the bytes over
+``host_link_Bps``), a single-threaded FP32 conversion on the host (``host_cast_Bps`` of output) and
+SHA-1 of the FP32 bytes on one core (``host_hash_Bps``), plus the Python of the loop
+(:data:`HASH_HOST_OPS_PER_PARAM` dispatcher calls at ``kernel_issue_s``). The hashes are then
+all-gathered over gloo (20 bytes per parameter) and the world barriers: milliseconds against the
+seconds of hashing, not priced. Each routed expert is its own parameter (Transformer Engine's
+grouped linear keeps one weight per expert). Priced as 1/N of a check per step.
 """
 
 from __future__ import annotations
@@ -39,6 +51,9 @@ if TYPE_CHECKING:
 
 COUNT_ZEROS_KERNELS = 3  # count_nonzero (a reduction), numel - count, accumulate into the total
 PARAM_NORM_BYTES_PER_ELEMENT = 2  # the l2 norm reads the bf16 parameter
+HASH_COPY_BYTES_PER_ELEMENT = 2  # param.data is the BF16 (or FP16) model parameter (Float16Module)
+HASH_FP32_BYTES_PER_ELEMENT = 4  # .float(): what the conversion writes and SHA-1 reads
+HASH_HOST_OPS_PER_PARAM = 6  # named_parameters step, .to("cpu"), .float(), .numpy(), array.array, torch.frombuffer
 
 
 def logging_kernels(scenario: Scenario, tensors: list[TensorSpec]) -> tuple[KernelSpec, ...]:
@@ -69,3 +84,20 @@ def logging_s(scenario: Scenario, tensors: list[TensorSpec], group: GroupShape) 
     syncs = int(scenario.runtime.log_num_zeros_in_grad) + int(scenario.runtime.log_params_norm)
     reduce = collective_s("all_reduce", 4.0, group, scenario.system)[0]
     return stream_cost(kernels, scenario.system).time_s + syncs * reduce
+
+
+def weight_hash_check_s(scenario: Scenario, tensors: list[TensorSpec]) -> float:
+    """Seconds per step of the weight-hash check of one rank holding ``tensors`` (0 when off):
+    one check (see the module docstring) divided by its interval in iterations."""
+    interval = scenario.runtime.check_weight_hash_interval
+    if interval is None:
+        return 0.0
+    eff, gpu = scenario.system.efficiency, scenario.system.gpu
+    params = [t for t in tensors if t.optimizer != "none"]
+    pieces = float(sum(t.experts_per_rank for t in params))
+    numel = float(sum(t.rank_numel for t in params))
+    per_param_s = eff.host_sync_s + HASH_HOST_OPS_PER_PARAM * eff.kernel_issue_s
+    bytes_s = (HASH_COPY_BYTES_PER_ELEMENT * numel / gpu.host_link_Bps
+               + HASH_FP32_BYTES_PER_ELEMENT * numel / eff.host_cast_Bps
+               + HASH_FP32_BYTES_PER_ELEMENT * numel / eff.host_hash_Bps)
+    return (pieces * per_param_s + bytes_s) / interval

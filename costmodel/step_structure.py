@@ -24,7 +24,8 @@ Which collectives are on the critical path (explicit, per Megatron-Core's defaul
   the step start; otherwise each chunk's when its first forward starts).
 - **Per-iteration logging** (``log_num_zeros_in_grad``, ``log_params_norm``): kernels and a one-float
   all-reduce each, after the gradient-norm synchronisation, counted with the optimizer step
-  (:mod:`costmodel.iteration_work`).
+  (:mod:`costmodel.iteration_work`); so is the weight-hash check across DP replicas
+  (``check_weight_hash_interval``: host copies, FP32 casts and SHA-1 of every parameter).
 - **Embedding group**: with a word embedding on both the first and the last stage (tied embeddings,
   or MTP, with pp > 1), its gradient is all-reduced over ``embd`` once both stages have reduced
   their DP gradients, before the optimizer step (``finalize_model_grads``); exposed, counted in ``dp_grad``.
@@ -258,9 +259,10 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
         add_fsdp_blocks(scenario, placement, per_kind, overlap)
     add_offload_blocks(scenario, per_kind, overlap)
     plan = build_optimizer_plan(scenario) if plan is None else plan
-    logging = scenario.runtime.log_num_zeros_in_grad or scenario.runtime.log_params_norm
-    if logging:  # per-iteration logging work in the optimizer tail (costmodel.iteration_work)
-        from costmodel.iteration_work import logging_s
+    rt = scenario.runtime
+    logging = rt.log_num_zeros_in_grad or rt.log_params_norm or rt.check_weight_hash_interval is not None
+    if logging:  # per-iteration logging and weight-hash work in the optimizer tail (costmodel.iteration_work)
+        from costmodel.iteration_work import logging_s, weight_hash_check_s
         from workloads.inventory import inventory_for
 
         inventory = inventory_for(scenario)
@@ -289,7 +291,8 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
             chunks.append(ChunkCost(s, c, *shared))
         buckets, opt_compute_s, opt_tp_s, embd, prescale_s = parts[s]
         if logging:
-            opt_compute_s += logging_s(scenario, inventory.stage_tensors(s), placement.shape("world"))
+            tensors = inventory.stage_tensors(s)
+            opt_compute_s += logging_s(scenario, tensors, placement.shape("world")) + weight_hash_check_s(scenario, tensors)
         stages.append(StageCost(stage=s, chunks=tuple(chunks), buckets=buckets,
                                 optimizer_compute_s=opt_compute_s, optimizer_tp_s=opt_tp_s,
                                 embedding_grad_s=embd[0], embedding_grad_latency_s=embd[1],

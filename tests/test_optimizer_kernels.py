@@ -108,6 +108,18 @@ def test_rank_kernel_counts_of_a_whole_step() -> None:
     assert dict(adamw.kernel_counts)["adam_param_copy"] == 15 and adamw.kernels == 1 + 15 + 4
 
 
+def test_nesterov_adds_one_lerp_per_muon_parameter() -> None:
+    """``muon_use_nesterov`` (Megatron-Core default off): Emerging-Optimizers' orthogonalized step
+    takes ``grad.lerp(momentum, beta)`` once per parameter, before the (QKV-split) orthogonalisation:
+    the 8 Muon parameters of tiny-dense add 8 element-wise launches."""
+    inv = build_inventory(TINY_DENSE)
+    plain = plan_from_inventory(inv, OptimizerSpec(kind="muon"), Grid(dp=1, expert_dp=1)).stages[0].ranks[0]
+    nesterov = plan_from_inventory(inv, OptimizerSpec(kind="muon", use_nesterov=True),
+                                   Grid(dp=1, expert_dp=1)).stages[0].ranks[0]
+    assert dict(nesterov.kernel_counts)["muon_elementwise"] == dict(plain.kernel_counts)["muon_elementwise"] + 8
+    assert nesterov.kernels == plain.kernels + 8
+
+
 def test_legacy_layout_copies_back_what_a_rank_does_not_own() -> None:
     """MCore 0.16.1 ``LayerWiseDistributedOptimizer.allgather_params``: ``_flatten_dense_tensors`` of
     the owned parameters (1) and one ``copy_`` per parameter owned by another rank."""

@@ -14,7 +14,10 @@ settings beyond the MeasuredRun columns go to ``MeasuredRun.scenario_settings``:
 overlap, sequence parallelism, recompute modules, gradient dtype (bf16 runs accumulate gradients
 in fp32 as Megatron forces; fp16 runs keep fp16 main grads unless
 ``--accumulate-allreduce-grads-in-fp32``: a 2-byte gradient, ``grad_reduce_dtype: bf16``), the
-MoE dispatcher, the EP all-to-all overlap (``--overlap-moe-expert-parallel-comm``), CUDA graphs.
+MoE dispatcher, the EP all-to-all overlap (``--overlap-moe-expert-parallel-comm``), CUDA graphs,
+the weight-hash check when it runs every iteration (``--check-weight-hash-across-dp-replicas-interval
+1``, the replicated-Muon cases). **Muon rows** (``--optimizer muon`` / ``dist_muon``) carry their Muon
+flags (:func:`muon_settings`): layer-wise (with ``--use-distributed-optimizer``) or replicated.
 
 **Rows the model cannot express** become :class:`SkippedRun` s with a one-line reason (T5, BERT,
 Mamba hybrids, multimodal, RL steps, unknown system / GPU count / vocabulary, fp32 training,
@@ -39,13 +42,14 @@ import hashlib
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
 from topologies.inputs import UserInputError
 from workloads.measured import MeasuredRun, SkippedRun
 from workloads.models import GqaAttention, MlaAttention, ModelSpec, MoeSpec
+from workloads.optimizer_spec import EO_MIN_SYRK_CUBIC5, CoefficientSet
 
 TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257}  # entries of gpt2-vocab.json (the scripts' default)
 PRECISIONS = {"bf16": "bf16", "fp16": "fp16", "fp8-cs": "fp8-cs", "fp8-delayed": "fp8-delayed",
@@ -74,6 +78,14 @@ FLAG_COLUMNS = {  # extra column -> CSV column
     "identical_iteration_time_series_as": "identical_iteration_time_series_as",
     "golden_platform_suffix": "golden_platform_suffix", "test_type": "test_type",
 }
+MUON_COLUMNS = (  # Megatron's Muon flags (as recorded; 'n/a' on AdamW rows)
+    "use_layer_wise_param_layout", "muon_tp_mode", "muon_num_ns_steps", "muon_coefficient_type",
+    "muon_fp32_matmul_prec", "muon_use_syrk", "muon_no_split_qkv", "muon_nesterov", "muon_scale_mode",
+    "muon_momentum", "muon_extra_scale_factor", "muon_scalar_optimizer",
+)
+# Emerging-Optimizers' fp32_matmul_prec (torch's float32 matmul precision) -> the Newton-Schulz matmuls
+MATMUL_PRECISIONS = {"medium": "bf16", "high": "tf32", "highest": "fp32"}
+MUON_DISTRIBUTIONS = ("layer_wise", "replicated")
 COLUMNS = (  # what the shipped copy keeps, in this order
     "run_id", "source", "release", "system", "num_gpus", "precision", "global_batch_size", "micro_batch_size",
     "seq_length", "tp", "pp", "vpp", "vpp_source", "cp", "ep", "etp", "fsdp", "fsdp_impl", "mtp", "optimizer",
@@ -86,7 +98,7 @@ COLUMNS = (  # what the shipped copy keeps, in this order
     "qk_layernorm", "spec", "overlap_grad_reduce", "overlap_param_gather", "sequence_parallel", "tp_comm_overlap",
     "recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers", "cuda_graph_impl",
     "cuda_graph_flags", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_permute_fusion",
-    "overlap_moe_expert_parallel_comm", "ckpt_save_iters_in_window",
+    "overlap_moe_expert_parallel_comm", "ckpt_save_iters_in_window", *MUON_COLUMNS,
     "eval_iters_in_window", *sorted(set(FLAG_COLUMNS.values()) - {"phase"}), "phase",
 )
 
@@ -97,6 +109,61 @@ def _int(value: str) -> int | None:
 
 def _bool(value: str) -> bool:
     return value.strip().lower() == "true"
+
+
+def _cell(value: str) -> str | None:
+    """A recorded flag value without its annotation ('false(feature absent ...)' -> 'false'); None
+    when the source does not give one ('', 'n/a', 'unknown', 'none')."""
+    text = value.split("(")[0].strip().lower()
+    return None if text in ("", "n/a", "unknown", "none") else text
+
+
+def muon_settings(row: dict[str, str]) -> dict[str, Any] | str:
+    """The Muon flags of a Muon row as scenario settings (CLI-style keys), or a one-line reason the
+    model cannot express them. Megatron's defaults (``OptimizerConfig``, Megatron-Core 0.16.1
+    ``optimizer_config.py:260-281``) stand for cells the row does not give.
+
+    ``use_layer_wise_param_layout`` true: the current layer-wise layout, otherwise the legacy one
+    (values recorded before the flag existed say ``false(feature absent ...)``); the Newton-Schulz
+    steps, coefficient set, TP mode, matmul precision (Emerging-Optimizers' ``fp32_matmul_prec``:
+    medium = BF16, high = TF32, highest = FP32), SYRK, the QKV split and Nesterov change the cost;
+    SYRK or the cubic5 set mean the run's Emerging-Optimizers had them (>= 0.4). The scale mode,
+    momentum, extra scale factor change numbers, not time; the scalar optimizer is Megatron's Adam
+    (another one is refused)."""
+    out: dict[str, Any] = {}
+    distribution = _cell(row["optimizer_distribution"])
+    if distribution not in MUON_DISTRIBUTIONS:
+        return f"Muon with optimizer distribution '{row['optimizer_distribution']}'"
+    out["distribution"] = distribution
+    if distribution == "layer_wise":
+        out["layer_wise_layout"] = "current" if _cell(row["use_layer_wise_param_layout"]) == "true" else "legacy"
+    scalar = _cell(row["muon_scalar_optimizer"])
+    if scalar not in (None, "adam", "adamw"):
+        return f"Muon scalar optimizer '{row['muon_scalar_optimizer']}' (only Adam is modelled)"
+    mode = _cell(row["muon_tp_mode"])
+    if mode is not None:
+        if mode not in ("duplicated", "distributed", "blockwise"):
+            return f"Muon TP mode '{row['muon_tp_mode']}'"
+        out["tp_mode"] = mode
+    steps = _int(_cell(row["muon_num_ns_steps"]) or "")
+    if steps is not None:
+        out["ns_steps"] = steps
+    coefficients = _cell(row["muon_coefficient_type"])
+    if coefficients is not None:
+        if coefficients not in get_args(CoefficientSet):
+            return f"Muon coefficient type '{row['muon_coefficient_type']}'"
+        out["ns_coefficients"] = coefficients
+    precision = _cell(row["muon_fp32_matmul_prec"])
+    if precision is not None:
+        if precision not in MATMUL_PRECISIONS:
+            return f"Muon fp32 matmul precision '{row['muon_fp32_matmul_prec']}'"
+        out["matmul_precision"] = MATMUL_PRECISIONS[precision]
+    out["use_syrk"] = _cell(row["muon_use_syrk"]) == "true"
+    out["split_qkv"] = _cell(row["muon_no_split_qkv"]) != "true"
+    out["use_nesterov"] = _cell(row["muon_nesterov"]) == "true"
+    if out["use_syrk"] or coefficients == "cubic5":
+        out["eo_version"] = ".".join(map(str, EO_MIN_SYRK_CUBIC5))
+    return out
 
 
 def _count(value: str) -> int:
@@ -232,6 +299,10 @@ def _settings(row: dict[str, str], model: ModelSpec) -> dict[str, Any]:
         out["transformer_impl"] = row["transformer_impl"]
     out["log_params_norm"] = _bool(row["log_params_norm"])
     out["log_num_zeros_in_grad"] = _bool(row["log_num_zeros_in_grad"])
+    if _int(row["check_weight_hash_across_dp_replicas_interval"]) == 1:
+        # step_time_s is a median of per-iteration times: it carries a check made every iteration;
+        # one made every N >= 2 iterations touches at most half of them and leaves the median alone
+        out["check_weight_hash_interval"] = 1
     # Megatron-LM's defaults for the fusions the CSV does not list (the Bridge recipes turn them on);
     # the cases named for it add --cross-entropy-loss-fusion
     out["cross_entropy_loss_fusion"] = "cross_entropy_loss_fusion" in row["case"]
@@ -274,19 +345,25 @@ def row_to_run(row: dict[str, str]) -> MeasuredRun | SkippedRun:
     tp, cp = int(row["tp"]), int(row["cp"])
     fsdp = int(row["num_gpus"]) // (tp * int(row["pp"])) if row["fsdp_impl"] == "megatron_fsdp" else 0
     distribution = row["optimizer_distribution"]
+    settings = _settings(row, spec)
+    if row["optimizer"] == "muon":
+        muon = muon_settings(row)
+        if isinstance(muon, str):
+            return SkippedRun(row["run_id"], model_name, row["system"], f"unsupported: {muon}")
+        settings.update(muon)
+    elif row["optimizer"] != "adamw":
+        return SkippedRun(row["run_id"], model_name, row["system"], f"unsupported: optimizer '{row['optimizer']}'")
     data: dict[str, Any] = dict(
         run_id=row["run_id"], source=row["source"], release=recording_release(row), model=spec.name, system=row["system"],
         num_gpus=int(row["num_gpus"]), precision=PRECISIONS[row["precision"]],
         global_batch_size=int(row["global_batch_size"]), micro_batch_size=int(row["micro_batch_size"]),
         seq_length=int(row["seq_length"]), tp=tp, pp=int(row["pp"]), vpp=int(row["vpp"]), cp=cp,
         ep=int(row["ep"]) if spec.moe else 1, etp=int(row["etp"]) if spec.moe else 1, fsdp=fsdp,
-        mtp=spec.mtp_layers, optimizer="adamw", step_time_s=float(row["step_time_s"]),
-        optimizer_distribution=distribution if distribution in ("replicated", "element_wise") else None,
+        mtp=spec.mtp_layers, optimizer=row["optimizer"], step_time_s=float(row["step_time_s"]),
+        optimizer_distribution=distribution if distribution in ("replicated", "element_wise", "layer_wise") else None,
         overlap_param_gather=_bool(row["overlap_param_gather"]), tp_comm_overlap=_bool(row["tp_comm_overlap"]),
         recompute=row["recompute_granularity"] if row["recompute_granularity"] in ("full", "selective") else "none",
-        model_spec=spec, scenario_settings=_settings(row, spec), extra=_flags(row))
-    if row["optimizer"] != "adamw":
-        return SkippedRun(row["run_id"], model_name, row["system"], f"unsupported: optimizer '{row['optimizer']}'")
+        model_spec=spec, scenario_settings=settings, extra=_flags(row))
     try:
         return MeasuredRun.model_validate(data)
     except ValidationError as err:
@@ -306,6 +383,18 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
     if missing:
         raise UserInputError(f"file '{p}', column '{missing[0]}': missing (not a Megatron CI runs file)")
     return rows
+
+
+def is_megatron_ci_csv(path: str | Path) -> bool:
+    """Whether ``path`` is a Megatron CI runs CSV (the shared harvest or the shipped copy) rather than
+    a CSV of the measured-run schema: its header names the CI columns ``case``, ``family`` and
+    ``values_recorded_date``."""
+    p = Path(path)
+    if p.suffix.lower() != ".csv" or not p.is_file():
+        return False
+    with p.open(newline="", encoding="utf-8") as fh:
+        header = next(csv.reader(fh), [])
+    return {"case", "family", "values_recorded_date"} <= {h.strip() for h in header}
 
 
 def load_megatron_ci(path: str | Path, select: bool = True) -> tuple[list[MeasuredRun], list[SkippedRun]]:

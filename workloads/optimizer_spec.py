@@ -63,6 +63,8 @@ class OptimizerSpec(BaseModel):
     matmul_precision: MatmulPrecision = Field("bf16", description="Newton-Schulz matmuls: bf16 ('medium'), tf32 ('high'), fp32 ('highest')")
     use_syrk: bool = False
     split_qkv: bool = True
+    use_nesterov: bool = Field(False, description="Megatron --muon-use-nesterov (Megatron-Core default off, "
+                               "optimizer_config.py:266): one more lerp kernel per Muon tensor")
     load_balance: LoadBalance | None = Field(None, description="default: lpt (current layout), ping_pong (legacy)")
     hide_param_gather: bool = Field(False, description="overlap the parameter all-gather with the next forward "
                                     "(Megatron overlap_param_gather; off by default as in Megatron-Core)")

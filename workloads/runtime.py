@@ -230,6 +230,10 @@ class RuntimeSettings(_Strict):
                                   "its all-reduce and a host synchronisation each iteration")
     log_num_zeros_in_grad: bool = Field(False, description="Megatron --log-num-zeros-in-grad: count_nonzero over "
                                         "every main gradient (per parameter), an all-reduce and a host synchronisation")
+    check_weight_hash_interval: int | None = Field(
+        None, ge=1, description="Megatron --check-weight-hash-across-dp-replicas-interval N: every N iterations each "
+        "rank copies every parameter to the host, converts it to FP32 and SHA-1 hashes it on the CPU, then the DP "
+        "replicas compare hashes; priced per step as 1/N of one check (None: off)")
     timing_log_level: int = Field(0, ge=0, le=2, description="Megatron --timing-log-level: timers at levels 1 and 2 "
                                   "synchronise the device (and barrier) at every start and stop")
     # --- precision of the first and last layers (memory, compute) ---

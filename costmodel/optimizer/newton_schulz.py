@@ -46,6 +46,7 @@ class NsSettings:
     precision: str  # bf16, tf32, fp32
     syrk: bool  # effective: only under bf16 ('medium'), as EO/MCore gate it
     tp_mode: str
+    nesterov: bool = False  # muon_use_nesterov: one more lerp kernel per tensor (kernel_sequence)
 
     @staticmethod
     def from_spec(spec) -> NsSettings:  # noqa: ANN001 - workloads.scenario.OptimizerSpec
@@ -53,6 +54,7 @@ class NsSettings:
         return NsSettings(
             steps=spec.ns_steps, cubic=spec.ns_coefficients == "cubic5", precision=spec.matmul_precision,
             syrk=bool(spec.use_syrk and spec.matmul_precision == "bf16"), tp_mode=spec.tp_mode,
+            nesterov=spec.use_nesterov,
         )
 
     @property

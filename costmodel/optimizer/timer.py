@@ -67,7 +67,7 @@ class Timer:
         hit = _MUON_KERNELS.get(key, self.system)
         if hit is not None:
             return hit
-        kernels = ks.muon_tensor_kernels(t, work, st, grad_bytes)
+        kernels = ks.muon_tensor_kernels(t, work, st, grad_bytes, nesterov=st.nesterov)
         out = (*self.kernels_s(kernels), ks.kernel_count(kernels), ks.kernel_count(kernels, "ns_gemm"))
         return _MUON_KERNELS.put(out, key, self.system)
 
