@@ -41,6 +41,15 @@ def test_parameter_counts_within_half_percent(name: str) -> None:
     assert active_params(model, include_embeddings=False) / 1e9 == pytest.approx(active_excl, rel=5e-3)
 
 
+def test_glm5_parameter_counts_without_its_mtp_layer() -> None:
+    """models.md §5.6 counts GLM-5 without the DSA indexer and without the MTP layer:
+    742.36B total, 40.24B active with embedding and head, 38.33B without."""
+    model = load_model("glm-5").model_copy(update={"mtp_layers": 0})
+    assert build_inventory(model).params_total / 1e9 == pytest.approx(742.36, rel=5e-4)
+    assert active_params(model) / 1e9 == pytest.approx(40.24, rel=5e-4)
+    assert active_params(model, include_embeddings=False) / 1e9 == pytest.approx(38.33, rel=5e-4)
+
+
 @pytest.mark.parametrize(("name", "seq"), sorted(FLOPS_PER_TOKEN))
 def test_flops_per_token_within_0p2_percent(name: str, seq: int) -> None:
     assert model_flops_per_token(load_model(name), seq) == pytest.approx(FLOPS_PER_TOKEN[(name, seq)], rel=2e-3)
