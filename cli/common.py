@@ -51,7 +51,7 @@ SCENARIO_FLAGS: dict[str, tuple[str, str, str]] = {
     "ns_coefficients": ("ns_coefficients", "NAME", "quintic, simple, polar_express, cans, aol, deepseekv4, cubic5"),
     "matmul_precision": ("matmul_precision", "PREC", "Newton-Schulz matmul precision: bf16, tf32, fp32"),
     "syrk": ("use_syrk", "BOOL", "use SYRK for the symmetric Newton-Schulz products (needs --eo-version >= 0.4)"),
-    "eo_version": ("eo_version", "VER", "Emerging-Optimizers version, default 0.3.0 (Megatron-Core's pin)"),
+    "eo_version": ("eo_version", "VER", "Emerging-Optimizers release: 0.3.0 (default, Megatron-Core's pin), 0.3.1 or 0.4.0"),
     "split_qkv": ("split_qkv", "BOOL", "orthogonalise Q, K, V separately"),
     "grad_dtype": ("grad_reduce_dtype", "DTYPE", "gradient reduce dtype: fp32 or bf16"),
     "fp8_param_gather": ("fp8_param_gather", "BOOL", "keep TE weights in FP8 and gather them so (AdamW, fp8-cs/mxfp8)"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 OptimizerKind = Literal["adamw", "muon"]
 Distribution = Literal["replicated", "element_wise", "layer_wise"]
@@ -23,9 +23,12 @@ MatmulPrecision = Literal["bf16", "tf32", "fp32"]
 ShardingStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]
 StateDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 EO_MIN_SYRK_CUBIC5 = (0, 4)  # Emerging-Optimizers release that added SYRK on the TP path and the cubic5 schedule
+EO_KNOWN_RELEASES = ("0.3.0", "0.3.1", "0.4.0")
+"""The Emerging-Optimizers releases the model has rules for (tags read; Megatron-Core pins 0.3.0, SYRK and cubic5
+need 0.4): any other version would be modelled as one of these without saying so, so it is refused."""
 CoefficientSet = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4", "cubic5", "custom"]
 
-__all__ = ["EO_MIN_SYRK_CUBIC5", "MEGATRON_LOAD_BALANCE", "CoefficientSet", "Distribution", "LayerWiseLayout",
+__all__ = ["EO_KNOWN_RELEASES", "EO_MIN_SYRK_CUBIC5", "MEGATRON_LOAD_BALANCE", "CoefficientSet", "Distribution", "LayerWiseLayout",
            "LoadBalance", "MatmulPrecision", "OptimizerKind", "OptimizerSpec", "ShardingStrategy", "StateDtype", "TpMode",
            "hypothetical_reason"]
 
@@ -104,6 +107,16 @@ class OptimizerSpec(BaseModel):
                                         "step on the host")
     eo_version: str = Field("0.3.0", pattern=r"^\d+\.\d+(\.\d+)?$",
                             description="Emerging-Optimizers version (Megatron-Core pins 0.3.0; SYRK and cubic5 need >= 0.4)")
+
+    @field_validator("eo_version")
+    @classmethod
+    def _known_eo_release(cls, version: str) -> str:
+        """Only the releases in :data:`EO_KNOWN_RELEASES` ('0.4' reads as 0.4.0)."""
+        padded = version_tuple(version) + (0,) * (3 - len(version.split(".")))
+        if padded not in {version_tuple(v) for v in EO_KNOWN_RELEASES}:
+            raise ValueError("not an Emerging-Optimizers release muonsim models; valid: "
+                             f"{', '.join(EO_KNOWN_RELEASES)}")
+        return version
 
     @property
     def eo_version_tuple(self) -> tuple[int, ...]:
