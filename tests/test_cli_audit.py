@@ -3,6 +3,8 @@ exact behaviour (one-line errors with exit code 2, notes, readable tables, the j
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 
@@ -27,3 +29,18 @@ def test_unknown_eo_version_is_refused_naming_the_known_releases(run_cli, versio
 def test_known_eo_versions_are_accepted(run_cli, version: str) -> None:
     result = run_cli("predict", "--eo-version", version, "--json")
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("argv", [["--gpus", "1"], ["--gpus", "8", "--group", "tp"]])
+def test_collective_over_one_rank_says_it_costs_nothing(run_cli, argv: list[str]) -> None:
+    """A collective over a group of one rank moves no data: the zeros were printed without a word. It is
+    not an error (--group tp with tp 1 is a real group of a real job), so the zeros stay and one note says why."""
+    result = run_cli("collective", "all_reduce", "--size", "1GB", *argv)
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.stdout.splitlines() if line.startswith("# note:")]
+    assert notes == ["# note: the group has 1 rank: a collective over one rank moves no data and takes 0 s"], result.stdout
+    row = result.stdout.splitlines()[-1].split()
+    assert row[:4] == ["1000000000", "0.00", "0.00", "0.00"], row
+    data = json.loads(run_cli("collective", "all_reduce", "--size", "1GB", *argv, "--json").stdout)
+    assert data["group_size"] == 1 and data["note"].startswith("the group has 1 rank")
+    assert "note" not in json.loads(run_cli("collective", "all_reduce", "--size", "1GB", "--gpus", "2", "--json").stdout)
