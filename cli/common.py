@@ -285,10 +285,14 @@ def with_release_note(report: Any, release: str | None, chosen: Any, scenario: A
     return report.model_copy(update={"warnings": [*report.warnings, note]})
 
 
-def ignored_setting_notes(report: Any, layered: Any) -> list[str]:
-    """The optimizer plan's 'X has no effect' notes for the settings X the user gave (flag or file)."""
+def ignored_setting_notes(report: Any, layered: Any, spec: Any = None) -> list[str]:
+    """The 'X has no effect' notes for the settings X the user gave (flag or file): the optimizer plan's,
+    and with ``spec`` (the scenario's OptimizerSpec) the settings its optimizer never reads."""
+    from workloads.optimizer_spec import unused_setting_notes
+
     mine = set(layered.to_json_dict()["set_by_user"])
     notes = report.optimizer.notes if report.optimizer is not None else ()
+    notes = (*notes, *(unused_setting_notes(spec) if spec is not None else ()))
     return [n for n in notes if any(f"{key} has no effect" in n for key in mine)]
 
 

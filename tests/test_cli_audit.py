@@ -44,3 +44,32 @@ def test_collective_over_one_rank_says_it_costs_nothing(run_cli, argv: list[str]
     data = json.loads(run_cli("collective", "all_reduce", "--size", "1GB", *argv, "--json").stdout)
     assert data["group_size"] == 1 and data["note"].startswith("the group has 1 rank")
     assert "note" not in json.loads(run_cli("collective", "all_reduce", "--size", "1GB", "--gpus", "2", "--json").stdout)
+
+
+MUON_ONLY_FLAGS = [("--tp-mode", "distributed", "tp_mode"), ("--ns-steps", "3", "ns_steps"),
+                   ("--ns-coefficients", "polar_express", "ns_coefficients"), ("--syrk", "on", "use_syrk"),
+                   ("--split-qkv", "off", "split_qkv"), ("--load-balance", "ping_pong", "load_balance"),
+                   ("--layout", "legacy", "layer_wise_layout"), ("--matmul-precision", "fp32", "matmul_precision"),
+                   ("--eo-version", "0.4.0", "eo_version")]
+
+
+@pytest.mark.parametrize(("flag", "value", "key"), MUON_ONLY_FLAGS, ids=[f[0] for f in MUON_ONLY_FLAGS])
+def test_muon_only_setting_with_adamw_gets_a_no_effect_note(run_cli, flag: str, value: str, key: str) -> None:
+    """AdamW runs no Newton-Schulz and no layer-wise optimizer: a Muon-only setting given with --optimizer
+    adamw changed nothing and said nothing. The CLI's 'X has no effect' note now names it."""
+    out = " ".join(run_cli("predict", "--optimizer", "adamw", flag, value).stdout.split())
+    assert f"note: {key} has no effect with optimizer adamw" in out, out
+    assert out.count("has no effect") == 1, out
+
+
+def test_muon_only_settings_with_muon_stay_quiet(run_cli) -> None:
+    out = run_cli("predict", "--optimizer", "muon", "--tp", "2", "--ns-steps", "3", "--layout", "legacy").stdout
+    assert "has no effect" not in out
+    plain = run_cli("predict", "--optimizer", "adamw").stdout
+    assert "has no effect" not in plain
+
+
+def test_layer_wise_setting_with_replicated_muon_gets_a_no_effect_note(run_cli) -> None:
+    """Muon replicated steps every parameter on every rank: the layer-wise layout and balance are unread."""
+    out = " ".join(run_cli("predict", "--distribution", "replicated", "--layout", "legacy").stdout.split())
+    assert "note: layer_wise_layout has no effect with the replicated distribution" in out, out

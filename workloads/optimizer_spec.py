@@ -30,7 +30,7 @@ CoefficientSet = Literal["simple", "quintic", "polar_express", "cans", "aol", "d
 
 __all__ = ["EO_KNOWN_RELEASES", "EO_MIN_SYRK_CUBIC5", "MEGATRON_LOAD_BALANCE", "CoefficientSet", "Distribution", "LayerWiseLayout",
            "LoadBalance", "MatmulPrecision", "OptimizerKind", "OptimizerSpec", "ShardingStrategy", "StateDtype", "TpMode",
-           "hypothetical_reason"]
+           "hypothetical_reason", "unused_setting_notes"]
 
 
 def default_distribution(optimizer: str) -> Distribution:
@@ -159,3 +159,29 @@ def hypothetical_reason(distribution: str, layout: str | None, load_balance: str
         return None
     return (f"hypothetical: Megatron-Core's {layout} layer-wise layout balances by {real} only; "
             f"{layout} with load_balance {load_balance} is a what-if, not something Megatron runs")
+
+
+MUON_ONLY_SETTINGS: dict[str, str] = {
+    "tp_mode": "tensor-parallel Newton-Schulz mode", "ns_steps": "Newton-Schulz iterations",
+    "ns_coefficients": "Newton-Schulz coefficients", "matmul_precision": "Newton-Schulz matmul precision",
+    "use_syrk": "SYRK Newton-Schulz products", "split_qkv": "per-head Q/K/V orthogonalisation",
+    "eo_version": "Emerging-Optimizers release"}
+"""The settings only Muon's orthogonalisation reads (key -> what they set)."""
+LAYER_WISE_SETTINGS: dict[str, str] = {"layer_wise_layout": "buffer layout", "load_balance": "parameter-to-rank balance"}
+"""The settings only the layer-wise distributed optimizer reads (key -> what they set)."""
+
+
+def unused_setting_notes(spec: OptimizerSpec) -> tuple[str, ...]:
+    """One 'KEY has no effect ...' line per setting ``spec`` holds that its optimizer never reads: Muon's
+    settings under AdamW, the layer-wise optimizer's under another distribution (the CLI shows those the
+    user gave)."""
+    if spec.kind == "adamw":
+        return (*(f"{key} has no effect with optimizer adamw: it sets Muon's {what}"
+                  for key, what in MUON_ONLY_SETTINGS.items()),
+                *(f"{key} has no effect with optimizer adamw: it sets the {what} of Muon's layer-wise optimizer"
+                  for key, what in LAYER_WISE_SETTINGS.items()))
+    dist = spec.resolved_distribution
+    if dist == "layer_wise":
+        return ()
+    return tuple(f"{key} has no effect with the {dist} distribution: it sets the layer-wise optimizer's {what}"
+                 for key, what in LAYER_WISE_SETTINGS.items())
