@@ -73,3 +73,26 @@ def test_layer_wise_setting_with_replicated_muon_gets_a_no_effect_note(run_cli) 
     """Muon replicated steps every parameter on every rank: the layer-wise layout and balance are unread."""
     out = " ".join(run_cli("predict", "--distribution", "replicated", "--layout", "legacy").stdout.split())
     assert "note: layer_wise_layout has no effect with the replicated distribution" in out, out
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_catalog_tables_are_readable_at_80_and_120_columns(run_cli, monkeypatch, width: int) -> None:
+    """At 80 columns the Systems table cut the GPU names to 'B300 / (GB3… / supe…'. Now no cell is cut (no
+    ellipsis), no line is wider than the terminal, every GPU name reads whole (words may wrap) and each
+    system's numbers sit on its name's line."""
+    from topologies.hardware import load_system, system_names
+
+    monkeypatch.setenv("COLUMNS", str(width))
+    result = run_cli("catalog")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert "…" not in result.stdout, result.stdout
+    assert all(len(line) <= width for line in lines), [line for line in lines if len(line) > width]
+    cells = " ".join(result.stdout.replace("│", " ").split())
+    for name in system_names():
+        s = load_system(name)
+        row = next(line for line in lines if f"│ {name} " in line)
+        assert f" {s.nvlink.domain_size} " in row and f" {s.gpu.hbm_bytes / 1e9:.0f} " in row, row
+        assert all(word in cells for word in s.gpu.name.split()), s.gpu.name
+    if width >= 120:
+        assert all(any(f"│ {s.gpu.name} " in line for line in lines) for s in map(load_system, system_names()))
