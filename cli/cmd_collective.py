@@ -167,8 +167,9 @@ def topology(
         f"{s['domain_size']} ({s['gpus_per_domain']} used per domain)",
         f"  NVLink: {s['nvlink_gpu_Bps'] / 1e9:g} GB/s/dir per GPU, {s['nvlink_switch_chips']} switch chips, "
         f"NVLS {'yes' if s['nvls'] else 'no'}, domain bisection {s['nvlink_domain_bisection_Bps'] / 1e12:.1f} TB/s/dir",
-        f"  NICs: {s['nics']} x {s['nic_Bps'] * 8 / 1e9:g} Gb/s on {s['rails']} rails "
-        f"({s['nics_per_rail_per_domain']} per rail per domain), {s['planes']} plane(s)",
+        f"  NICs: {s['job_nics']} x {s['nic_Bps'] * 8 / 1e9:g} Gb/s used by the job's GPUs, on {s['job_rails']} of "
+        f"{s['rails']} rails (up to {s['job_nics_per_rail_per_domain']} per rail per domain); the occupied domain(s) "
+        f"hold {s['nics']} ({s['nics_per_rail_per_domain']} per rail per domain), {s['planes']} plane(s)",
         f"  switches (radix {s['switch_radix']}, {s['tiers']} tiers, oversubscription {s['oversubscription']:g}:1): "
         f"{s['leaves']} leaf, {s['spines']} spine, {s['cores']} core; a leaf reaches {s['domains_per_leaf']} domain(s) "
         f"of its rail, a pod {s['domains_per_pod']}",

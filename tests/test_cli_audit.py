@@ -96,3 +96,43 @@ def test_catalog_tables_are_readable_at_80_and_120_columns(run_cli, monkeypatch,
         assert all(word in cells for word in s.gpu.name.split()), s.gpu.name
     if width >= 120:
         assert all(any(f"│ {s.gpu.name} " in line for line in lines) for s in map(load_system, system_names()))
+
+
+# (argv, job NICs, job rails, job NICs per rail per domain, occupied domains' NICs): GB300 NVL72 has one NIC
+# per GPU, 4 per compute tray of 4 GPUs on 4 rails, so a rack holds 72 NICs, 18 per rail; DGX B200 8 per node.
+TOPOLOGY_NICS = [
+    (["--gpus", "8"], 8, 4, 2, 72),
+    (["--gpus", "8", "--gpus-per-domain", "2"], 8, 2, 1, 288),
+    (["--gpus", "72"], 72, 4, 18, 72),
+    (["--system", "dgx-b200", "--gpus", "4"], 4, 4, 1, 8),
+]
+
+
+@pytest.mark.parametrize(("argv", "nics", "rails", "per_rail", "domain_nics"), TOPOLOGY_NICS,
+                         ids=[" ".join(c[0]) for c in TOPOLOGY_NICS])
+def test_topology_reports_the_nics_of_the_jobs_gpus(run_cli, monkeypatch, argv: list[str], nics: int, rails: int,
+                                                     per_rail: int, domain_nics: int) -> None:
+    """'topology --gpus 8' on GB300 NVL72 said 'NICs: 72 x 800 Gb/s': the whole rack's, though the job's 8 GPUs
+    (ranks fill slots 0..7) use 8 of them. The job's NICs and rails come first; the occupied domains' are labelled."""
+    monkeypatch.setenv("COLUMNS", "200")
+    data = json.loads(run_cli("topology", *argv, "--json").stdout)
+    assert (data["job_nics"], data["job_rails"], data["job_nics_per_rail_per_domain"]) == (nics, rails, per_rail)
+    assert data["nics"] == domain_nics
+    text = run_cli("topology", *argv).stdout
+    line = next(x for x in text.splitlines() if x.strip().startswith("NICs:"))
+    assert line.strip().startswith(f"NICs: {nics} x ") and f"on {rails} of {data['rails']} rails" in line, line
+    assert f"the occupied domain(s) hold {domain_nics} (" in line, line
+
+
+@pytest.mark.parametrize(("system", "gpus", "per_domain"), [("gb300-nvl72", 8, 8), ("gb300-nvl72", 12, 6),
+                                                            ("gb200-nvl72", 8, 2), ("dgx-b200", 16, 8)])
+def test_job_rails_agree_with_the_rail_of_each_used_slot(system: str, gpus: int, per_domain: int) -> None:
+    from collections import Counter
+
+    from topologies.hardware import load_system
+    from topologies.placement import place_job
+
+    layout = place_job(load_system(system), gpus, gpus_per_domain=per_domain).layout
+    rails = Counter(layout.rail_of(s, j) for s in range(per_domain) for j in range(layout.nics_per_gpu))
+    assert (layout.job_rails, layout.job_nics_per_rail_per_domain) == (len(rails), max(rails.values()))
+    assert layout.job_nics == gpus * layout.nics_per_gpu
