@@ -136,3 +136,59 @@ def test_job_rails_agree_with_the_rail_of_each_used_slot(system: str, gpus: int,
     rails = Counter(layout.rail_of(s, j) for s in range(per_domain) for j in range(layout.nics_per_gpu))
     assert (layout.job_rails, layout.job_nics_per_rail_per_domain) == (len(rails), max(rails.values()))
     assert layout.job_nics == gpus * layout.nics_per_gpu
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--seq", "0"], ["seq_length", "greater than 0"]),
+    (["--model", "llama3-8b", "--tp", "4", "--seq", "4098", "--sequence-parallel", "on"],
+     ["sequence parallelism with tp 4", "seq_length = 4098 tokens", "divisible by 4", "multiple of 4 tokens"]),
+    (["--model", "llama3-8b", "--tp", "4", "--cp", "2", "--seq", "4100", "--gpus", "64", "--sequence-parallel", "on"],
+     ["sequence parallelism with tp 4", "seq_length / cp = 2050 tokens", "multiple of 8 tokens"]),
+    (["--tp", "2", "--seq", "4097"], ["sequence parallelism with tp 2", "seq_length = 4097 tokens"]),
+    (["--model", "llama3-8b", "--cp", "2", "--seq", "4098", "--gpus", "64"], ["cp 2", "2·cp = 4"]),
+])
+def test_seq_that_megatron_cannot_split_is_refused(run_cli, argv: list[str], words: list[str]) -> None:
+    """Sequence parallelism scatters each micro-batch's seq_length / cp tokens over the tp ranks (Megatron's
+    _split_along_first_dim asserts divisibility); --tp 4 --seq 4098 was predicted as if it ran."""
+    err = one_line_error(run_cli("predict", *argv))
+    for word in words:
+        assert word in err, (word, err)
+
+
+@pytest.mark.parametrize("argv", [["--tp", "4", "--seq", "4098", "--sequence-parallel", "off"],
+                                  ["--tp", "2", "--cp", "2", "--seq", "4100", "--gpus", "64", "--sequence-parallel", "on"]])
+def test_seq_that_megatron_can_split_runs(run_cli, argv: list[str]) -> None:
+    result = run_cli("predict", "--model", "llama3-8b", *argv, "--json")
+    assert result.exit_code == 0, result.output
+
+
+def _model_file(tmp_path, position: str, rows: int):  # noqa: ANN001, ANN202
+    from pathlib import Path
+
+    base = (Path(__file__).resolve().parents[1] / "workloads/data/models/llama3-8b.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "ctx.yaml"
+    path.write_text(base.replace("name: llama3-8b", "name: ctx-model")
+                    + f"position_embedding: {position}\nmax_position_embeddings: {rows}\n", encoding="utf-8")
+    return path
+
+
+def test_seq_beyond_a_learned_position_table_is_refused(run_cli, tmp_path) -> None:
+    """A learned_absolute table has max_position_embeddings rows: position 2048 has none (Megatron asserts
+    max_position_embeddings >= seq_length for it)."""
+    model = _model_file(tmp_path, "learned_absolute", 2048)
+    err = one_line_error(run_cli("predict", "--model", str(model), "--seq", "4096"))
+    assert "seq_length 4096 tokens exceeds max_position_embeddings 2048" in err, err
+    assert run_cli("predict", "--model", str(model), "--seq", "2048", "--json").exit_code == 0
+
+
+def test_seq_beyond_a_rope_models_trained_context_is_a_warning(run_cli, tmp_path) -> None:
+    """RoPE has no table: a longer sequence runs (Megatron computes the rotary angles for it), but past the
+    context the model file declares the user should hear so."""
+    model = _model_file(tmp_path, "rope", 2048)
+    long = run_cli("predict", "--model", str(model), "--seq", "4096", "--json")
+    assert long.exit_code == 0, long.output
+    warned = [w for w in json.loads(long.stdout)["warnings"] if "max_position_embeddings" in w]
+    assert warned == ["seq_length 4096 tokens exceeds max_position_embeddings 2048 of ctx-model (the context it "
+                      "declares; RoPE runs longer sequences, but beyond what the model was trained at)"], warned
+    short = json.loads(run_cli("predict", "--model", str(model), "--seq", "2048", "--json").stdout)
+    assert not [w for w in short["warnings"] if "max_position_embeddings" in w]
