@@ -47,17 +47,22 @@ def catalog(json_out: JsonOpt = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="Systems", caption="NVL: NVLink (GPUs per domain; GB/s per GPU and direction); PF: dense peak")
-    for col in ("name", "GPU", "NVL GPUs", "NVL GB/s", "NIC GB/s", "BF16 PF", "FP8 PF", "FP4 PF", "HBM GB"):
-        t.add_column(col, no_wrap=col == "name")  # the names are what users type: never truncate them
+    # Two-line headers keep the number columns 4 wide, so the table fits 80 columns; the names are what
+    # users type (never wrapped), the GPU names wrap at spaces and are never cut.
+    t = Table(title="Systems", caption="NVL: NVLink (GPUs per domain; GB/s per GPU and direction); NIC: GB/s per "
+                                       "NIC; PF: dense peak PFLOP/s per GPU; HBM: GB per GPU")
+    t.add_column("name", no_wrap=True)
+    t.add_column("GPU", overflow="fold", min_width=10)
+    for col in ("NVL\nGPUs", "NVL\nGB/s", "NIC\nGB/s", "BF16\nPF", "FP8\nPF", "FP4\nPF", "HBM\nGB"):
+        t.add_column(col, no_wrap=True, justify="right")
     for s in systems:
         pk = s.gpu.peak_flops_per_s
         t.add_row(s.name, s.gpu.name, str(s.nvlink.domain_size), f"{s.nvlink.gpu_bandwidth_Bps / 1e9:.0f}",
                   f"{s.scale_out.nic_bandwidth_Bps / 1e9:.0f}", f"{pk.bf16 / 1e15:.2f}", f"{pk.fp8 / 1e15:.2f}" if pk.fp8 is not None else "-",
                   f"{pk.fp4 / 1e15:.1f}" if pk.fp4 else "-", f"{s.gpu.hbm_bytes / 1e9:.0f}")
     m_t = Table(title="Models")
-    for col in ("name", "layers", "hidden", "attention", "experts (top-k)", "vocab", "MTP"):
-        m_t.add_column(col, no_wrap=col == "name")
+    for col in ("name", "layers", "hidden", "attention", "experts\n(top-k)", "vocab", "MTP"):
+        m_t.add_column(col, no_wrap=True)
     for m in models:
         moe = f"{m.moe.num_experts} ({m.moe.topk})" if m.moe else "dense"
         m_t.add_row(m.name, str(m.num_layers), str(m.hidden_size), m.attention.kind, moe, str(m.vocab_size), str(m.mtp_layers))

@@ -17,6 +17,7 @@ _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb
 
 SIZE_CONVENTION = "sizes: G, GB = 1e9 B; GiB = 2^30 B (nccl-tests' -e 8G is 8 GiB)"
 MAX_SWEEP_SIZES = 200
+ONE_RANK_NOTE = "the group has 1 rank: a collective over one rank moves no data and takes 0 s"
 
 
 def parse_size(text: str, what: str = "size") -> float:
@@ -118,6 +119,7 @@ def collective(
     sys_spec, placement = _place(system, gpus, tp, pp, cp, ep, etp, gpus_per_domain)
     shape = placement.shape(group)
     rows = [collective_cost(op, s, shape, sys_spec, algorithm) for s in sizes]
+    note = ONE_RANK_NOTE if shape.size == 1 else None
     if json_out:
         print_json({
             "op": op, "system": sys_spec.name, "gpus": gpus, "group": group, "group_size": shape.size,
@@ -125,11 +127,13 @@ def collective(
             "domains": shape.domains, "ranks_per_domain": shape.ranks_per_domain, "tiers": shape.fabric_tiers,
             "results": [{"size_bytes": r.size_bytes, "time_s": r.time_s, "algbw_Bps": r.algbw_Bps,
                          "busbw_Bps": r.busbw_Bps, "algorithm": r.algorithm, "detail": r.detail} for r in rows],
-        })
+        } | ({"note": note} if note else {}))
         return
     typer.echo(f"# {op} on {sys_spec.name}: group '{group}' of {shape.size} ranks over {shape.domains} NVLink "
                f"domain(s), {shape.ranks_per_domain} per domain, fabric tiers crossed {shape.fabric_tiers}")
     typer.echo(f"# {SIZE_CONVENTION}; GB/s = 1e9 B/s")
+    if note:
+        typer.echo(f"# note: {note}")
     typer.echo(f"# {'size (B)':>14} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}  algorithm")
     for r in rows:
         typer.echo(f"  {r.size_bytes:>14.0f} {r.time_s * 1e6:>12.2f} {r.algbw_Bps / 1e9:>13.2f} "
@@ -163,8 +167,9 @@ def topology(
         f"{s['domain_size']} ({s['gpus_per_domain']} used per domain)",
         f"  NVLink: {s['nvlink_gpu_Bps'] / 1e9:g} GB/s/dir per GPU, {s['nvlink_switch_chips']} switch chips, "
         f"NVLS {'yes' if s['nvls'] else 'no'}, domain bisection {s['nvlink_domain_bisection_Bps'] / 1e12:.1f} TB/s/dir",
-        f"  NICs: {s['nics']} x {s['nic_Bps'] * 8 / 1e9:g} Gb/s on {s['rails']} rails "
-        f"({s['nics_per_rail_per_domain']} per rail per domain), {s['planes']} plane(s)",
+        f"  NICs: {s['job_nics']} x {s['nic_Bps'] * 8 / 1e9:g} Gb/s used by the job's GPUs, on {s['job_rails']} of "
+        f"{s['rails']} rails (up to {s['job_nics_per_rail_per_domain']} per rail per domain); the occupied domain(s) "
+        f"hold {s['nics']} ({s['nics_per_rail_per_domain']} per rail per domain), {s['planes']} plane(s)",
         f"  switches (radix {s['switch_radix']}, {s['tiers']} tiers, oversubscription {s['oversubscription']:g}:1): "
         f"{s['leaves']} leaf, {s['spines']} spine, {s['cores']} core; a leaf reaches {s['domains_per_leaf']} domain(s) "
         f"of its rail, a pod {s['domains_per_pod']}",

@@ -77,7 +77,7 @@ def predict(
 
     console = make_console()
     console.print(exporters.render_table(report, layout=layered.summary()))
-    for note in ignored_setting_notes(report, layered):
+    for note in ignored_setting_notes(report, layered, sc.optimizer):
         console.print(f"note: {note}", markup=False, highlight=False)
     for line in release_settings_lines(chosen, sc):
         console.print(line, markup=False, highlight=False)

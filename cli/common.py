@@ -51,7 +51,7 @@ SCENARIO_FLAGS: dict[str, tuple[str, str, str]] = {
     "ns_coefficients": ("ns_coefficients", "NAME", "quintic, simple, polar_express, cans, aol, deepseekv4, cubic5"),
     "matmul_precision": ("matmul_precision", "PREC", "Newton-Schulz matmul precision: bf16, tf32, fp32"),
     "syrk": ("use_syrk", "BOOL", "use SYRK for the symmetric Newton-Schulz products (needs --eo-version >= 0.4)"),
-    "eo_version": ("eo_version", "VER", "Emerging-Optimizers version, default 0.3.0 (Megatron-Core's pin)"),
+    "eo_version": ("eo_version", "VER", "Emerging-Optimizers release: 0.3.0 (default, Megatron-Core's pin), 0.3.1 or 0.4.0"),
     "split_qkv": ("split_qkv", "BOOL", "orthogonalise Q, K, V separately"),
     "grad_dtype": ("grad_reduce_dtype", "DTYPE", "gradient reduce dtype: fp32 or bf16"),
     "fp8_param_gather": ("fp8_param_gather", "BOOL", "keep TE weights in FP8 and gather them so (AdamW, fp8-cs/mxfp8)"),
@@ -285,10 +285,14 @@ def with_release_note(report: Any, release: str | None, chosen: Any, scenario: A
     return report.model_copy(update={"warnings": [*report.warnings, note]})
 
 
-def ignored_setting_notes(report: Any, layered: Any) -> list[str]:
-    """The optimizer plan's 'X has no effect' notes for the settings X the user gave (flag or file)."""
+def ignored_setting_notes(report: Any, layered: Any, spec: Any = None) -> list[str]:
+    """The 'X has no effect' notes for the settings X the user gave (flag or file): the optimizer plan's,
+    and with ``spec`` (the scenario's OptimizerSpec) the settings its optimizer never reads."""
+    from workloads.optimizer_spec import unused_setting_notes
+
     mine = set(layered.to_json_dict()["set_by_user"])
     notes = report.optimizer.notes if report.optimizer is not None else ()
+    notes = (*notes, *(unused_setting_notes(spec) if spec is not None else ()))
     return [n for n in notes if any(f"{key} has no effect" in n for key in mine)]
 
 

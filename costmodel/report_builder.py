@@ -108,6 +108,8 @@ def build_report(scenario: Scenario, engine: str, step_time_s: float, breakdown:
     tflops = fpt * tokens / step_time_s / gpus / 1e12
     peak = scenario.system.peak_flops_per_s(scenario.precision)
     mem, mem_warn = memory_report(scenario)
+    context = scenario.model.context_warning(scenario.par.seq_length)
+    mem_warn = [context, *mem_warn] if context else mem_warn
     if scenario.precision.tensor_core_class == "fp4" and scenario.system.gpu.peak_flops_per_s.fp4 is None:
         mem_warn = [f"{scenario.system.name} has no FP4 tensor cores: {scenario.precision.value} GEMMs are "
                     "modelled at the FP8 peak", *mem_warn]

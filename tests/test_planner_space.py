@@ -81,6 +81,7 @@ def test_default_bounds_tp_etp_cp_vpp_mbs(default_scenario) -> None:
     {"model": "qwen3-30b-a3b", "gpus": 24, "global_batch_size": 96, "seq_length": 4096},
     {"model": "kimi-k2", "gpus": 64, "global_batch_size": 256, "seq_length": 4096},
     {"model": "deepseek-v3-mtp", "gpus": 32, "global_batch_size": 64, "seq_length": 2048},
+    {"model": "llama3-8b", "gpus": 16, "global_batch_size": 64, "seq_length": 4098},  # sequence parallel: tp | seq/cp
 ])
 def test_vectorised_filter_equals_the_validator(flags) -> None:
     """Every row the numpy filter keeps passes Scenario.validate, and every row it drops fails it."""

@@ -121,7 +121,9 @@ def build_fabric(layout: FabricLayout, system: SystemSpec, domains: Iterable[int
 
 
 def fabric_summary(layout: FabricLayout, system: SystemSpec) -> dict[str, object]:
-    """Arithmetic summary of the fabric under a job (no graph): counts, rates, bisection."""
+    """Arithmetic summary of the fabric under a job (no graph): counts, rates (B/s), bisection (B/s per
+    direction). ``job_*``: the job's own GPUs' NICs; ``nics``, ``nics_per_rail_per_domain``: every NIC of the
+    occupied domains (a job smaller than a domain leaves the others idle)."""
     nv, so = system.nvlink, system.scale_out
     return {
         "system": system.name,
@@ -133,6 +135,9 @@ def fabric_summary(layout: FabricLayout, system: SystemSpec) -> dict[str, object
         "nvlink_gpu_Bps": nv.gpu_bandwidth_Bps,
         "nvlink_domain_bisection_Bps": layout.nvlink_bisection_Bps,
         "nvls": nv.nvls,
+        "job_nics": layout.job_nics,
+        "job_rails": layout.job_rails,
+        "job_nics_per_rail_per_domain": layout.job_nics_per_rail_per_domain,
         "nics": layout.nics,
         "nic_Bps": so.nic_bandwidth_Bps,
         "rails": layout.rails,

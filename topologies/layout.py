@@ -75,6 +75,21 @@ class FabricLayout:
         return self.physical_gpus * self.nics_per_gpu
 
     @property
+    def job_nics(self) -> int:
+        """NICs of the job's own GPUs (ranks fill slots 0..gpus_per_domain-1 of each domain)."""
+        return self.gpus * self.nics_per_gpu
+
+    @property
+    def job_rails(self) -> int:
+        """Rails the job's NICs sit on: the NIC positions of slots 0..gpus_per_domain-1 (:meth:`rail_of`)."""
+        return min(self.rails, min(self.gpus_per_domain, self.gpus_per_node) * self.nics_per_gpu)
+
+    @property
+    def job_nics_per_rail_per_domain(self) -> int:
+        """The most NICs of the job on one rail in one domain."""
+        return ceil(self.gpus_per_domain * self.nics_per_gpu / self.job_rails)
+
+    @property
     def network_bisection_Bps(self) -> float:
         """Scale-out bisection bandwidth of the job's GPUs, per direction (all planes).
 

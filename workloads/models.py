@@ -115,7 +115,9 @@ class ModelSpec(_Strict):
     activation: Activation = Field("swiglu", description="MLP activation: swiglu (gated, fc1 = 2F), gelu or squared_relu (fc1 = F)")
     normalization: Normalization = Field("rmsnorm", description="rmsnorm (weight) or layernorm (weight and bias)")
     position_embedding: PositionEmbedding = Field("rope", description="rope, learned_absolute (a table parameter) or none")
-    max_position_embeddings: PositiveInt | None = Field(None, description="rows of the learned_absolute table (required for it)")
+    max_position_embeddings: PositiveInt | None = Field(None, description="rows of the learned_absolute table (required "
+                                                        "for it; seq_length may not exceed it); with rope: the context "
+                                                        "the model was trained at (a warning beyond it)")
     tie_embeddings: bool = Field(False, description="one tensor for the input embedding and the output layer")
     add_bias_linear: bool = Field(False, description="biases on the linear layers of attention and MLP (experts included)")
 
@@ -126,6 +128,15 @@ class ModelSpec(_Strict):
         if self.position_embedding == "learned_absolute" and self.max_position_embeddings is None:
             raise ValueError("position_embedding learned_absolute needs max_position_embeddings (the table's rows)")
         return self
+
+    def context_warning(self, seq_length: int) -> str | None:
+        """A warning when a RoPE model runs ``seq_length`` tokens past the ``max_position_embeddings`` it declares
+        (the context it was trained at; a learned table refuses such a length instead), else None."""
+        rows = self.max_position_embeddings
+        if self.position_embedding != "rope" or rows is None or seq_length <= rows:
+            return None
+        return (f"seq_length {seq_length} tokens exceeds max_position_embeddings {rows} of {self.name} (the context "
+                "it declares; RoPE runs longer sequences, but beyond what the model was trained at)")
 
     # ----- building blocks -----
     @property

@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 OptimizerKind = Literal["adamw", "muon"]
 Distribution = Literal["replicated", "element_wise", "layer_wise"]
@@ -23,11 +23,14 @@ MatmulPrecision = Literal["bf16", "tf32", "fp32"]
 ShardingStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]
 StateDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 EO_MIN_SYRK_CUBIC5 = (0, 4)  # Emerging-Optimizers release that added SYRK on the TP path and the cubic5 schedule
+EO_KNOWN_RELEASES = ("0.3.0", "0.3.1", "0.4.0")
+"""The Emerging-Optimizers releases the model has rules for (tags read; Megatron-Core pins 0.3.0, SYRK and cubic5
+need 0.4): any other version would be modelled as one of these without saying so, so it is refused."""
 CoefficientSet = Literal["simple", "quintic", "polar_express", "cans", "aol", "deepseekv4", "cubic5", "custom"]
 
-__all__ = ["EO_MIN_SYRK_CUBIC5", "MEGATRON_LOAD_BALANCE", "CoefficientSet", "Distribution", "LayerWiseLayout",
+__all__ = ["EO_KNOWN_RELEASES", "EO_MIN_SYRK_CUBIC5", "MEGATRON_LOAD_BALANCE", "CoefficientSet", "Distribution", "LayerWiseLayout",
            "LoadBalance", "MatmulPrecision", "OptimizerKind", "OptimizerSpec", "ShardingStrategy", "StateDtype", "TpMode",
-           "hypothetical_reason"]
+           "hypothetical_reason", "unused_setting_notes"]
 
 
 def default_distribution(optimizer: str) -> Distribution:
@@ -107,6 +110,16 @@ class OptimizerSpec(BaseModel):
     eo_version: str = Field("0.3.0", pattern=r"^\d+\.\d+(\.\d+)?$",
                             description="Emerging-Optimizers version (Megatron-Core pins 0.3.0; SYRK and cubic5 need >= 0.4)")
 
+    @field_validator("eo_version")
+    @classmethod
+    def _known_eo_release(cls, version: str) -> str:
+        """Only the releases in :data:`EO_KNOWN_RELEASES` ('0.4' reads as 0.4.0)."""
+        padded = version_tuple(version) + (0,) * (3 - len(version.split(".")))
+        if padded not in {version_tuple(v) for v in EO_KNOWN_RELEASES}:
+            raise ValueError("not an Emerging-Optimizers release muonsim models; valid: "
+                             f"{', '.join(EO_KNOWN_RELEASES)}")
+        return version
+
     @property
     def eo_version_tuple(self) -> tuple[int, ...]:
         """``eo_version`` as integers, e.g. (0, 3, 0)."""
@@ -148,3 +161,29 @@ def hypothetical_reason(distribution: str, layout: str | None, load_balance: str
         return None
     return (f"hypothetical: Megatron-Core's {layout} layer-wise layout balances by {real} only; "
             f"{layout} with load_balance {load_balance} is a what-if, not something Megatron runs")
+
+
+MUON_ONLY_SETTINGS: dict[str, str] = {
+    "tp_mode": "tensor-parallel Newton-Schulz mode", "ns_steps": "Newton-Schulz iterations",
+    "ns_coefficients": "Newton-Schulz coefficients", "matmul_precision": "Newton-Schulz matmul precision",
+    "use_syrk": "SYRK Newton-Schulz products", "split_qkv": "per-head Q/K/V orthogonalisation",
+    "eo_version": "Emerging-Optimizers release"}
+"""The settings only Muon's orthogonalisation reads (key -> what they set)."""
+LAYER_WISE_SETTINGS: dict[str, str] = {"layer_wise_layout": "buffer layout", "load_balance": "parameter-to-rank balance"}
+"""The settings only the layer-wise distributed optimizer reads (key -> what they set)."""
+
+
+def unused_setting_notes(spec: OptimizerSpec) -> tuple[str, ...]:
+    """One 'KEY has no effect ...' line per setting ``spec`` holds that its optimizer never reads: Muon's
+    settings under AdamW, the layer-wise optimizer's under another distribution (the CLI shows those the
+    user gave)."""
+    if spec.kind == "adamw":
+        return (*(f"{key} has no effect with optimizer adamw: it sets Muon's {what}"
+                  for key, what in MUON_ONLY_SETTINGS.items()),
+                *(f"{key} has no effect with optimizer adamw: it sets the {what} of Muon's layer-wise optimizer"
+                  for key, what in LAYER_WISE_SETTINGS.items()))
+    dist = spec.resolved_distribution
+    if dist == "layer_wise":
+        return ()
+    return tuple(f"{key} has no effect with the {dist} distribution: it sets the layer-wise optimizer's {what}"
+                 for key, what in LAYER_WISE_SETTINGS.items())

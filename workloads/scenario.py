@@ -10,6 +10,7 @@ field and what would be valid. ``dp`` is derived, never given.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -335,6 +336,17 @@ class Scenario:
         _ = self.virtual_stage_layers  # raises on a bad pipeline split
         if p.seq_length % (2 * p.cp) and p.cp > 1:
             raise UserInputError(f"cp {p.cp} needs seq_length divisible by 2·cp = {2 * p.cp} (load-balanced causal split)")
+        if p.uses_sequence_parallel and p.tp > 1 and (p.seq_length // p.cp) % p.tp:
+            multiple = math.lcm(2 * p.cp, p.cp * p.tp) if p.cp > 1 else p.tp
+            tokens = f"seq_length / cp = {p.seq_length // p.cp}" if p.cp > 1 else f"seq_length = {p.seq_length}"
+            raise UserInputError(
+                f"sequence parallelism with tp {p.tp} splits each micro-batch's {tokens} tokens over the tp ranks, "
+                f"which needs them divisible by {p.tp} (Megatron asserts it); use a seq_length that is a multiple "
+                f"of {multiple} tokens, or sequence_parallel off")
+        if m.position_embedding == "learned_absolute" and p.seq_length > (m.max_position_embeddings or 0):
+            raise UserInputError(
+                f"seq_length {p.seq_length} tokens exceeds max_position_embeddings {m.max_position_embeddings} of "
+                f"{m.name}: its learned position table has no row past that (Megatron asserts it)")
         if m.moe is None:
             if p.ep > 1 or p.expert_tp > 1:
                 raise UserInputError(f"ep and etp must be 1 for {m.name}, which has no experts")

@@ -307,6 +307,8 @@ def structure_mask(base: Scenario, grid: np.ndarray) -> np.ndarray:
     elif p.pipeline_split == "auto":
         ok &= even | (layers % pp != 0)
     ok &= (cp == 1) | (p.seq_length % (2 * cp) == 0)
+    sequence_parallel = (tp > 1) & (p.sequence_parallel is not False)  # default: on when tp > 1
+    ok &= ~sequence_parallel | ((p.seq_length // cp) % tp == 0)
     dp = np.where(ok, gpus // mp, 1)
     if m.moe is None:
         ok &= (ep == 1) & (etp == 1)
