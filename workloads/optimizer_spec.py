@@ -167,7 +167,7 @@ MUON_ONLY_SETTINGS: dict[str, str] = {
     "tp_mode": "tensor-parallel Newton-Schulz mode", "ns_steps": "Newton-Schulz iterations",
     "ns_coefficients": "Newton-Schulz coefficients", "matmul_precision": "Newton-Schulz matmul precision",
     "use_syrk": "SYRK Newton-Schulz products", "split_qkv": "per-head Q/K/V orthogonalisation",
-    "eo_version": "Emerging-Optimizers release"}
+    "eo_version": "Emerging-Optimizers release", "use_nesterov": "Nesterov momentum"}
 """The settings only Muon's orthogonalisation reads (key -> what they set)."""
 LAYER_WISE_SETTINGS: dict[str, str] = {"layer_wise_layout": "buffer layout", "load_balance": "parameter-to-rank balance"}
 """The settings only the layer-wise distributed optimizer reads (key -> what they set)."""
