@@ -261,7 +261,7 @@ def resolve_release_scenario(scenario_file: Path | None, flags: dict[str, Any], 
         data = load_yaml_file(scenario_file, "scenario file")
         user |= {k for section in data.values() if isinstance(section, dict) for k in section} | set(data)
     p = scenario.par
-    sizes = {"pp": p.pp, "vpp": p.vpp, "ep": p.ep, "fsdp": p.fsdp, "num_layers": scenario.model.num_layers,
+    sizes = {"pp": p.pp, "vpp": p.vpp, "ep": p.ep, "fsdp": p.fsdp, "tp": p.tp, "num_layers": scenario.model.num_layers,
              "mtp_layers": scenario.model.mtp_layers}
     chosen = release_settings(choice, user, sizes)
     try:

@@ -208,6 +208,28 @@ def test_plan_candidates_of_another_layout_drop_the_defaults_pipeline_layout() -
     assert own.par.pipeline_model_parallel_layout == base.parallelism.pipeline_model_parallel_layout
 
 
+def test_sequence_parallel_off_from_a_tp1_recipe_does_not_carry_to_tp_above_1() -> None:
+    """Llama 3 8B's GB300 default is a tp-1 recipe run with sequence_parallel false (moot at tp 1; the
+    Bridge recipes turn it on with tp > 1). --tp 4 gets Megatron's default (on), as do the planner's
+    tp > 1 candidates; the recipe's tp 1 and an explicit --sequence-parallel off keep it off."""
+    from costmodel.planner.space import candidate_config, normalised
+
+    chosen = lookup_defaults("llama3-8b", "gb300-nvl72")
+    assert chosen is not None and chosen.parallelism["tp"] == 1 and chosen.parallelism["sequence_parallel"] is False
+    assert resolve_layered(layered_config(None, {"model": "llama3-8b"})).par.uses_sequence_parallel is False
+    tp4 = layered_config(None, {"model": "llama3-8b", "tp": "4"})
+    assert tp4.origin["sequence_parallel"] == "built-in" and resolve_layered(tp4).par.uses_sequence_parallel
+    off = layered_config(None, {"model": "llama3-8b", "tp": "4", "sequence_parallel": "false"})
+    assert resolve_layered(off).par.uses_sequence_parallel is False
+    base = layered_config(None, {"model": "llama3-8b"}).config
+
+    def candidate(tp: int):  # noqa: ANN202
+        return candidate_config(base, normalised(tp, 1, 1, 1, 1, 1, 1, "none", "muon", "layer_wise", "current",
+                                                 None, "lpt", False)).resolve()
+
+    assert candidate(2).par.uses_sequence_parallel and not candidate(1).par.uses_sequence_parallel
+
+
 def test_why_muon_needs_more_memory_than_adamw_on_an_mxfp8_recipe() -> None:
     """Llama 3 70B on 64 GB300, MXFP8, the 26.04.01 recipe (tp1 pp4 vpp5, fp8_param_gather with the
     gradient buffer reused for the parameter gather): AdamW keeps MXFP8 primary weights (rowwise +

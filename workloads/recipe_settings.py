@@ -305,14 +305,19 @@ FSDP_KEYS = ("data_parallel_sharding_strategy", "fsdp_double_buffer", "nccl_ub",
 
 
 def layout_bound_skip(key: str, value: Any, recipe_pp_vpp: tuple[int, int], sizes: dict[str, int],
-                      recipe_fsdp: bool = True) -> str | None:
-    """Why a recipe setting made for a layout of ``recipe_pp_vpp`` (pp, vpp) does not apply to a
-    scenario of ``sizes`` (pp, vpp, ep, fsdp), or None when it does: the pipeline layout keys need the
-    recipe's pp and vpp; EP overlap (and delayed wgrad) need ep > 1 and, with pp > 1, interleaving
-    (Megatron asserts it); the Megatron-FSDP settings of a recipe that did not use Megatron-FSDP
-    (``recipe_fsdp`` False: Megatron-Bridge's unused config defaults, e.g. ``no_shard``) do not
-    configure a scenario that does. One rule for ``--release`` and the model × system defaults."""
+                      recipe_fsdp: bool = True, recipe_tp: int | None = None) -> str | None:
+    """Why a recipe setting made for a layout of ``recipe_pp_vpp`` (pp, vpp) and ``recipe_tp`` does
+    not apply to a scenario of ``sizes`` (pp, vpp, ep, fsdp, tp), or None when it does: the pipeline
+    layout keys need the recipe's pp and vpp; EP overlap (and delayed wgrad) need ep > 1 and, with
+    pp > 1, interleaving (Megatron asserts it); the Megatron-FSDP settings of a recipe that did not
+    use Megatron-FSDP (``recipe_fsdp`` False: Megatron-Bridge's unused config defaults, e.g.
+    ``no_shard``) do not configure a scenario that does; sequence parallelism off in a recipe without
+    tensor parallelism (tp 1, where it is moot: the Bridge recipes turn it on with tp > 1) says nothing
+    about a scenario with tp > 1, which gets the default (on). One rule for ``--release``, the
+    model × system defaults and the planner's candidates."""
     pp, vpp = sizes.get("pp", 1), sizes.get("vpp", 1)
+    if key == "sequence_parallel" and value is False and recipe_tp == 1 and sizes.get("tp", 1) > 1:
+        return "the recipe run has tp 1, where sequence parallelism is moot"
     if key in LAYOUT_KEYS and (pp, vpp) != recipe_pp_vpp:
         return f"the recipe run has pp {recipe_pp_vpp[0]} vpp {recipe_pp_vpp[1]}"
     if key in FSDP_KEYS and not recipe_fsdp and sizes.get("fsdp", 0) > 0:
@@ -368,12 +373,14 @@ def release_settings(choice: RecipeChoice, user_keys: set[str], sizes: dict[str,
     if "mtp_layers" in resolution.overrides and "mtp_layers" not in user_keys:  # the layout places the recipe's MTP
         sizes = {**sizes, "mtp_layers": resolution.overrides["mtp_layers"]}
     recipe_pp_vpp = (int(run.get("pp") or 0), int(run.get("vpp") or 0))
+    recipe_tp = int(run.get("tp") or 0) or None
     for key, value in resolution.overrides.items():
         if key in user_keys:
             kept.append(key)
         elif key == "mtp_layers" and value == model_mtp_layers:
             continue  # the model already has the recipe's MTP layers: nothing to apply
-        elif (why := layout_bound_skip(key, value, recipe_pp_vpp, sizes, bool(resolution.use_megatron_fsdp))) is not None:
+        elif (why := layout_bound_skip(key, value, recipe_pp_vpp, sizes, bool(resolution.use_megatron_fsdp),
+                                       recipe_tp)) is not None:
             skipped[key] = why
         elif isinstance(value, PartialLayout) and (full := _completed(value, sizes)) is None:
             skipped[key] = "cut short in the settings file and cannot be completed for this model"

@@ -283,10 +283,11 @@ def _layout_bound(chosen: ChosenDefaults, config: ScenarioConfig, origin: dict[s
 
     d, p = chosen.parallelism, config.parallelism
     recipe_pp_vpp = (int(d.get("pp", 1)), int(d.get("vpp", 1)))
-    sizes = {"pp": p.pp, "vpp": p.vpp, "ep": p.ep, "fsdp": p.fsdp}
+    sizes = {"pp": p.pp, "vpp": p.vpp, "ep": p.ep, "fsdp": p.fsdp, "tp": p.tp}
     inherited = {**chosen.parallelism, **chosen.optimizer, **chosen.runtime}
     return [k for k, v in inherited.items() if origin.get(k) == "defaults"
-            and layout_bound_skip(k, v, recipe_pp_vpp, sizes, int(d.get("fsdp", 0)) > 0) is not None]
+            and layout_bound_skip(k, v, recipe_pp_vpp, sizes, int(d.get("fsdp", 0)) > 0,
+                                  int(d.get("tp", 1))) is not None]
 
 
 def _section_fields(section: str) -> tuple[str, ...]:

@@ -140,20 +140,21 @@ def normalised(tp: int, pp: int, vpp: int, cp: int, ep: int, etp: int, mbs: int,
 _CONFIG_PARTS: IdentityMemo[Any] = IdentityMemo(4096)  # the base config by identity
 
 
-def _layout_parts(base: ScenarioConfig, pp: int, vpp: int, ep: int) -> tuple[dict[str, Any], RuntimeSettings]:
+def _layout_parts(base: ScenarioConfig, pp: int, vpp: int, ep: int, tp: int) -> tuple[dict[str, Any], RuntimeSettings]:
     """(the base's parallelism settings that belong to its own layout, reset to Megatron's defaults,
-    and the base's runtime likewise) for a candidate of sizes pp, vpp and ep: a recipe's pipeline
-    layout for its pp and vpp, EP overlap without ep or interleaving — the rule ``--release`` and the
-    model × system defaults follow (:func:`workloads.recipe_settings.layout_bound_skip`). They depend
-    on nothing else, so they are memoised on the base's identity."""
-    key = ("layout", pp, vpp, ep)
+    and the base's runtime likewise) for a candidate of sizes pp, vpp, ep and tp: a recipe's pipeline
+    layout for its pp and vpp, EP overlap without ep or interleaving, sequence parallelism off from a
+    tp-1 base for a tp > 1 candidate — the rule ``--release`` and the model × system defaults follow
+    (:func:`workloads.recipe_settings.layout_bound_skip`). They depend on nothing else, so they are
+    memoised on the base's identity."""
+    key = ("layout", pp, vpp, ep, tp)
     hit = _CONFIG_PARTS.get(key, base)
     if hit is None:
         base_par = base.parallelism
-        sizes = {"pp": pp, "vpp": vpp, "ep": ep}
+        sizes = {"pp": pp, "vpp": vpp, "ep": ep, "tp": tp}
         recipe_pp_vpp = (base_par.pp, base_par.vpp)
-        reset = {k: Parallelism.model_fields[k].default for k in (*LAYOUT_KEYS, "ep_comm_overlap")
-                 if layout_bound_skip(k, getattr(base_par, k), recipe_pp_vpp, sizes) is not None}
+        reset = {k: Parallelism.model_fields[k].default for k in (*LAYOUT_KEYS, "ep_comm_overlap", "sequence_parallel")
+                 if layout_bound_skip(k, getattr(base_par, k), recipe_pp_vpp, sizes, recipe_tp=base_par.tp) is not None}
         runtime = base.runtime
         if layout_bound_skip("delay_wgrad_compute", runtime.delay_wgrad_compute, recipe_pp_vpp, sizes) is not None:
             runtime = runtime.model_copy(update={"delay_wgrad_compute": False})
@@ -182,7 +183,7 @@ def candidate_config(base: ScenarioConfig, cand: Candidate) -> ScenarioConfig:
     The candidate's sizes replace the base's, the base's settings bound to its own layout are reset
     (:func:`_layout_parts`); the reset, the runtime and the optimizer section are memoised (planner
     searches build tens of thousands of configs)."""
-    reset, runtime = _layout_parts(base, cand.pp, cand.vpp, cand.ep)
+    reset, runtime = _layout_parts(base, cand.pp, cand.vpp, cand.ep, cand.tp)
     par = base.parallelism.model_copy(update={
         "tp": cand.tp, "pp": cand.pp, "vpp": cand.vpp, "cp": cand.cp, "ep": cand.ep, "etp": cand.etp,
         "micro_batch_size": cand.mbs, "recompute": cand.recompute, **reset,
@@ -307,7 +308,8 @@ def structure_mask(base: Scenario, grid: np.ndarray) -> np.ndarray:
     elif p.pipeline_split == "auto":
         ok &= even | (layers % pp != 0)
     ok &= (cp == 1) | (p.seq_length % (2 * cp) == 0)
-    sequence_parallel = (tp > 1) & (p.sequence_parallel is not False)  # default: on when tp > 1
+    # default: on when tp > 1; off from a tp-1 base does not carry to tp > 1 (_layout_parts)
+    sequence_parallel = (tp > 1) & ((p.sequence_parallel is not False) | (p.tp == 1))
     ok &= ~sequence_parallel | ((p.seq_length // cp) % tp == 0)
     dp = np.where(ok, gpus // mp, 1)
     if m.moe is None:
