@@ -175,3 +175,49 @@ def test_small_chunk_memo_on_relative_loads_equals_the_walk(seed: int) -> None:
         assert mine == walked
     lay._SMALL_CHUNK_MEMO.clear()
     assert hits == 400  # every second chunk was a memo hit
+
+
+def _definition(sizes: list[int], costs: list[float], loads: list[float], cap: float | None):
+    """The LPT rule written plainly: descending cost (stable), each item onto the least-loaded shard
+    (ties: the lowest) among those whose 64-aligned fill plus its size is at most ``cap``; when none
+    is, onto the lowest cursor (ties: the lowest shard)."""
+    d = len(loads)
+    load, fill, cursor = list(loads), [0] * d, [0] * d
+    owner, start = [0] * len(sizes), [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -costs[i]):
+        fits = [r for r in range(d) if cap is None or fill[r] + sizes[i] <= cap]
+        r = min(fits, key=lambda r: (load[r], r)) if fits else min(range(d), key=lambda r: (cursor[r], r))
+        owner[i], start[i] = r, fill[r]
+        cursor[r] = fill[r] + sizes[i]
+        fill[r] = -(-cursor[r] // 64) * 64
+        load[r] += costs[i]
+    return owner, start, cursor, load
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_walks_equal_the_rule(seed: int) -> None:
+    """The list walk and the heap walk (whose first test is whether the least-loaded shard fits)
+    place as the rule says, on caps that bind the least-loaded shard only, every shard, or none:
+    a large item first makes its shard the most filled while another shard is the least loaded."""
+    rng = random.Random(500 + seed)
+    for _ in range(300):
+        d = rng.choice([2, 3, 4, 8, 32])
+        kinds = [(rng.choice([64, 100, 4096, 5000, 29_360_128]), rng.choice([1.0, 2.0, 7.0, 64.0, 3e9]))
+                 for _ in range(4)]
+        items = [rng.choice(kinds) for _ in range(rng.randint(1, 60))]
+        sizes, costs = [s for s, _ in items], [c for _, c in items]
+        loads = [rng.choice([0.0, 1.0, 7.0, 3e9]) for _ in range(d)]
+        cap = rng.choice([None, 1.3 * sum(sizes) / d, 0.5 * max(sizes), 5000.0, 1e7])
+        expected = _definition(sizes, costs, loads, cap)
+        mine = list(loads)
+        assert lpt.lpt_place_small(sizes, costs, mine, cap) + (mine,) == expected
+        assert _heap_walk(sizes, costs, loads, cap) == expected
+    # hand case, cap 100 on 2 shards: the 90-element item (cost 5) goes on shard 0 (fill 128); the
+    # next (20, cost 4) on shard 1, the least loaded; the third (20, cost 3) again on shard 1 (load 4
+    # < 5, and its fill 64 + 20 fits) at 64
+    assert _definition([90, 20, 20], [5.0, 4.0, 3.0], [0.0, 0.0], 100.0)[:2] == ([0, 1, 1], [0, 0, 64])
+    assert lpt.lpt_place_small([90, 20, 20], [5.0, 4.0, 3.0], [0.0, 0.0], 100.0)[:2] == ([0, 1, 1], [0, 0, 64])
+    # loads 0 and 1: the first item (90, cost 0.5) fills shard 0 to 128; the next (20) finds shard 0
+    # least loaded (0.5 < 1) but not fitting under 100: shard 1
+    assert _definition([90, 20], [0.5, 0.25], [0.0, 1.0], 100.0)[:2] == ([0, 1], [0, 0])
+    assert lpt.lpt_place_small([90, 20], [0.5, 0.25], [0.0, 1.0], 100.0)[:2] == ([0, 1], [0, 0])

@@ -26,8 +26,8 @@ import numpy as np
 
 PARAM_ALIGN = 64  # elements: parameter starts in distributed-optimizer buffers
 BATCH_WORK = 1024  # below n·d = this (n items, d shards) and without a long run: the plain-list walk
-BATCH_RUN = 8  # a run of k identical items goes in one step when k reaches this ...
-BATCH_SHARDS = 4  # ... and k·BATCH_SHARDS reaches d (a step costs O(d), a single placement O(log d))
+BATCH_RUN = 64  # a run of k identical items goes in one step when k reaches this ...
+BATCH_SHARDS = 1  # ... and k·BATCH_SHARDS reaches d (a step costs O(d) Python work, a single placement O(log d))
 RUN_ARRAYS = 64  # a batched run of this many items or more is laid out with numpy, a shorter one on lists
 EXACT_LIMIT = 2 ** 53  # loads below this are exact integers in float64
 
@@ -45,7 +45,6 @@ class _Shards:
         self.padded = [0] * self.d
         self.cursor = [0] * self.d
         self.cap = cap
-        self.top = 0  # max(padded): while it plus an item's size is under the cap, every shard fits
         self.heap = [(x, r) for r, x in enumerate(self.load)]
         heapq.heapify(self.heap)
 
@@ -60,18 +59,16 @@ class _Shards:
             self.cursor[r] = sizes[r]
             self.padded[r] = _aligned(sizes[r])
             self.load[r] += costs[r]
-        self.top = max(self.padded)
         self.heap = [(x, r) for r, x in enumerate(self.load)]
         heapq.heapify(self.heap)
         return self.d
 
     def place_one(self, size: int, cost: float) -> tuple[int, int]:
         """(shard, start) of one item: the least-loaded shard it fits on, else the lowest cursor."""
-        heap, cap, padded = self.heap, self.cap, self.padded
-        if cap is None or self.top + size <= cap:  # every shard fits: the least loaded (stale entries dropped)
-            load = self.load
-            while heap[0][0] != load[heap[0][1]]:
-                heapq.heappop(heap)
+        heap, cap, padded, load = self.heap, self.cap, self.padded, self.load
+        while heap[0][0] != load[heap[0][1]]:  # stale entries dropped
+            heapq.heappop(heap)
+        if cap is None or padded[heap[0][1]] + size <= cap:  # the least-loaded shard fits: it is the pick
             return self._put(heapq.heappop(heap)[1], size, cost)
         if min(padded) + size > cap:  # fits nowhere: the shortest shard, heap untouched
             return self._put(min(range(self.d), key=self.cursor.__getitem__), size, cost)
@@ -97,7 +94,6 @@ class _Shards:
         at = self.padded[r]
         self.cursor[r] = at + size
         self.padded[r] = _aligned(at + size)
-        self.top = max(self.top, self.padded[r])
         self.load[r] += cost
         heapq.heappush(self.heap, (self.load[r], r))
         return r, at
@@ -169,7 +165,6 @@ class _Shards:
             if t:
                 cursor[r] = padded[r] + (t - 1) * step + size
                 padded[r] += t * step
-                self.top = max(self.top, padded[r])
                 loads[r] = float(load[r] + t * cost)
                 heapq.heappush(heap, (loads[r], r))
         return seq, starts, fit
@@ -214,21 +209,18 @@ def lpt_place_small(sizes: list[int], costs: list[float], load: list[float],
             load[r] += costs[i]
         return one, start, cursor
     shards = range(d)
-    top = 0  # max(padded): while it plus an item's size is under the cap, every shard fits
     for i in sorted(range(len(sizes)), key=lambda i: -costs[i]):  # stable: ties in input order
         size = sizes[i]
         # the least-loaded fitting shard, ties to the lowest (min and index keep the first of equals);
         # if nothing fits under the cap, the shortest shard
-        if cap is None or top + size <= cap:
-            r = load.index(min(load))
-        else:
+        r = load.index(min(load))
+        if cap is not None and padded[r] + size > cap:  # the least loaded does not fit
             fits = [r for r in shards if padded[r] + size <= cap]
             r = min(fits, key=load.__getitem__) if fits else min(shards, key=cursor.__getitem__)
         at = padded[r]
         owner[i], start[i] = r, at
         cursor[r] = at + size
         padded[r] = _aligned(at + size)
-        top = max(top, padded[r])
         load[r] += costs[i]
     return owner, start, cursor
 
