@@ -221,3 +221,41 @@ def test_walks_equal_the_rule(seed: int) -> None:
     # least loaded (0.5 < 1) but not fitting under 100: shard 1
     assert _definition([90, 20], [0.5, 0.25], [0.0, 1.0], 100.0)[:2] == ([0, 1], [0, 0])
     assert lpt.lpt_place_small([90, 20], [0.5, 0.25], [0.0, 1.0], 100.0)[:2] == ([0, 1], [0, 0])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_runs_dealt_round_robin_equal_the_rule(seed: int) -> None:
+    """Long runs of identical items on equally loaded shards (a buffer of expert copies), which the
+    list walk deals round robin in one step (lpt._deal_run) when every round raises the load and no
+    item passes the cap: the same shards, starts, cursors and loads as the rule, also when a round
+    does not raise the load (a level of 2^54 and costs of 1: absorbed), when the cap binds inside
+    the run, and when the run is not a multiple of d."""
+    rng = random.Random(600 + seed)
+    dealt = 0
+    for _ in range(300):
+        d = rng.choice([1, 2, 3, 4, 8])
+        runs = [(rng.choice([64, 100, 4096, 29_360_128]), rng.choice([1.0, 3.0, 7.0, 2.5, 3e9]), rng.randint(1, 40))
+                for _ in range(rng.randint(1, 3))]
+        sizes = [s for s, _, k in runs for _ in range(k)]
+        costs = [c for _, c, k in runs for _ in range(k)]
+        level = rng.choice([0.0, 5.0, 2.0 ** 54])
+        cap = rng.choice([None, 1.3 * sum(sizes) / d, 3.0 * max(sizes), 5000.0])
+        expected = _definition(sizes, costs, [level] * d, cap)
+        mine = [level] * d
+        assert lpt.lpt_place_small(sizes, costs, mine, cap) + (mine,) == expected
+        # the one-step deal, where it applies, is what the rule does (the walk above may have used it)
+        owner, start, load, padded, cursor = [0] * len(sizes), [0] * len(sizes), [level] * d, [0] * d, [0] * d
+        k = runs[0][2]
+        if lpt._deal_run(list(range(k)), sizes[0], costs[0], load, padded, cursor, cap, owner, start):
+            dealt += 1
+            first = _definition(sizes[:k], costs[:k], [level] * d, cap)
+            assert (owner[:k], start[:k], cursor, load) == first
+    assert dealt > 100
+    # hand case: 5 items of 100 elements (cost 2) on 2 shards at level 0: shards 0 1 0 1 0 at fills
+    # 0 0 128 128 256; shard 0 ends at 256 + 100 with load 6, shard 1 at 228 with load 4
+    owner, start, load, padded, cursor = [0] * 5, [0] * 5, [0.0, 0.0], [0, 0], [0, 0]
+    assert lpt._deal_run(list(range(5)), 100, 2.0, load, padded, cursor, None, owner, start)
+    assert (owner, start, cursor, load, padded) == ([0, 1, 0, 1, 0], [0, 0, 128, 128, 256], [356, 228], [6.0, 4.0], [384, 256])
+    # absorbed: 2^54 + 1 == 2^54, the walk keeps picking shard 0; unequal loads: not dealt
+    assert not lpt._deal_run([0, 1], 100, 1.0, [2.0 ** 54] * 2, [0, 0], [0, 0], None, [0, 0], [0, 0])
+    assert not lpt._deal_run([0, 1], 100, 1.0, [0.0, 1.0], [0, 0], [0, 0], None, [0, 0], [0, 0])
