@@ -88,12 +88,12 @@ def test_one_item_per_shard_shortcut_equals_heap_walk(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_batched_runs_equal_heap_walk(seed: int) -> None:
     """Every run of identical items placed in one step (:meth:`lpt._Shards.place_run`, forced with
-    BATCH_RUN = 1, no shard limit) gives the heap walk's shards, starts, cursors and loads (integer costs and
-    loads, with and without a cap, including caps some or every item exceeds)."""
+    BATCH_RUN = 1, no shard limit, no list walk) gives the heap walk's shards, starts, cursors and
+    loads (integer costs and loads, with and without a cap, including caps some or every item exceeds)."""
     rng = random.Random(200 + seed)
-    saved = lpt.BATCH_RUN, lpt.BATCH_SHARDS
+    saved = lpt.BATCH_RUN, lpt.BATCH_SHARDS, lpt.BATCH_WORK
     try:
-        lpt.BATCH_RUN, lpt.BATCH_SHARDS = 1, 10**9
+        lpt.BATCH_RUN, lpt.BATCH_SHARDS, lpt.BATCH_WORK = 1, 10**9, 0
         for _ in range(200):
             d = rng.choice([1, 2, 3, 4, 8, 16, 64])
             kinds = [(rng.choice([0, 64, 100, 4096, 5000, 14_680_064]), float(rng.choice([1, 2, 7, 64, 3_000_000_000])))
@@ -107,14 +107,16 @@ def test_batched_runs_equal_heap_walk(seed: int) -> None:
             owner, start, cursor = lpt.lpt_place(np.array(sizes, dtype=np.int64), np.array(costs), mine, cap)
             assert (owner.tolist(), start.tolist(), cursor.tolist(), mine.tolist()) == expected
     finally:
-        lpt.BATCH_RUN, lpt.BATCH_SHARDS = saved
+        lpt.BATCH_RUN, lpt.BATCH_SHARDS, lpt.BATCH_WORK = saved
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_one_per_shard_head_then_walk_equals_heap_walk(seed: int) -> None:
+def test_one_per_shard_head_then_walk_equals_heap_walk(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """More items than shards on equally loaded shards: the first d items of the cost order go one
-    per shard (_Shards.seed_one_per_shard) and the rest are walked from there; the result is the
-    heap walk's, item by item from the start (shards, starts, cursors, loads)."""
+    per shard (_Shards.seed_one_per_shard) and the rest are walked from there (the heap path, the
+    list walk off); the result is the heap walk's, item by item from the start (shards, starts,
+    cursors, loads)."""
+    monkeypatch.setattr(lpt, "BATCH_WORK", 0)
     rng = random.Random(300 + seed)
     for _ in range(200):
         d = rng.choice([2, 3, 8, 16, 64])

@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 PARAM_ALIGN = 64  # elements: parameter starts in distributed-optimizer buffers
-BATCH_WORK = 1024  # below n·d = this (n items, d shards): the plain-list walk (runs dealt round robin where it can)
+BATCH_WORK = 4096  # below n·d = this (n items, d shards): the plain-list walk (runs dealt round robin where it can)
 BATCH_RUN = 64  # a run of k identical items goes in one step when k reaches this ...
 BATCH_SHARDS = 1  # ... and k·BATCH_SHARDS reaches d (a step costs O(d) Python work, a single placement O(log d))
 RUN_ARRAYS = 64  # a batched run of this many items or more is laid out with numpy, a shorter one on lists
