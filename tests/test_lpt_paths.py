@@ -88,12 +88,12 @@ def test_one_item_per_shard_shortcut_equals_heap_walk(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_batched_runs_equal_heap_walk(seed: int) -> None:
     """Every run of identical items placed in one step (:meth:`lpt._Shards.place_run`, forced with
-    BATCH_RUN = 1, no shard limit) gives the heap walk's shards, starts, cursors and loads (integer costs and
-    loads, with and without a cap, including caps some or every item exceeds)."""
+    BATCH_RUN = 1, no shard limit, no list walk) gives the heap walk's shards, starts, cursors and
+    loads (integer costs and loads, with and without a cap, including caps some or every item exceeds)."""
     rng = random.Random(200 + seed)
-    saved = lpt.BATCH_RUN, lpt.BATCH_SHARDS
+    saved = lpt.BATCH_RUN, lpt.BATCH_SHARDS, lpt.BATCH_WORK
     try:
-        lpt.BATCH_RUN, lpt.BATCH_SHARDS = 1, 10**9
+        lpt.BATCH_RUN, lpt.BATCH_SHARDS, lpt.BATCH_WORK = 1, 10**9, 0
         for _ in range(200):
             d = rng.choice([1, 2, 3, 4, 8, 16, 64])
             kinds = [(rng.choice([0, 64, 100, 4096, 5000, 14_680_064]), float(rng.choice([1, 2, 7, 64, 3_000_000_000])))
@@ -107,14 +107,16 @@ def test_batched_runs_equal_heap_walk(seed: int) -> None:
             owner, start, cursor = lpt.lpt_place(np.array(sizes, dtype=np.int64), np.array(costs), mine, cap)
             assert (owner.tolist(), start.tolist(), cursor.tolist(), mine.tolist()) == expected
     finally:
-        lpt.BATCH_RUN, lpt.BATCH_SHARDS = saved
+        lpt.BATCH_RUN, lpt.BATCH_SHARDS, lpt.BATCH_WORK = saved
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_one_per_shard_head_then_walk_equals_heap_walk(seed: int) -> None:
+def test_one_per_shard_head_then_walk_equals_heap_walk(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """More items than shards on equally loaded shards: the first d items of the cost order go one
-    per shard (_Shards.seed_one_per_shard) and the rest are walked from there; the result is the
-    heap walk's, item by item from the start (shards, starts, cursors, loads)."""
+    per shard (_Shards.seed_one_per_shard) and the rest are walked from there (the heap path, the
+    list walk off); the result is the heap walk's, item by item from the start (shards, starts,
+    cursors, loads)."""
+    monkeypatch.setattr(lpt, "BATCH_WORK", 0)
     rng = random.Random(300 + seed)
     for _ in range(200):
         d = rng.choice([2, 3, 8, 16, 64])
@@ -175,3 +177,87 @@ def test_small_chunk_memo_on_relative_loads_equals_the_walk(seed: int) -> None:
         assert mine == walked
     lay._SMALL_CHUNK_MEMO.clear()
     assert hits == 400  # every second chunk was a memo hit
+
+
+def _definition(sizes: list[int], costs: list[float], loads: list[float], cap: float | None):
+    """The LPT rule written plainly: descending cost (stable), each item onto the least-loaded shard
+    (ties: the lowest) among those whose 64-aligned fill plus its size is at most ``cap``; when none
+    is, onto the lowest cursor (ties: the lowest shard)."""
+    d = len(loads)
+    load, fill, cursor = list(loads), [0] * d, [0] * d
+    owner, start = [0] * len(sizes), [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -costs[i]):
+        fits = [r for r in range(d) if cap is None or fill[r] + sizes[i] <= cap]
+        r = min(fits, key=lambda r: (load[r], r)) if fits else min(range(d), key=lambda r: (cursor[r], r))
+        owner[i], start[i] = r, fill[r]
+        cursor[r] = fill[r] + sizes[i]
+        fill[r] = -(-cursor[r] // 64) * 64
+        load[r] += costs[i]
+    return owner, start, cursor, load
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_walks_equal_the_rule(seed: int) -> None:
+    """The list walk and the heap walk (whose first test is whether the least-loaded shard fits)
+    place as the rule says, on caps that bind the least-loaded shard only, every shard, or none:
+    a large item first makes its shard the most filled while another shard is the least loaded."""
+    rng = random.Random(500 + seed)
+    for _ in range(300):
+        d = rng.choice([2, 3, 4, 8, 32])
+        kinds = [(rng.choice([64, 100, 4096, 5000, 29_360_128]), rng.choice([1.0, 2.0, 7.0, 64.0, 3e9]))
+                 for _ in range(4)]
+        items = [rng.choice(kinds) for _ in range(rng.randint(1, 60))]
+        sizes, costs = [s for s, _ in items], [c for _, c in items]
+        loads = [rng.choice([0.0, 1.0, 7.0, 3e9]) for _ in range(d)]
+        cap = rng.choice([None, 1.3 * sum(sizes) / d, 0.5 * max(sizes), 5000.0, 1e7])
+        expected = _definition(sizes, costs, loads, cap)
+        mine = list(loads)
+        assert lpt.lpt_place_small(sizes, costs, mine, cap) + (mine,) == expected
+        assert _heap_walk(sizes, costs, loads, cap) == expected
+    # hand case, cap 100 on 2 shards: the 90-element item (cost 5) goes on shard 0 (fill 128); the
+    # next (20, cost 4) on shard 1, the least loaded; the third (20, cost 3) again on shard 1 (load 4
+    # < 5, and its fill 64 + 20 fits) at 64
+    assert _definition([90, 20, 20], [5.0, 4.0, 3.0], [0.0, 0.0], 100.0)[:2] == ([0, 1, 1], [0, 0, 64])
+    assert lpt.lpt_place_small([90, 20, 20], [5.0, 4.0, 3.0], [0.0, 0.0], 100.0)[:2] == ([0, 1, 1], [0, 0, 64])
+    # loads 0 and 1: the first item (90, cost 0.5) fills shard 0 to 128; the next (20) finds shard 0
+    # least loaded (0.5 < 1) but not fitting under 100: shard 1
+    assert _definition([90, 20], [0.5, 0.25], [0.0, 1.0], 100.0)[:2] == ([0, 1], [0, 0])
+    assert lpt.lpt_place_small([90, 20], [0.5, 0.25], [0.0, 1.0], 100.0)[:2] == ([0, 1], [0, 0])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_runs_dealt_round_robin_equal_the_rule(seed: int) -> None:
+    """Long runs of identical items on equally loaded shards (a buffer of expert copies), which the
+    list walk deals round robin in one step (lpt._deal_run) when every round raises the load and no
+    item passes the cap: the same shards, starts, cursors and loads as the rule, also when a round
+    does not raise the load (a level of 2^54 and costs of 1: absorbed), when the cap binds inside
+    the run, and when the run is not a multiple of d."""
+    rng = random.Random(600 + seed)
+    dealt = 0
+    for _ in range(300):
+        d = rng.choice([1, 2, 3, 4, 8])
+        runs = [(rng.choice([64, 100, 4096, 29_360_128]), rng.choice([1.0, 3.0, 7.0, 2.5, 3e9]), rng.randint(1, 40))
+                for _ in range(rng.randint(1, 3))]
+        sizes = [s for s, _, k in runs for _ in range(k)]
+        costs = [c for _, c, k in runs for _ in range(k)]
+        level = rng.choice([0.0, 5.0, 2.0 ** 54])
+        cap = rng.choice([None, 1.3 * sum(sizes) / d, 3.0 * max(sizes), 5000.0])
+        expected = _definition(sizes, costs, [level] * d, cap)
+        mine = [level] * d
+        assert lpt.lpt_place_small(sizes, costs, mine, cap) + (mine,) == expected
+        # the one-step deal, where it applies, is what the rule does (the walk above may have used it)
+        owner, start, load, padded, cursor = [0] * len(sizes), [0] * len(sizes), [level] * d, [0] * d, [0] * d
+        k = runs[0][2]
+        if lpt._deal_run(list(range(k)), sizes[0], costs[0], load, padded, cursor, cap, owner, start):
+            dealt += 1
+            first = _definition(sizes[:k], costs[:k], [level] * d, cap)
+            assert (owner[:k], start[:k], cursor, load) == first
+    assert dealt > 100
+    # hand case: 5 items of 100 elements (cost 2) on 2 shards at level 0: shards 0 1 0 1 0 at fills
+    # 0 0 128 128 256; shard 0 ends at 256 + 100 with load 6, shard 1 at 228 with load 4
+    owner, start, load, padded, cursor = [0] * 5, [0] * 5, [0.0, 0.0], [0, 0], [0, 0]
+    assert lpt._deal_run(list(range(5)), 100, 2.0, load, padded, cursor, None, owner, start)
+    assert (owner, start, cursor, load, padded) == ([0, 1, 0, 1, 0], [0, 0, 128, 128, 256], [356, 228], [6.0, 4.0], [384, 256])
+    # absorbed: 2^54 + 1 == 2^54, the walk keeps picking shard 0; unequal loads: not dealt
+    assert not lpt._deal_run([0, 1], 100, 1.0, [2.0 ** 54] * 2, [0, 0], [0, 0], None, [0, 0], [0, 0])
+    assert not lpt._deal_run([0, 1], 100, 1.0, [0.0, 1.0], [0, 0], [0, 0], None, [0, 0], [0, 0])

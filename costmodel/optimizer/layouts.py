@@ -28,11 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.optimizer.lpt import (
-    BATCH_RUN,
     BATCH_WORK,
     EXACT_LIMIT,
     PARAM_ALIGN,
-    has_long_run,
     lpt_place,
     lpt_place_small,
 )
@@ -240,15 +238,19 @@ def chunk_bounds(numel: list[int], d: int, bucket_size: int | None) -> list[int]
     if bucket_size is None:
         return [0, len(numel)] if numel else [0]
     multiple = shard_pad_multiple(d)
-    acc = largest = 0
+    acc = largest = first = 0
+    closing = bucket_size  # max(bucket_size, int(0.9·d·largest)), updated when largest grows
     for i, n in enumerate(numel):
-        if i > bounds[-1] and acc >= max(bucket_size, int(0.9 * d * largest)):
+        if acc >= closing and i > first:
             shard = round_up(max(-(-acc // d), largest), multiple)
             if not (n <= d * shard - acc and n <= shard):
                 bounds.append(i)
                 acc = largest = 0
+                first, closing = i, bucket_size
         acc += n
-        largest = max(largest, n)
+        if n > largest:
+            largest = n
+            closing = max(bucket_size, int(0.9 * d * largest))
     bounds.append(len(numel))
     return bounds
 
@@ -335,13 +337,11 @@ def _layer_wise_buckets(numel: np.ndarray, cost: np.ndarray, d: int, bucket_size
         if d == 1:  # one shard: every item on it, loads irrelevant
             out.append(_single_shard_span(lo, hi, sizes[lo:hi], costs[lo:hi], strategy))
             continue
-        if strategy == "lpt" and (hi - lo) * d < BATCH_WORK and (
-                len(bounds) > 2 or hi - lo < BATCH_RUN or not has_long_run(numel, cost)):
-            # a small chunk of several (their placements memoised), or a small buffer without a long
-            # run of identical items: plain lists
-            if exact is None:  # every load then stays an exact integer
+        if strategy == "lpt" and (hi - lo) * d < BATCH_WORK:  # a small chunk: plain lists
+            if len(bounds) > 2 and exact is None:  # every load then stays an exact integer
                 exact = bool(np.all(cost >= 0)) and bool(np.all(cost == np.floor(cost))) and float(cost.sum()) < EXACT_LIMIT
-            out.append(_small_lpt_span(lo, hi, sizes[lo:hi], costs[lo:hi], d, load, exact))
+            # a chunk of several: its placement memoised (the layout of a buffer of one chunk is)
+            out.append(_small_lpt_span(lo, hi, sizes[lo:hi], costs[lo:hi], d, load, memo=len(bounds) > 2, exact=bool(exact)))
             continue
         loads = np.array(load)
         owner, start, cursors = _assign_chunk(numel[lo:hi], cost[lo:hi], d, loads, strategy)
@@ -376,7 +376,7 @@ def relative_loads(load: list[float], spread: float) -> tuple[float, ...]:
 
 
 def _small_lpt_span(lo: int, hi: int, sizes: list[int], costs: list[float], d: int, load: list[float],
-                    exact: bool = False) -> BucketSpan:
+                    memo: bool = True, exact: bool = False) -> BucketSpan:
     """The bucket of chunk ``lo:hi`` placed by LPT under the 1.3x cap on plain lists
     (:func:`costmodel.optimizer.lpt.lpt_place_small`; what :func:`_assign_chunk` does, without
     numpy's per-call overhead); ``load`` is updated in place.
@@ -386,10 +386,11 @@ def _small_lpt_span(lo: int, hi: int, sizes: list[int], costs: list[float], d: i
     then exact, so the placement and the costs it adds per shard depend on the loads only through
     their relative loads (the repeated chunks of a buffer of identical expert matrices hit, also
     when some shards drift ever further ahead). ``exact``: the caller knows it is so (integer
-    costs >= 0 of the whole buffer summing below 2⁵³, loads starting at 0), else it is checked here."""
+    costs >= 0 of the whole buffer summing below 2⁵³, loads starting at 0), else it is checked here.
+    ``memo`` False: not memoised (a buffer of one chunk, whose whole layout is)."""
     key = None
-    if exact or (max(load) + sum(costs) < EXACT_LIMIT and all(x.is_integer() for x in load)
-                 and all(float(c).is_integer() and c >= 0 for c in costs)):
+    if memo and (exact or (max(load) + sum(costs) < EXACT_LIMIT and all(x.is_integer() for x in load)
+                           and all(float(c).is_integer() and c >= 0 for c in costs))):
         key = (tuple(sizes), tuple(costs), relative_loads(load, float(sum(costs))))
         hit = _SMALL_CHUNK_MEMO.get(key)
         if hit is not None:
@@ -400,8 +401,8 @@ def _small_lpt_span(lo: int, hi: int, sizes: list[int], costs: list[float], d: i
     used = sum(sizes)
     owner, start, cursor = lpt_place_small(sizes, costs, load, LPT_CAP * float(used) / d)
     shard = round_up(max(max(cursor), 1), shard_pad_multiple(d))
-    span = BucketSpan.of(lo, hi, shard * d, used, np.array([o * shard + a for o, a in zip(owner, start, strict=True)],
-                                                           dtype=np.int64), np.array(owner, dtype=np.int64))
+    owners = np.array(owner, dtype=np.int64)
+    span = BucketSpan.of(lo, hi, shard * d, used, owners * shard + np.array(start, dtype=np.int64), owners)
     if key is not None:
         span.starts.setflags(write=False)
         span.owner.setflags(write=False)  # type: ignore[union-attr]

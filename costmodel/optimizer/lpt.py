@@ -25,9 +25,9 @@ import math
 import numpy as np
 
 PARAM_ALIGN = 64  # elements: parameter starts in distributed-optimizer buffers
-BATCH_WORK = 1024  # below n·d = this (n items, d shards) and without a long run: the plain-list walk
-BATCH_RUN = 8  # a run of k identical items goes in one step when k reaches this ...
-BATCH_SHARDS = 4  # ... and k·BATCH_SHARDS reaches d (a step costs O(d), a single placement O(log d))
+BATCH_WORK = 4096  # below n·d = this (n items, d shards): the plain-list walk (runs dealt round robin where it can)
+BATCH_RUN = 64  # a run of k identical items goes in one step when k reaches this ...
+BATCH_SHARDS = 1  # ... and k·BATCH_SHARDS reaches d (a step costs O(d) Python work, a single placement O(log d))
 RUN_ARRAYS = 64  # a batched run of this many items or more is laid out with numpy, a shorter one on lists
 EXACT_LIMIT = 2 ** 53  # loads below this are exact integers in float64
 
@@ -45,7 +45,6 @@ class _Shards:
         self.padded = [0] * self.d
         self.cursor = [0] * self.d
         self.cap = cap
-        self.top = 0  # max(padded): while it plus an item's size is under the cap, every shard fits
         self.heap = [(x, r) for r, x in enumerate(self.load)]
         heapq.heapify(self.heap)
 
@@ -60,18 +59,16 @@ class _Shards:
             self.cursor[r] = sizes[r]
             self.padded[r] = _aligned(sizes[r])
             self.load[r] += costs[r]
-        self.top = max(self.padded)
         self.heap = [(x, r) for r, x in enumerate(self.load)]
         heapq.heapify(self.heap)
         return self.d
 
     def place_one(self, size: int, cost: float) -> tuple[int, int]:
         """(shard, start) of one item: the least-loaded shard it fits on, else the lowest cursor."""
-        heap, cap, padded = self.heap, self.cap, self.padded
-        if cap is None or self.top + size <= cap:  # every shard fits: the least loaded (stale entries dropped)
-            load = self.load
-            while heap[0][0] != load[heap[0][1]]:
-                heapq.heappop(heap)
+        heap, cap, padded, load = self.heap, self.cap, self.padded, self.load
+        while heap[0][0] != load[heap[0][1]]:  # stale entries dropped
+            heapq.heappop(heap)
+        if cap is None or padded[heap[0][1]] + size <= cap:  # the least-loaded shard fits: it is the pick
             return self._put(heapq.heappop(heap)[1], size, cost)
         if min(padded) + size > cap:  # fits nowhere: the shortest shard, heap untouched
             return self._put(min(range(self.d), key=self.cursor.__getitem__), size, cost)
@@ -97,7 +94,6 @@ class _Shards:
         at = self.padded[r]
         self.cursor[r] = at + size
         self.padded[r] = _aligned(at + size)
-        self.top = max(self.top, self.padded[r])
         self.load[r] += cost
         heapq.heappush(self.heap, (self.load[r], r))
         return r, at
@@ -169,7 +165,6 @@ class _Shards:
             if t:
                 cursor[r] = padded[r] + (t - 1) * step + size
                 padded[r] += t * step
-                self.top = max(self.top, padded[r])
                 loads[r] = float(load[r] + t * cost)
                 heapq.heappush(heap, (loads[r], r))
         return seq, starts, fit
@@ -214,37 +209,64 @@ def lpt_place_small(sizes: list[int], costs: list[float], load: list[float],
             load[r] += costs[i]
         return one, start, cursor
     shards = range(d)
-    top = 0  # max(padded): while it plus an item's size is under the cap, every shard fits
-    for i in sorted(range(len(sizes)), key=lambda i: -costs[i]):  # stable: ties in input order
-        size = sizes[i]
-        # the least-loaded fitting shard, ties to the lowest (min and index keep the first of equals);
-        # if nothing fits under the cap, the shortest shard
-        if cap is None or top + size <= cap:
+    order = sorted(range(len(sizes)), key=lambda i: -costs[i])  # stable: ties in input order
+    j, n = 0, len(order)
+    while j < n:
+        size, c = sizes[order[j]], costs[order[j]]
+        e = j + 1  # order[j:e]: a run of identical items
+        while e < n and sizes[order[e]] == size and costs[order[e]] == c:
+            e += 1
+        if e - j >= d and _deal_run(order[j:e], size, c, load, padded, cursor, cap, owner, start):
+            j = e
+            continue
+        for i in order[j:e]:
+            # the least-loaded fitting shard, ties to the lowest (min and index keep the first of equals);
+            # if nothing fits under the cap, the shortest shard
             r = load.index(min(load))
-        else:
-            fits = [r for r in shards if padded[r] + size <= cap]
-            r = min(fits, key=load.__getitem__) if fits else min(shards, key=cursor.__getitem__)
-        at = padded[r]
-        owner[i], start[i] = r, at
-        cursor[r] = at + size
-        padded[r] = _aligned(at + size)
-        top = max(top, padded[r])
-        load[r] += costs[i]
+            if cap is not None and padded[r] + size > cap:  # the least loaded does not fit
+                fits = [r for r in shards if padded[r] + size <= cap]
+                r = min(fits, key=load.__getitem__) if fits else min(shards, key=cursor.__getitem__)
+            at = padded[r]
+            owner[i], start[i] = r, at
+            cursor[r] = at + size
+            padded[r] = _aligned(at + size)
+            load[r] += c
+        j = e
     return owner, start, cursor
 
 
-def has_long_run(numel: np.ndarray, cost: np.ndarray) -> bool:
-    """Whether :data:`BATCH_RUN` consecutive items are identical (size and cost): then the batched
-    path is faster than the plain-list walk (a speed choice only: either gives the same placement;
-    the identical items of a buffer, a layer's expert copies, are consecutive)."""
-    n = len(numel)
-    if n < BATCH_RUN:
+def _deal_run(run: list[int], size: int, cost: float, load: list[float], padded: list[int], cursor: list[int],
+              cap: float | None, owner: list[int], start: list[int]) -> bool:
+    """Place a run of identical items (``run``: their positions, in cost order) as the walk of
+    :func:`lpt_place_small` does, in one step, when it provably deals them round robin: every shard
+    equally loaded, each round of ``d`` items raising the load (``level + cost > level``: the d
+    shards then pass from one level to the next in shard order, the lowest of the least loaded
+    first) and no item beyond the cap on its shard (the least-loaded shard is then always the pick).
+    Item ``j`` goes on shard ``j mod d`` at its 64-aligned fill plus ``(j div d)`` aligned sizes;
+    a shard taking ``m`` items ends at the load the walk's ``m`` additions give. Returns False
+    (nothing placed) otherwise."""
+    d, k = len(load), len(run)
+    levels = [load[0]]
+    if any(x != levels[0] for x in load):
         return False
-    change = np.flatnonzero((numel[1:] != numel[:-1]) | (cost[1:] != cost[:-1]))
-    if len(change) == 0:
-        return True
-    lengths = np.diff(change, prepend=-1, append=n - 1)
-    return bool(lengths.max() >= BATCH_RUN)
+    for _ in range(-(-k // d)):
+        if not levels[-1] + cost > levels[-1]:
+            return False
+        levels.append(levels[-1] + cost)
+    step = _aligned(size)  # fills are multiples of 64: each item moves its shard's fill by this
+    taken = [k // d + (r < k % d) for r in range(d)]
+    if cap is not None and any(m and padded[r] + (m - 1) * step + size > cap for r, m in enumerate(taken)):
+        return False
+    for r in range(d):
+        at = padded[r]
+        for i in run[r::d]:
+            owner[i], start[i] = r, at
+            at += step
+        if taken[r]:
+            cursor[r] = at - step + size
+            padded[r] = at
+            load[r] = levels[taken[r]]
+    return True
 
 
 def lpt_place(numel: np.ndarray, cost: np.ndarray, loads: np.ndarray,
@@ -262,7 +284,7 @@ def lpt_place(numel: np.ndarray, cost: np.ndarray, loads: np.ndarray,
             cursor[one] = sizes_l
             loads[one] += costs_l  # one addition per shard
             return np.array(one, dtype=np.int64), np.zeros(n, dtype=np.int64), cursor
-    if n * d < BATCH_WORK and not has_long_run(np.asarray(numel), np.asarray(cost)):  # the plain-list walk (same placement)
+    if n * d < BATCH_WORK:  # the plain-list walk (same placement)
         load = loads.astype(np.float64).tolist()
         owner_l, start_l, cursor_l = lpt_place_small(np.asarray(numel, dtype=np.int64).tolist(),
                                                      np.asarray(cost, dtype=np.float64).tolist(), load, cap)
