@@ -75,7 +75,8 @@ def kernel_options(scenario: Scenario) -> KernelOptions:
                          router_dtype=rt.moe_router_dtype or "bf16", grouped_gemm=rt.moe_grouped_gemm,
                          gradient_accumulation_fusion=rt.gradient_accumulation_fusion,
                          cross_entropy_fusion=rt.cross_entropy_loss_fusion, dispatcher_host_sync=sync,
-                         unfused_attention=rt.unfused_attention, sharded_grad_copy=sharded,
+                         unfused_attention=rt.unfused_attention, local_spec=rt.transformer_impl == "local",
+                         sharded_grad_copy=sharded,
                          grad_bytes=opt.grad_bytes if sharded else 4,
                          grad_shard=scenario.par.fsdp if sharded else 1,
                          expert_grad_shard=scenario.expert_dp if sharded else 1)
@@ -156,19 +157,22 @@ def framework_host_s(ops: LayerOps, system: SystemSpec, capture: GraphCapture = 
     own = tuple(oc for oc in backward if not oc[0].name.startswith("recompute."))
     return framework_share_s(kind, system, sum(python_calls(o) for o in ops.forward),
                              eager(tuple(zip(ops.forward, captured_ops[0], strict=True))),
-                             sum(python_calls(o) for o, _ in own), eager(own), eager(recomputed))
+                             sum(python_calls(o) for o, _ in own), eager(own), eager(recomputed), ops.local_spec)
 
 
 def framework_share_s(kind: str, system: SystemSpec, fwd_calls: float, fwd_eager: float, own_calls: float,
-                      own_eager: float, recomputed_eager: float) -> tuple[float, float]:
+                      own_eager: float, recomputed_eager: float, local_spec: bool = False) -> tuple[float, float]:
     """(forward, backward) framework host seconds of one layer pass pair from its framework calls
     (:func:`python_calls` counts): all forward ones, the forward's eager (uncaptured) ones, the
     backward's own (not recomputed) ones, their eager ones and the recomputed eager ones. The rule
-    of :func:`framework_host_s`, shared with the planner's layer template."""
+    of :func:`framework_host_s`, shared with the planner's layer template. ``local_spec``: a layer of
+    Megatron's local spec, whose per-pass time is ``local_spec_host_fraction`` of the TE spec's."""
     if kind not in TRANSFORMER_KINDS or fwd_calls <= 0:
         return 0.0, 0.0
     eff = system.efficiency
     per_pass = eff.layer_host_s + (eff.moe_host_s if kind == "moe" else 0.0)
+    if local_spec:
+        per_pass *= eff.local_spec_host_fraction
     fwd = per_pass * fwd_eager / fwd_calls
     bwd = per_pass * (own_eager / own_calls if own_calls else 0.0) + per_pass * recomputed_eager / fwd_calls
     return fwd, bwd

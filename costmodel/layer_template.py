@@ -178,7 +178,7 @@ def _template(model: ModelSpec, system: SystemSpec, shape: RankShape, kind: str,
     # launches (casts x (1 + 1 / micro-batches), casts >= 0) are positive at every count or at none
     # (python_calls_of), so the host time and its share per window are the template's
     calls = (_calls(kernels[0]), _calls(kernels[1]))
-    host = _host_s(index, kind, system, calls[0], calls[1])
+    host = _host_s(index, kind, system, calls[0], calls[1], ops.local_spec)
     shares = (_window_shares_s(index[0], calls[0], host[0]), _window_shares_s(index[1], calls[1], host[1]))
     template = LayerTemplate(ops, times, captured, index[0].casts, index[1].casts, (fa, ba), index, kernels, gemm_s,
                              expert_wgrad_s, shares)
@@ -221,11 +221,11 @@ def _calls(kernels: Sequence[float]) -> list[float]:
 
 
 def _host_s(index: tuple[PassIndex, PassIndex], kind: str, system: SystemSpec, calls_f: list[float],
-            calls_b: list[float]) -> tuple[float, float]:
+            calls_b: list[float], local_spec: bool = False) -> tuple[float, float]:
     """:func:`costmodel.layer_costs.framework_host_s` from the operations' framework calls (the same sums)."""
     ix_f, ix_b = index
     return framework_share_s(kind, system, sum(calls_f), sum(_pick(calls_f, ix_f.eager)), sum(_pick(calls_b, ix_b.own)),
-                             sum(_pick(calls_b, ix_b.own_eager)), sum(_pick(calls_b, ix_b.recomputed_eager)))
+                             sum(_pick(calls_b, ix_b.own_eager)), sum(_pick(calls_b, ix_b.recomputed_eager)), local_spec)
 
 
 def _window_shares_s(ix: PassIndex, calls: list[float], framework_s: float) -> tuple[float, ...]:

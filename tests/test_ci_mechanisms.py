@@ -64,6 +64,20 @@ def test_framework_host_time_per_layer_pass():
     assert fwd.issue_s == pytest.approx(sum(o.kernels for o in ops.forward) * 1e-5 + 2e-3)
 
 
+def test_local_spec_layers_run_their_share_of_the_framework_host_time():
+    """--transformer-impl local: Megatron-Core's own linears, norms and attention (and SequentialMLP
+    experts) run local_spec_host_fraction of the TE spec's Python per pass, MoE block included."""
+    local = H100.with_efficiency(local_spec_host_fraction=0.7)
+    assert framework_host_s(_ops(GPT, local_spec=True), local) == pytest.approx((1.4e-3, 1.4e-3))
+    assert framework_host_s(_ops(MOE, "moe", local_spec=True), local, kind="moe") == pytest.approx((2.45e-3, 2.45e-3))
+    assert framework_host_s(_ops(GPT), local) == (2e-3, 2e-3)  # the TE spec keeps its own
+    assert _ops(GPT, local_spec=True) != _ops(GPT)  # the layer caches tell them apart
+    from costmodel.layer_costs import kernel_options
+
+    assert kernel_options(_ci_scenario(transformer_impl="local")).local_spec
+    assert not kernel_options(_ci_scenario()).local_spec
+
+
 def test_graph_capture_removes_framework_time_per_operation_not_per_kernel():
     # an MoE pass of four operations: two attention ones (1 kernel each) replayed from a graph, the
     # grouped expert GEMM (16 GEMMs of 16 local experts launched from one TE call) and the unpermute

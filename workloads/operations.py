@@ -185,6 +185,7 @@ class KernelOptions:
     cross_entropy_fusion: bool = True
     dispatcher_host_sync: bool = False
     unfused_attention: bool = False  # attention core as separate batched GEMMs, softmax and dropout
+    local_spec: bool = False  # Megatron's local transformer spec (--transformer-impl local), not TE's
     # Megatron-FSDP with sharded gradients (optim_grads, optim_grads_params): a gradient that arrives in
     # param.grad is copied into the reduce-scatter bucket and the reduced shard added locally
     sharded_grad_copy: bool = False
@@ -237,6 +238,7 @@ class LayerOps:
 
     forward: tuple[Operation, ...]
     backward: tuple[Operation, ...]
+    local_spec: bool = False  # built from Megatron's local spec (KernelOptions.local_spec): its framework host time
 
     def __hash__(self) -> int:
         """The dataclass's hash of (forward, backward), computed once per object: the layer caches
@@ -244,13 +246,13 @@ class LayerOps:
         hashing ~100 operations each time was a good part of the planner's pipeline bounds."""
         cached = self.__dict__.get("_hash")
         if cached is None:
-            cached = hash((self.forward, self.backward))
+            cached = hash((self.forward, self.backward, self.local_spec))
             object.__setattr__(self, "_hash", cached)
         return cached
 
     def __getstate__(self) -> dict[str, object]:
         """Pickled without the cached hash (string hashes differ between processes)."""
-        return {"forward": self.forward, "backward": self.backward}
+        return {"forward": self.forward, "backward": self.backward, "local_spec": self.local_spec}
 
     @property
     def forward_flops(self) -> float:
@@ -366,7 +368,8 @@ class _Builder:
             replay = [o for o in self.fwd if o.module in modules]
         extra = tuple(Operation("recompute." + o.name, o.kind, "bwd", o.module, o.flops, o.bytes, o.tensor_class,
                                 o.m, o.n, o.k, o.groups, o.kernels, weight_cast=o.weight_cast) for o in replay)
-        return LayerOps(forward=tuple(self.fwd), backward=extra + tuple(self.bwd))
+        return LayerOps(forward=tuple(self.fwd), backward=extra + tuple(self.bwd),
+                        local_spec=self.shape.options.local_spec)
 
 
 def _attention_block(b: _Builder, model: ModelSpec) -> None:

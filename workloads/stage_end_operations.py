@@ -48,4 +48,4 @@ def mtp_operations(model: ModelSpec, shape: RankShape, recompute: str = "none",
     out = output_operations(model, shape)
     own = b.build(recompute, recompute_modules)
     return LayerOps(forward=own.forward + layer.forward + out.forward,
-                    backward=own.backward + layer.backward + out.backward)
+                    backward=own.backward + layer.backward + out.backward, local_spec=layer.local_spec)

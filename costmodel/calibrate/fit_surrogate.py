@@ -65,7 +65,7 @@ def linearize(predict_s: Callable[[Mapping[str, float]], float], point: Mapping[
 
 # factors of the host CPU, not of the GPU system: one parameter per host CPU (``SystemSpec.host_cpu``),
 # shared by the systems that have it (GB200 and GB300 NVL72 both run on Grace)
-HOST_FACTORS = frozenset({"layer_host_s", "moe_host_s", "kernel_issue_s"})
+HOST_FACTORS = frozenset({"layer_host_s", "moe_host_s", "kernel_issue_s", "local_spec_host_fraction"})
 
 
 @dataclass(frozen=True)
