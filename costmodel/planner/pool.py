@@ -83,6 +83,31 @@ def _worker_init() -> None:
         pass
 
 
+TERMINATE_WAIT_S = 10.0
+"""Seconds an interrupted search waits for ``multiprocessing.Pool.terminate`` before killing the
+workers itself (:func:`terminate_pool`)."""
+
+
+def terminate_pool(pool: Any, wait_s: float = TERMINATE_WAIT_S) -> bool:
+    """Terminate and join ``pool`` (a ``multiprocessing.Pool``) within ``wait_s`` seconds; True if it
+    did. CPython's ``Pool.terminate`` can block for good: its task-handler thread may be stuck
+    writing a task into the workers' pipe once ``_help_stuff_finish`` has stopped draining it, and
+    terminate then joins that thread. So it runs in a daemon thread; past ``wait_s`` the workers are
+    killed here and the pool's threads abandoned (daemon threads end with the process; the pool's
+    exit finalizer has already run, so interpreter exit does not wait on it again)."""
+    import threading
+
+    done = threading.Thread(target=lambda: (pool.terminate(), pool.join()), name="pool-terminate", daemon=True)
+    done.start()
+    done.join(wait_s)
+    if not done.is_alive():
+        return True
+    for worker in list(getattr(pool, "_pool", ())):  # the worker processes (a private attribute)
+        if worker.exitcode is None:
+            worker.kill()
+    return False
+
+
 class TaskPool:
     """``map`` over tasks with ``jobs`` forked workers (results in completion order)."""
 
@@ -108,15 +133,16 @@ class TaskPool:
         return iter(self._pool.imap_unordered(func, tasks))
 
     def close(self, terminate: bool = False) -> None:
-        """Stop the workers (``terminate`` after an interrupt: do not wait for running tasks)."""
+        """Stop the workers (``terminate`` after an interrupt: do not wait for running tasks; at most
+        :data:`TERMINATE_WAIT_S`, see :func:`terminate_pool`)."""
         if self._pool is None:
             return
+        pool, self._pool = self._pool, None
         if terminate:
-            self._pool.terminate()
-        else:
-            self._pool.close()
-        self._pool.join()
-        self._pool = None
+            terminate_pool(pool)
+            return
+        pool.close()
+        pool.join()
 
     def __enter__(self) -> TaskPool:
         return self
