@@ -53,6 +53,7 @@ SCENARIO_FLAGS: dict[str, tuple[str, str, str]] = {
     "syrk": ("use_syrk", "BOOL", "use SYRK for the symmetric Newton-Schulz products (needs --eo-version >= 0.4)"),
     "eo_version": ("eo_version", "VER", "Emerging-Optimizers release: 0.3.0 (default, Megatron-Core's pin), 0.3.1 or 0.4.0"),
     "split_qkv": ("split_qkv", "BOOL", "orthogonalise Q, K, V separately"),
+    "nesterov": ("use_nesterov", "BOOL", "Muon Nesterov momentum (Megatron --muon-use-nesterov; default off)"),
     "grad_dtype": ("grad_reduce_dtype", "DTYPE", "gradient reduce dtype: fp32 or bf16"),
     "fp8_param_gather": ("fp8_param_gather", "BOOL", "keep TE weights in FP8 and gather them so (AdamW, fp8-cs/mxfp8)"),
     "reuse_grad_buf_for_mxfp8_param_ag": ("reuse_grad_buf_for_mxfp8_param_ag", "BOOL",
@@ -104,6 +105,8 @@ RECIPE_FLAGS: dict[str, tuple[str, str, str]] = {
     "num_layers_at_start_in_bf16": ("num_layers_at_start_in_bf16", "INT", "BF16 layers at the start"),
     "num_layers_at_end_in_bf16": ("num_layers_at_end_in_bf16", "INT", "BF16 layers at the end"),
     "cuda_device_max_connections": ("cuda_device_max_connections", "INT", "CUDA_DEVICE_MAX_CONNECTIONS (1-32)"),
+    "check_weight_hash_interval": ("check_weight_hash_interval", "INT", "iterations between Megatron's weight-hash "
+                                   "checks across DP replicas (host SHA-1 of every parameter; default off)"),
     "nccl_nvls_enable": ("nccl_nvls_enable", "BOOL", "NCCL_NVLS_ENABLE: NVLink SHARP collectives"),
     "nvte_fwd_layernorm_sm_margin": ("nvte_fwd_layernorm_sm_margin", "INT", "NVTE_FWD_LAYERNORM_SM_MARGIN"),
     "nvte_bwd_layernorm_sm_margin": ("nvte_bwd_layernorm_sm_margin", "INT", "NVTE_BWD_LAYERNORM_SM_MARGIN"),

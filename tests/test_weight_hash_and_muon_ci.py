@@ -113,3 +113,14 @@ def test_validate_reads_a_megatron_ci_csv_given_as_a_file(run_cli):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["n"] == len(runs) and len(data["unsupported"]) == len(skipped)
+
+
+def test_the_cli_flags_set_the_hash_interval_and_nesterov(run_cli):
+    base = json.loads(run_cli("predict", "--model", "llama3-8b", "--gpus", "8", "--json").stdout)
+    hashed = json.loads(run_cli("predict", "--model", "llama3-8b", "--gpus", "8", "--check-weight-hash-interval", "10",
+                                "--nesterov", "on", "--json").stdout)
+    assert hashed["scenario"]["runtime"]["check_weight_hash_interval"] == 10
+    assert hashed["scenario"]["optimizer"]["use_nesterov"] is True
+    assert hashed["step_time_s"] > base["step_time_s"]
+    bad = run_cli("predict", "--check-weight-hash-interval", "0")
+    assert bad.exit_code == 2 and "check_weight_hash_interval" in bad.output
