@@ -56,12 +56,17 @@ HASH_FP32_BYTES_PER_ELEMENT = 4  # .float(): what the conversion writes and SHA-
 HASH_HOST_OPS_PER_PARAM = 6  # named_parameters step, .to("cpu"), .float(), .numpy(), array.array, torch.frombuffer
 
 
+def _parameters(tensors: list[TensorSpec]) -> tuple[list[TensorSpec], float, float]:
+    """(the parameters among ``tensors`` (not buffers such as the router's expert bias), how many
+    parameter tensors they are on the rank (every local expert its own), their elements on the rank)."""
+    params = [t for t in tensors if t.optimizer != "none"]
+    return params, float(sum(t.experts_per_rank for t in params)), float(sum(t.rank_numel for t in params))
+
+
 def logging_kernels(scenario: Scenario, tensors: list[TensorSpec]) -> tuple[KernelSpec, ...]:
     """The logging kernels of one rank of a stage holding ``tensors`` (empty when logging is off)."""
     rt = scenario.runtime
-    params = [t for t in tensors if t.optimizer != "none"]
-    pieces = float(sum(t.experts_per_rank for t in params))
-    numel = float(sum(t.rank_numel for t in params))
+    params, pieces, numel = _parameters(tensors)
     out: list[KernelSpec] = []
     if rt.log_num_zeros_in_grad and pieces:
         shard = 1 if scenario.optimizer.resolved_distribution == "replicated" else max(scenario.dp * scenario.par.cp, 1)
@@ -93,9 +98,7 @@ def weight_hash_check_s(scenario: Scenario, tensors: list[TensorSpec]) -> float:
     if interval is None:
         return 0.0
     eff, gpu = scenario.system.efficiency, scenario.system.gpu
-    params = [t for t in tensors if t.optimizer != "none"]
-    pieces = float(sum(t.experts_per_rank for t in params))
-    numel = float(sum(t.rank_numel for t in params))
+    _, pieces, numel = _parameters(tensors)
     per_param_s = eff.host_sync_s + HASH_HOST_OPS_PER_PARAM * eff.kernel_issue_s
     bytes_s = (HASH_COPY_BYTES_PER_ELEMENT * numel / gpu.host_link_Bps
                + HASH_FP32_BYTES_PER_ELEMENT * numel / eff.host_cast_Bps

@@ -260,8 +260,8 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
     add_offload_blocks(scenario, per_kind, overlap)
     plan = build_optimizer_plan(scenario) if plan is None else plan
     rt = scenario.runtime
-    logging = rt.log_num_zeros_in_grad or rt.log_params_norm or rt.check_weight_hash_interval is not None
-    if logging:  # per-iteration logging and weight-hash work in the optimizer tail (costmodel.iteration_work)
+    tail_work = rt.log_num_zeros_in_grad or rt.log_params_norm or rt.check_weight_hash_interval is not None
+    if tail_work:  # per-iteration logging and weight-hash work in the optimizer tail (costmodel.iteration_work)
         from costmodel.iteration_work import logging_s, weight_hash_check_s
         from workloads.inventory import inventory_for
 
@@ -290,7 +290,7 @@ def build_step_structure(scenario: Scenario, overlap: bool = True, plan: Optimiz
                 shared = passes[kinds] = (layers, PassCost(f, cf), PassCost(b, cb))
             chunks.append(ChunkCost(s, c, *shared))
         buckets, opt_compute_s, opt_tp_s, embd, prescale_s = parts[s]
-        if logging:
+        if tail_work:
             tensors = inventory.stage_tensors(s)
             opt_compute_s += logging_s(scenario, tensors, placement.shape("world")) + weight_hash_check_s(scenario, tensors)
         stages.append(StageCost(stage=s, chunks=tuple(chunks), buckets=buckets,

@@ -238,15 +238,15 @@ def chunk_bounds(numel: list[int], d: int, bucket_size: int | None) -> list[int]
     if bucket_size is None:
         return [0, len(numel)] if numel else [0]
     multiple = shard_pad_multiple(d)
-    acc = largest = first = 0
+    acc = largest = 0
     closing = bucket_size  # max(bucket_size, int(0.9·d·largest)), updated when largest grows
     for i, n in enumerate(numel):
-        if acc >= closing and i > first:
+        if acc >= closing and i > bounds[-1]:
             shard = round_up(max(-(-acc // d), largest), multiple)
             if not (n <= d * shard - acc and n <= shard):
                 bounds.append(i)
                 acc = largest = 0
-                first, closing = i, bucket_size
+                closing = bucket_size
         acc += n
         if n > largest:
             largest = n

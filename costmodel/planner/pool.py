@@ -15,6 +15,7 @@ import gc
 import multiprocessing as mp
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -95,8 +96,6 @@ def terminate_pool(pool: Any, wait_s: float = TERMINATE_WAIT_S) -> bool:
     terminate then joins that thread. So it runs in a daemon thread; past ``wait_s`` the workers are
     killed here and the pool's threads abandoned (daemon threads end with the process; the pool's
     exit finalizer has already run, so interpreter exit does not wait on it again)."""
-    import threading
-
     done = threading.Thread(target=lambda: (pool.terminate(), pool.join()), name="pool-terminate", daemon=True)
     done.start()
     done.join(wait_s)
