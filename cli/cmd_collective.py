@@ -98,10 +98,13 @@ def collective(
     is compared with the measured busbw (error %, MAPE).
     """
     from topologies.collectives import OPS, collective_cost
+    from topologies.inputs import did_you_mean
 
     typed, op = op, op.replace("-", "_")
     if op not in OPS:
-        raise CliError(f"unknown collective '{typed}'; valid: {', '.join(OPS)}")
+        guess = did_you_mean(op, OPS)
+        hint = f" (did you mean '{guess}'?)" if guess else ""
+        raise CliError(f"unknown collective '{typed}'{hint}; valid: {', '.join(OPS)}")
     if size is not None and (min_size is not None or max_size is not None):
         raise CliError("give either --size or --min-size/--max-size, not both")
     if measured is not None:

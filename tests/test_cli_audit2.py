@@ -51,3 +51,43 @@ def test_misspelt_grid_setting_names_the_setting_it_resembles(run_cli, tmp_path)
     err = one_line_error(run_cli("sweep", str(grid), "--out", str(tmp_path / "out")))
     assert "grid.gpu: unknown setting; did you mean 'gpus'?" in err, err
     assert not (tmp_path / "out").exists()
+
+
+# (argv, what the user typed, the catalogue name it resembles)
+MISSPELT_NAMES = [
+    (["predict", "--model", "llama3_70b"], "model 'llama3_70b'", "llama3-70b"),
+    (["describe", "kimi"], "model 'kimi'", "kimi-k2"),
+    (["predict", "--system", "gb300"], "system 'gb300'", "gb300-nvl72"),
+    (["topology", "--system", "dgx-h10"], "system 'dgx-h10'", "dgx-h100"),
+    (["collective", "allreduce", "--gpus", "8"], "collective 'allreduce'", "all_reduce"),
+    (["validate", "--dataset", "megatron-bridg"], "dataset 'megatron-bridg'", "megatron-bridge"),
+]
+
+
+@pytest.mark.parametrize(("argv", "typed", "suggestion"), MISSPELT_NAMES, ids=[" ".join(c[0][:3]) for c in MISSPELT_NAMES])
+def test_misspelt_catalogue_name_names_the_one_it_resembles(run_cli, argv: list[str], typed: str,
+                                                            suggestion: str) -> None:
+    """'unknown model 'kimi'; known: ...' left the user to find 'kimi-k2' in a list of nine; the snake_case
+    spelling of a dashed name (llama3_70b) and an abbreviated system (gb300) the same."""
+    err = one_line_error(run_cli(*argv))
+    assert f"unknown {typed} (did you mean '{suggestion}'?); " in err, err
+
+
+def test_unrelated_catalogue_name_still_lists_the_known_ones(run_cli) -> None:
+    err = one_line_error(run_cli("predict", "--model", "gpt-zzz"))
+    assert err.startswith("error: unknown model 'gpt-zzz'; known: deepseek-v3, ") and "did you mean" not in err, err
+
+
+@pytest.mark.parametrize(("name", "valid", "expected"), [
+    ("mbs", ["micro_batch_size", "global_batch_size"], "micro_batch_size"),
+    ("gbs", ["micro_batch_size", "global_batch_size"], "global_batch_size"),
+    ("tp-mode", ["tp_mode", "tp"], "tp_mode"),
+    ("kimi", ["kimi-k2", "llama3-8b"], "kimi-k2"),
+    ("llama3", ["llama3-8b", "llama3-70b"], None),  # two names start with it: no guess
+    ("paralelism", ["parallelism", "placement"], "parallelism"),
+    ("xyz", ["parallelism", "placement"], None),
+])
+def test_did_you_mean_by_hand(name: str, valid: list[str], expected: str | None) -> None:
+    from topologies.inputs import did_you_mean
+
+    assert did_you_mean(name, valid) == expected

@@ -60,7 +60,8 @@ def did_you_mean(name: str, valid: Iterable[str]) -> str | None:
 
     Tried in order: the same name with ``-`` and ``_`` swapped, the initials of a ``snake_case`` name
     (``mbs`` -> ``micro_batch_size``), the only name starting with ``name`` (``kimi`` -> ``kimi-k2``), then the
-    closest spelling (``paralelism`` -> ``parallelism``).
+    closest spelling (``paralelism`` -> ``parallelism``). A name that starts several valid names gets a guess only when one of them is
+    nearly the same (``gpu`` -> ``gpus``, but no guess for ``llama3``).
     """
     names = sorted(set(valid))
     for variant in (name.replace("-", "_"), name.replace("_", "-")):
@@ -73,6 +74,9 @@ def did_you_mean(name: str, valid: Iterable[str]) -> str | None:
     prefixed = [v for v in names if v.startswith(name) and len(name) >= 3]
     if len(prefixed) == 1:
         return prefixed[0]
+    if prefixed:  # several names start with it: only a near-identical one (gpu -> gpus) is a safe guess
+        near = difflib.get_close_matches(name, prefixed, n=1, cutoff=0.85)
+        return near[0] if near else None
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
     return close[0] if close else None
 
@@ -137,5 +141,7 @@ def resolve_catalog_entry(name_or_path: str, catalog_dir: Path, what: str) -> di
         return load_yaml_file(candidate, what)
     if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
         return load_yaml_file(name_or_path, what)
-    known = ", ".join(sorted(p.stem for p in catalog_dir.glob("*.yaml")))
-    raise UserInputError(f"unknown {what} '{name_or_path}'; known: {known} (or a path to a YAML file)")
+    names = sorted(p.stem for p in catalog_dir.glob("*.yaml"))
+    guess = did_you_mean(name_or_path, names)
+    hint = f" (did you mean '{guess}'?)" if guess else ""
+    raise UserInputError(f"unknown {what} '{name_or_path}'{hint}; known: {', '.join(names)} (or a path to a YAML file)")
