@@ -91,3 +91,35 @@ def test_did_you_mean_by_hand(name: str, valid: list[str], expected: str | None)
     from topologies.inputs import did_you_mean
 
     assert did_you_mean(name, valid) == expected
+
+
+TOO_BIG = ["--pp", "1", "--vpp", "1", "--ep", "8", "--mbs", "8"]  # Kimi K2 on 256 GB300: 1,754.7 GB per GPU of 279
+
+
+def test_layout_that_does_not_fit_says_by_how_much_and_what_to_change(run_cli) -> None:
+    """'memory/GPU 1,754.7 GB of 279 GB (does NOT fit)' and nothing else: not by how much, not which part,
+    not what to change. A warning now says all three (the figures: 1,754.7 - 279 = 1,475.7 GB over, 6.3x;
+    the largest parts activations 610.7 GB and gradients 554.2 GB)."""
+    import json
+
+    data = json.loads(run_cli("predict", *TOO_BIG, "--json").stdout)
+    mem = data["memory"]
+    assert not mem["fits"] and round(mem["total_bytes"] / 1e9, 1) == 1754.7 and mem["capacity_bytes"] == 279e9
+    advice = [w for w in data["warnings"] if w.startswith("does not fit in memory")]
+    assert advice == [
+        "does not fit in memory: 1,754.7 GB per GPU of 279.0 GB (1,475.7 GB over, 6.3x); largest parts: "
+        "activations 610.7 GB, gradients 554.2 GB, weight buffers 280.6 GB; activations shrink with --recompute "
+        "selective or full, a smaller --mbs, or more --tp or --cp; weights, their buffers and gradients with "
+        "more --pp, --tp or --ep; 'muonsim plan' searches the layouts that fit"], advice
+    text = " ".join(run_cli("predict", *TOO_BIG).stdout.split())
+    assert "warning: does not fit in memory: 1,754.7 GB per GPU of 279.0 GB (1,475.7 GB over, 6.3x)" in text, text
+    compare = " ".join(run_cli("compare", *TOO_BIG, "--optimizer", "adamw,muon").stdout.split())
+    assert "warning: (optimizer=muon) does not fit in memory: 1,754.7 GB per GPU" in compare, compare
+    assert "warning: (optimizer=adamw) does not fit in memory: " in compare, compare
+
+
+def test_layout_that_fits_gets_no_memory_warning(run_cli) -> None:
+    import json
+
+    data = json.loads(run_cli("predict", "--json").stdout)
+    assert data["memory"]["fits"] and not [w for w in data["warnings"] if "does not fit" in w]
