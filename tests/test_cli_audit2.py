@@ -123,3 +123,40 @@ def test_layout_that_fits_gets_no_memory_warning(run_cli) -> None:
 
     data = json.loads(run_cli("predict", "--json").stdout)
     assert data["memory"]["fits"] and not [w for w in data["warnings"] if "does not fit" in w]
+
+
+RUNS_HEADER = "run_id,model,system,num_gpus,precision,global_batch_size,micro_batch_size,seq_length,tp,pp,ep,step_time_s"
+RUNS_ROW = "r2,llama3-70b,gb300-nvl72,64,bf16,256,1,8192,2,4,1,5.0"
+
+
+@pytest.mark.parametrize(("old", "new", "suggestion"), [
+    (",pp,", ",ppp,", "pp"),  # optional: was silently kept as extra data, and the run predicted with pp 1
+    ("seq_length", "seq_lenght", "seq_length"),  # required: was 'missing column' with no word on the typo
+    ("micro_batch_size", "mbs", "micro_batch_size"),  # the flag's name
+])
+def test_misspelt_runs_csv_column_is_refused_naming_the_column_meant(run_cli, tmp_path, old: str, new: str,
+                                                                     suggestion: str) -> None:
+    """A runs CSV whose 'pp' column was typed 'ppp' was read without a word: the column went to the run's
+    extra data and the run was predicted with pp 1 (9.455 s instead of 10.559 s, against a measured 5.0 s).
+    A column the schema does not know but that resembles one of its absent columns is now an error."""
+    path = tmp_path / "runs.csv"
+    path.write_text(f"{RUNS_HEADER.replace(old, new)}\n{RUNS_ROW}\n", encoding="utf-8")
+    err = one_line_error(run_cli("validate", str(path)))
+    assert f"column '{new.strip(',')}': not a column of the measured-run schema; did you mean '{suggestion}'?" in err, err
+
+
+def test_runs_csv_with_extra_columns_unlike_the_schema_still_loads(run_cli, tmp_path) -> None:
+    path = tmp_path / "runs.csv"
+    path.write_text(f"{RUNS_HEADER},cluster,job_name\n{RUNS_ROW},eos,pretrain-1\n", encoding="utf-8")
+    assert run_cli("validate", str(path), "--json").exit_code == 0
+
+
+def test_misspelt_runs_json_key_is_refused(run_cli, tmp_path) -> None:
+    import json
+
+    run = dict(zip(RUNS_HEADER.split(","), RUNS_ROW.split(","), strict=True)) | {"tp": 2}
+    run["ppp"] = run.pop("pp")
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps([run]), encoding="utf-8")
+    err = one_line_error(run_cli("validate", str(path)))
+    assert "entry 1, column 'ppp': not a column of the measured-run schema; did you mean 'pp'?" in err, err
