@@ -160,3 +160,20 @@ def test_misspelt_runs_json_key_is_refused(run_cli, tmp_path) -> None:
     path.write_text(json.dumps([run]), encoding="utf-8")
     err = one_line_error(run_cli("validate", str(path)))
     assert "entry 1, column 'ppp': not a column of the measured-run schema; did you mean 'pp'?" in err, err
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("model: llama3-8b\noptimizer: muon\n", "optimizer: expected a mapping of its settings, e.g. optimizer: {kind: muon} "
+                                            "(got 'muon')"),
+    ("model: llama3-8b\nparallelism: [1, 2]\n", "parallelism: expected a mapping of its settings (keys: tp, pp, vpp, "),
+    ("model: llama3-8b\nplacement: 8\n", "placement: expected a mapping of its settings (keys: gpus_per_domain, "),
+])
+def test_scenario_section_that_is_not_a_mapping_says_how_to_write_it(run_cli, tmp_path, text: str,
+                                                                     expected: str) -> None:
+    """'optimizer: muon' (as --optimizer muon and a grid's optimizer axis take it) got pydantic's 'Input should
+    be a valid dictionary or instance of OptimizerSpec': a class name the user never sees. The error now shows
+    the mapping to write."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(text, encoding="utf-8")
+    err = one_line_error(run_cli("predict", str(scenario)))
+    assert expected in err and "instance of" not in err, err

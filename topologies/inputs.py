@@ -114,7 +114,8 @@ def describe_validation_error(err: ValidationError, source: str, model: type[Bas
 
     An unknown field is reported before a missing one: a misspelt name causes both, and the
     unknown name is the one the user has to fix. With the validated ``model``, an unknown key says
-    which valid key it resembles (or lists the valid keys of its section).
+    which valid key it resembles (or lists the valid keys of its section), and a section given as a
+    scalar or a list says which mapping to write.
     """
     errors = err.errors()
     first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
@@ -124,9 +125,15 @@ def describe_validation_error(err: ValidationError, source: str, model: type[Bas
         valid = _model_fields_at(model, parts[:-1])
         if valid is not None:
             return f"{source}: {loc}: unknown key{unknown_name_hint(str(parts[-1]), valid)}"
+    value = first.get("input")
+    if first.get("type") == "model_type" and model is not None and parts:
+        keys = _model_fields_at(model, parts)
+        if keys is not None:  # a section given as a scalar or a list
+            how = (f", e.g. {loc}: {{kind: {value}}}" if "kind" in keys and isinstance(value, str)
+                   else f" (keys: {', '.join(keys)})")
+            return f"{source}: {loc}: expected a mapping of its settings{how} (got {value!r})"
     msg = first.get("msg", "invalid value")
     msg = msg.removeprefix("Value error, ")
-    value = first.get("input")
     shown = ""
     if first.get("type") not in ("missing",) and not isinstance(value, dict | list) and loc:
         shown = f" (got {value!r})"
