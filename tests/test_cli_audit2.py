@@ -177,3 +177,34 @@ def test_scenario_section_that_is_not_a_mapping_says_how_to_write_it(run_cli, tm
     scenario.write_text(text, encoding="utf-8")
     err = one_line_error(run_cli("predict", str(scenario)))
     assert expected in err and "instance of" not in err, err
+
+
+def test_plan_with_no_fitting_layout_says_how_close_the_smallest_came(run_cli) -> None:
+    """'plan --model llama3.1-405b --gpus 8' printed 'no plan fits in memory and passes the validator' and the
+    search statistics: not how far the best candidate was from fitting, nor what to change. A note now names
+    the layout that needs the least memory, by how much it misses the budget, and the remedies."""
+    import json
+    import re
+
+    result = run_cli("plan", "--model", "llama3.1-405b", "--gpus", "8", "--optimizer", "muon", "--json",
+                     "--samples", "0", "--top-k", "0")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["ranking"] == [] and data["memory_budget_bytes"] == pytest.approx(0.9 * 279e9)
+    notes = [n for n in data["notes"] if n.startswith("no screened layout fits in memory")]
+    assert len(notes) == 1, data["notes"]
+    # recompute none, selective and full are all searched, and the smallest needs more than the whole 279 GB:
+    # only more GPUs can help
+    m = re.fullmatch(r"no screened layout fits in memory: the one needing the least, (.+), needs ([\d,.]+) GB per "
+                     r"GPU, ([\d,.]+) GB over the 251\.1 GB budget; more GPUs \(--gpus\) may fit", notes[0])
+    assert m is not None, notes[0]
+    need, over = float(m.group(2).replace(",", "")), float(m.group(3).replace(",", ""))
+    assert need > 279 and over == pytest.approx(need - 251.1, abs=0.11)
+    assert m.group(1).startswith("tp") and " pp" in m.group(1)
+    text = " ".join(run_cli("plan", "--model", "llama3.1-405b", "--gpus", "8", "--optimizer", "muon",
+                            "--samples", "0", "--top-k", "0").stdout.split())
+    assert "note: no screened layout fits in memory: the one needing the least, " in text, text
+    pinned = json.loads(run_cli("plan", "--model", "llama3.1-405b", "--gpus", "8", "--optimizer", "muon", "--json",
+                                "--samples", "0", "--top-k", "0", "--recompute", "none,selective").stdout)
+    assert [n for n in pinned["notes"] if n.startswith("no screened")][0].endswith(
+        "more GPUs (--gpus) or --recompute full may fit")
