@@ -53,7 +53,7 @@ def predict(
     check_engine(engine)
     if trace is not None and engine != "des":
         raise CliError("--trace needs the simulated timeline: add --engine des")
-    check_output_paths(trace, html)
+    check_output_paths(trace, html, flags=("--trace", "--html"))
     check_release(None, release, "")
     sc, layered, chosen = resolve_release_scenario(scenario_file, scenario_flags, release)
     profile = load_calibration(calibration)

@@ -208,3 +208,12 @@ def test_plan_with_no_fitting_layout_says_how_close_the_smallest_came(run_cli) -
                                 "--samples", "0", "--top-k", "0", "--recompute", "none,selective").stdout)
     assert [n for n in pinned["notes"] if n.startswith("no screened")][0].endswith(
         "more GPUs (--gpus) or --recompute full may fit")
+
+
+def test_trace_and_html_to_the_same_file_is_refused(run_cli, tmp_path) -> None:
+    """'predict --engine des --trace out.html --html out.html' said 'wrote out.html' twice: the page replaced
+    the trace without a word. Two outputs to one file are now refused before any work, and nothing is written."""
+    out = tmp_path / "out.html"
+    err = one_line_error(run_cli("predict", "--engine", "des", "--trace", str(out), "--html", str(tmp_path / "." / "out.html")))
+    assert f"--trace and --html would both write '{out}'" in err, err
+    assert not out.exists()
