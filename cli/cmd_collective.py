@@ -40,7 +40,7 @@ def size_sweep(min_bytes: float, max_bytes: float, factor: float) -> list[float]
     if not math.isfinite(factor) or factor <= 1:
         raise CliError(f"--step-factor must be a number > 1, got {factor}")
     if min_bytes <= 0 or max_bytes < min_bytes:
-        raise CliError(f"need 0 < --min-size <= --max-size, got {min_bytes:g} and {max_bytes:g}")
+        raise CliError(f"need 0 < --min-size <= --max-size, got {min_bytes:,.0f} B and {max_bytes:,.0f} B")
     sizes: list[float] = []
     s = min_bytes
     while s <= max_bytes * (1 + 1e-9) and len(sizes) < MAX_SWEEP_SIZES:

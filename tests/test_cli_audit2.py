@@ -217,3 +217,10 @@ def test_trace_and_html_to_the_same_file_is_refused(run_cli, tmp_path) -> None:
     err = one_line_error(run_cli("predict", "--engine", "des", "--trace", str(out), "--html", str(tmp_path / "." / "out.html")))
     assert f"--trace and --html would both write '{out}'" in err, err
     assert not out.exists()
+
+
+def test_collective_size_range_error_names_its_unit(run_cli) -> None:
+    """'need 0 < --min-size <= --max-size, got 8e+09 and 1e+06': two bare numbers in exponent notation, after
+    the user typed 8GB and 1MB. The sizes are now bytes, written out and named."""
+    err = one_line_error(run_cli("collective", "all_reduce", "--gpus", "8", "--min-size", "8GB", "--max-size", "1MB"))
+    assert err.startswith("error: need 0 < --min-size <= --max-size, got 8,000,000,000 B and 1,000,000 B"), err
