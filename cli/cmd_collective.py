@@ -40,7 +40,7 @@ def size_sweep(min_bytes: float, max_bytes: float, factor: float) -> list[float]
     if not math.isfinite(factor) or factor <= 1:
         raise CliError(f"--step-factor must be a number > 1, got {factor}")
     if min_bytes <= 0 or max_bytes < min_bytes:
-        raise CliError(f"need 0 < --min-size <= --max-size, got {min_bytes:g} and {max_bytes:g}")
+        raise CliError(f"need 0 < --min-size <= --max-size, got {min_bytes:,.0f} B and {max_bytes:,.0f} B")
     sizes: list[float] = []
     s = min_bytes
     while s <= max_bytes * (1 + 1e-9) and len(sizes) < MAX_SWEEP_SIZES:
@@ -98,10 +98,13 @@ def collective(
     is compared with the measured busbw (error %, MAPE).
     """
     from topologies.collectives import OPS, collective_cost
+    from topologies.inputs import did_you_mean
 
     typed, op = op, op.replace("-", "_")
     if op not in OPS:
-        raise CliError(f"unknown collective '{typed}'; valid: {', '.join(OPS)}")
+        guess = did_you_mean(op, OPS)
+        hint = f" (did you mean '{guess}'?)" if guess else ""
+        raise CliError(f"unknown collective '{typed}'{hint}; valid: {', '.join(OPS)}")
     if size is not None and (min_size is not None or max_size is not None):
         raise CliError("give either --size or --min-size/--max-size, not both")
     if measured is not None:

@@ -37,6 +37,7 @@ from cli.common import (
     with_scenario_flags,
 )
 from cli.compare_render import breakdown
+from cli.memory_advice import with_memory_advice
 
 MAX_VARIANTS = 24
 _FLAG_OF = {key: "--" + flag.replace("_", "-") for flag, (key, _, _) in SCENARIO_FLAGS.items()}
@@ -127,7 +128,8 @@ def compare(
     from costmodel.engine import predict
 
     labels = [label for label, _ in variants]
-    reports = [with_release_note(predict(sc, engine, profile, release), release, chosen, sc)  # type: ignore[arg-type]
+    reports = [with_memory_advice(with_release_note(predict(sc, engine, profile, release),  # type: ignore[arg-type]
+                                                    release, chosen, sc))
                for sc, chosen in zip(scenarios, choices, strict=True)]
     data = comparison_data(labels, reports)
     for entry, layout, chosen in zip(data["variants"], layouts, choices, strict=True):

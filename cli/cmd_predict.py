@@ -26,6 +26,7 @@ from cli.common import (
     with_scenario_flags,
     write_text_atomically,
 )
+from cli.memory_advice import with_memory_advice
 
 
 def register(app: typer.Typer) -> None:
@@ -52,12 +53,12 @@ def predict(
     check_engine(engine)
     if trace is not None and engine != "des":
         raise CliError("--trace needs the simulated timeline: add --engine des")
-    check_output_paths(trace, html)
+    check_output_paths(trace, html, flags=("--trace", "--html"))
     check_release(None, release, "")
     sc, layered, chosen = resolve_release_scenario(scenario_file, scenario_flags, release)
     profile = load_calibration(calibration)
     report = run_predict(sc, engine, profile, release)  # type: ignore[arg-type]
-    report = with_release_note(report, release, chosen, sc)
+    report = with_memory_advice(with_release_note(report, release, chosen, sc))
     from costmodel import exporters
 
     texts: list[tuple[Path, str]] = []

@@ -379,8 +379,14 @@ def check_engine(engine: str) -> None:
         raise CliError(f"--engine must be one of {', '.join(ENGINES)} (got '{engine}')")
 
 
-def check_output_paths(*paths: Path | None) -> None:
-    """Raise CliError for an output path that cannot be written (checked before any work is done)."""
+def check_output_paths(*paths: Path | None, flags: tuple[str, ...] = ()) -> None:
+    """Raise CliError for an output path that cannot be written, or for two outputs (named by ``flags``, one
+    per path) to the same file (checked before any work is done)."""
+    given = [(Path(p).resolve(), flag) for p, flag in zip(paths, flags, strict=False) if p is not None]
+    for i, (target, flag) in enumerate(given):
+        other = next((f for p, f in given[:i] if p == target), None)
+        if other is not None:
+            raise CliError(f"{other} and {flag} would both write '{target}'; give each its own file")
     for path in paths:
         if path is None:
             continue

@@ -32,7 +32,15 @@ def where_it_comes_from(entry: dict[str, Any], top: int = 4) -> str:
 
 def labelled_notes(labels: list[str], reports: list[Any]) -> list[str]:
     """The optimizer notes of all variants; a note that not every variant has names its variants."""
-    per = [set(r.optimizer.notes) if r.optimizer else set() for r in reports]
+    return _labelled(labels, [set(r.optimizer.notes) if r.optimizer else set() for r in reports])
+
+
+def labelled_warnings(labels: list[str], reports: list[Any]) -> list[str]:
+    """The warnings of all variants; a warning that not every variant has names its variants."""
+    return _labelled(labels, [set(r.warnings) for r in reports])
+
+
+def _labelled(labels: list[str], per: list[set[str]]) -> list[str]:
     out = []
     for note in sorted(set().union(*per)):
         having = [label for label, notes in zip(labels, per, strict=True) if note in notes]
@@ -60,7 +68,7 @@ def _footer(data: dict[str, Any], reports: list[Any], names: list[str]) -> list[
     lines += [f"[dim]note:[/dim] {n}" for n in labelled_notes([v["label"] for v in variants], reports)]
     if any(r.optimizer and r.optimizer.hypothetical for r in reports):
         lines.append("[dim]note:[/dim] * hypothetical (layout, load balance) pair: Megatron-Core does not have it")
-    lines += [f"[yellow]warning:[/yellow] {w}" for w in sorted({w for r in reports for w in r.warnings})]
+    lines += [f"[yellow]warning:[/yellow] {w}" for w in labelled_warnings([v["label"] for v in variants], reports)]
     return lines
 
 
@@ -186,5 +194,5 @@ def render_wide(data: dict[str, Any], reports: list[Any]) -> Any:
     lines: list[Any] = [f"[bold]{v['label']}[/bold] vs baseline: {v['delta_step_time_pct']:+.2f} %; {where_it_comes_from(v)}"
                         for v in variants[1:]]
     lines += [f"[dim]note:[/dim] {n}" for n in labelled_notes(labels, reports)]
-    lines += [f"[yellow]warning:[/yellow] {w}" for w in sorted({w for r in reports for w in r.warnings})]
+    lines += [f"[yellow]warning:[/yellow] {w}" for w in labelled_warnings(labels, reports)]
     return Group(t, *lines)

@@ -57,7 +57,7 @@ YAML_CASES: dict[str, tuple[str, list[str]]] = {
     "malformed.yaml": ("model: kimi-k2\nparallelism: {tp: 1, pp: [4\n", ["malformed YAML", "line"]),
     "tabs.yaml": ("model: kimi-k2\n\tgpus: 8\n", ["malformed YAML"]),
     "not_a_mapping.yaml": ("- kimi-k2\n- 256\n", ["must contain a YAML mapping"]),
-    "unknown_key.yaml": ("model: kimi-k2\nnum_gpus: 8\n", ["num_gpus", "Extra inputs"]),
+    "unknown_key.yaml": ("model: kimi-k2\nnum_gpus: 8\n", ["num_gpus: unknown key (valid: gpus, model, ", "parallelism"]),
     "zero_in_file.yaml": ("parallelism: {ep: 0, global_batch_size: 64, seq_length: 128}\n", ["parallelism.ep", "greater than 0"]),
     "negative_in_file.yaml": ("gpus: -256\n", ["gpus", "greater than 0"]),
     "bad_module.yaml": ("parallelism: {recompute: selective, recompute_modules: [attention], global_batch_size: 64,"

@@ -179,7 +179,7 @@ def test_ctrl_c_on_a_dask_cluster_exits_cleanly(tmp_path, cluster) -> None:
     ("grid: {model: [llama9]}", "grid.model = 'llama9': unknown model"),
     ("grid: {tp: []}", "grid: tp: an empty list"),
     ("grid: {mode: [fit]}", "grid.mode: 'fit' is not one of predict, plan"),
-    ("grids: {tp: 1}", "grids: Extra inputs are not permitted"),
+    ("grids: {tp: 1}", "grids: unknown key; did you mean 'grid'?"),
     ("grid: {mbs: 1, micro_batch_size: 2}", "given twice"),
     ("grid: {tp: 1}\nplan: {top_k: -1}", "plan.top_k"),
     ("grid: {tp: 1}\nplan: {search: {tp: x}}", "plan: --tp: 'x' is not an integer"),

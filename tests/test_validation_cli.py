@@ -82,7 +82,9 @@ def test_validate_table_and_html(run_cli, b300_csv, tmp_path):
 @pytest.mark.parametrize(("edit", "fragments"), [
     (lambda lines: lines[:2] + [lines[2] + ",extra"] + lines[3:], ("row 3", "malformed row")),
     (lambda lines: [lines[0], set_column(lines, 1, "model", "no-such-model")], ("row 2", "column 'model'", "unknown model")),
-    (lambda lines: [lines[0].replace("step_time_s", "step_time"), *lines[1:]], ("column 'step_time_s'", "missing column")),
+    (lambda lines: [lines[0].replace("step_time_s", "step_time"), *lines[1:]],
+     ("column 'step_time'", "did you mean 'step_time_s'?")),
+    (lambda lines: [lines[0].replace("step_time_s", "elapsed"), *lines[1:]], ("column 'step_time_s'", "missing column")),
 ])
 def test_validate_bad_file_fails_with_one_line(run_cli, b300_csv, tmp_path, edit, fragments):
     lines = b300_csv.read_text(encoding="utf-8").splitlines()

@@ -9,11 +9,15 @@ YAML is always read with the safe loader (libyaml's ``CSafeLoader`` when PyYAML 
 
 from __future__ import annotations
 
+import difflib
+import types
+import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 FAST_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """libyaml's parser with PyYAML's safe constructor and resolver (the objects ``yaml.safe_load`` gives)."""
@@ -51,18 +55,85 @@ def load_yaml_file(path: str | Path, what: str = "file") -> dict[str, Any]:
     return data
 
 
-def describe_validation_error(err: ValidationError, source: str) -> str:
+def did_you_mean(name: str, valid: Iterable[str]) -> str | None:
+    """The one valid name ``name`` was most likely meant to be, or None.
+
+    Tried in order: the same name with ``-`` and ``_`` swapped, the initials of a ``snake_case`` name
+    (``mbs`` -> ``micro_batch_size``), the only name starting with ``name`` (``kimi`` -> ``kimi-k2``), then the
+    closest spelling (``paralelism`` -> ``parallelism``). A name that starts several valid names gets a guess only when one of them is
+    nearly the same (``gpu`` -> ``gpus``, but no guess for ``llama3``).
+    """
+    names = sorted(set(valid))
+    for variant in (name.replace("-", "_"), name.replace("_", "-")):
+        if variant != name and variant in names:
+            return variant
+    key = name.lower().replace("-", "_")
+    initials = [v for v in names if "_" in v and "".join(part[:1] for part in v.split("_")) == key]
+    if len(initials) == 1:
+        return initials[0]
+    prefixed = [v for v in names if v.startswith(name) and len(name) >= 3]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    if prefixed:  # several names start with it: only a near-identical one (gpu -> gpus) is a safe guess
+        near = difflib.get_close_matches(name, prefixed, n=1, cutoff=0.85)
+        return near[0] if near else None
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def unknown_name_hint(name: str, valid: Iterable[str], max_listed: int = 60) -> str:
+    """``; did you mean 'X'?`` when ``name`` resembles one valid name, else `` (valid: a, b, ...)`` (or nothing
+    when there are more than ``max_listed``)."""
+    names = sorted(set(valid))
+    guess = did_you_mean(name, names)
+    if guess is not None:
+        return f"; did you mean '{guess}'?"
+    return f" (valid: {', '.join(names)})" if 0 < len(names) <= max_listed else ""
+
+
+def _model_fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """The field names of the nested model at ``loc`` under ``model`` (None when it is not a model)."""
+    current: Any = model
+    for part in loc:
+        fields = getattr(current, "model_fields", None)
+        if fields is None or part not in fields:
+            continue  # a union member's tag or a list index: stay on the current model
+        annotation = fields[part].annotation
+        members = typing.get_args(annotation) if isinstance(annotation, types.UnionType) or \
+            typing.get_origin(annotation) is typing.Union else (annotation,)
+        nested = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+        if not nested:
+            return None
+        current = nested[0]
+    fields = getattr(current, "model_fields", None)
+    return None if fields is None else list(fields)
+
+
+def describe_validation_error(err: ValidationError, source: str, model: type[BaseModel] | None = None) -> str:
     """Turn the first pydantic error into one line: ``source: field.path: message``.
 
     An unknown field is reported before a missing one: a misspelt name causes both, and the
-    unknown name is the one the user has to fix.
+    unknown name is the one the user has to fix. With the validated ``model``, an unknown key says
+    which valid key it resembles (or lists the valid keys of its section), and a section given as a
+    scalar or a list says which mapping to write.
     """
     errors = err.errors()
     first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
-    loc = ".".join(str(part) for part in first.get("loc", ()) if part != "__root__")
+    parts = tuple(part for part in first.get("loc", ()) if part != "__root__")
+    loc = ".".join(str(part) for part in parts)
+    if first.get("type") == "extra_forbidden" and model is not None and parts:
+        valid = _model_fields_at(model, parts[:-1])
+        if valid is not None:
+            return f"{source}: {loc}: unknown key{unknown_name_hint(str(parts[-1]), valid)}"
+    value = first.get("input")
+    if first.get("type") == "model_type" and model is not None and parts:
+        keys = _model_fields_at(model, parts)
+        if keys is not None:  # a section given as a scalar or a list
+            how = (f", e.g. {loc}: {{kind: {value}}}" if "kind" in keys and isinstance(value, str)
+                   else f" (keys: {', '.join(keys)})")
+            return f"{source}: {loc}: expected a mapping of its settings{how} (got {value!r})"
     msg = first.get("msg", "invalid value")
     msg = msg.removeprefix("Value error, ")
-    value = first.get("input")
     shown = ""
     if first.get("type") not in ("missing",) and not isinstance(value, dict | list) and loc:
         shown = f" (got {value!r})"
@@ -77,5 +148,7 @@ def resolve_catalog_entry(name_or_path: str, catalog_dir: Path, what: str) -> di
         return load_yaml_file(candidate, what)
     if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
         return load_yaml_file(name_or_path, what)
-    known = ", ".join(sorted(p.stem for p in catalog_dir.glob("*.yaml")))
-    raise UserInputError(f"unknown {what} '{name_or_path}'; known: {known} (or a path to a YAML file)")
+    names = sorted(p.stem for p in catalog_dir.glob("*.yaml"))
+    guess = did_you_mean(name_or_path, names)
+    hint = f" (did you mean '{guess}'?)" if guess else ""
+    raise UserInputError(f"unknown {what} '{name_or_path}'{hint}; known: {', '.join(names)} (or a path to a YAML file)")

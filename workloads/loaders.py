@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from topologies.hardware import load_system
-from topologies.inputs import UserInputError, load_yaml_file
+from topologies.inputs import UserInputError, did_you_mean, load_yaml_file
 from workloads.measured import MeasuredRun
 from workloads.models import load_model
 from workloads.recipe_columns import COLUMNS as RECIPE_COLUMNS
@@ -80,6 +80,21 @@ def _where(path: Path, row: int | None = None, column: str | None = None, row_wo
     if column is not None:
         parts.append(f"column '{column}'")
     return ", ".join(parts)
+
+
+def _check_misspelt(names: Iterable[str], where: Any) -> None:
+    """Refuse a column the schema does not know that resembles one of its columns the file lacks (``ppp`` for
+    ``pp``): kept as extra data, it would leave the run read with that column's default. ``where(name)`` is
+    the error's location prefix."""
+    given = list(names)
+    absent = [f for f in RUN_FIELDS if f not in given and f not in _STRUCTURED]
+    for name in given:
+        if name in RUN_FIELDS or name in _STRUCTURED or is_recipe_column(name):
+            continue
+        guess = did_you_mean(name, absent)
+        if guess is not None:
+            raise UserInputError(f"{where(name)}: not a column of the measured-run schema; did you mean '{guess}'? "
+                                 "(rename it: a column the schema does not know is kept as extra data and not read)")
 
 
 def _validate_run(data: dict[str, Any], path: Path, row: int | None, row_word: str = "row") -> MeasuredRun:
@@ -140,6 +155,7 @@ def load_csv(path: str | Path) -> list[MeasuredRun]:
         if name in seen:
             raise UserInputError(f"{_where(p, 1, name)}: duplicate column")
         seen.add(name)
+    _check_misspelt(header, lambda name: _where(p, column=name))
     for name in REQUIRED_COLUMNS:
         if name not in seen:
             raise UserInputError(f"{_where(p, column=name)}: missing column (required: {', '.join(REQUIRED_COLUMNS)})")
@@ -222,6 +238,7 @@ def load_json(path: str | Path) -> list[MeasuredRun]:
     for i, entry in enumerate(entries, start=1):
         if not isinstance(entry, dict):
             raise UserInputError(f"{_where(p, i, row_word='entry')}: expected an object with the run's fields")
+        _check_misspelt(entry, lambda name, i=i: _where(p, i, name, "entry"))
         data = {k: v for k, v in entry.items() if k in RUN_FIELDS}
         recipe = {k: v for k, v in entry.items() if is_recipe_column(k)}
         if recipe:

@@ -43,7 +43,7 @@ RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_a
 __all__ = ["DEFAULT_SCENARIO", "MEGATRON_LOAD_BALANCE", "Distribution", "LayerWiseLayout", "LoadBalance",
            "OptimizerKind", "OptimizerSpec", "Parallelism", "Placement", "Recompute", "RecomputeModule", "Scenario",
            "ScenarioConfig", "TpMode", "apply_overrides", "build_config", "hypothetical_reason", "load_scenario_config",
-           "read_scenario_file", "section_of", "setting_default"]
+           "read_scenario_file", "scenario_keys", "section_of", "setting_default"]
 
 
 class _Strict(BaseModel):
@@ -173,7 +173,7 @@ def build_config(data: dict[str, Any], overrides: dict[str, Any], source: str = 
     try:
         return ScenarioConfig.model_validate(merged)
     except ValidationError as err:
-        raise UserInputError(describe_validation_error(err, source)) from None
+        raise UserInputError(describe_validation_error(err, source, ScenarioConfig)) from None
 
 
 _SECTION_OF = {name: "parallelism" for name in Parallelism.model_fields} | {
@@ -182,6 +182,11 @@ _SECTION_OF = {name: "parallelism" for name in Parallelism.model_fields} | {
 _TOP_LEVEL = set(ScenarioConfig.model_fields)
 _SECTION_MODELS: dict[str, type[BaseModel]] = {"parallelism": Parallelism, "optimizer": OptimizerSpec,
                                                "placement": Placement, "runtime": RuntimeSettings}
+
+
+def scenario_keys() -> list[str]:
+    """Every flat scenario key (the top-level keys and those of the sections), as overrides take them."""
+    return sorted(_TOP_LEVEL | set(_SECTION_OF))
 
 
 def section_of(key: str) -> str | None:

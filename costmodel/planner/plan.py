@@ -189,6 +189,25 @@ def _des_and_draws(pool: Any, todo: list[Candidate], tasks: list[Any], des: dict
     return t_des, max(t_draws - t_des, 0.0)
 
 
+def _no_fit_note(screen: Screen, budget_bytes: float, hbm_bytes: float, recomputes: list[str]) -> str | None:
+    """When every screened layout is out of memory: the one needing the least (memory per GPU in GB, 1e9 bytes,
+    and its excess over the budget) and what could make a plan fit; None when none was out of memory. Layouts
+    whose weights and gradients alone exceed the budget are not screened (the statistics count them)."""
+    ooms = [s.failure for s in screen.states if s.failure is not None and s.failure.status == "oom"]
+    if not ooms:
+        return None
+    f = min(ooms, key=lambda e: e.memory_bytes)
+    remedies = ["more GPUs (--gpus)"]
+    if "full" not in recomputes:
+        remedies.append("--recompute full")
+    if f.memory_bytes <= hbm_bytes and budget_bytes < hbm_bytes:
+        remedies.append("a smaller --memory-headroom")
+    return (f"no screened layout fits in memory: the one needing the least, {f.candidate.label()}, needs "
+            f"{f.memory_bytes / 1e9:,.1f} GB per GPU, {(f.memory_bytes - budget_bytes) / 1e9:,.1f} GB over the "
+            f"{budget_bytes / 1e9:,.1f} GB budget; {', '.join(remedies[:-1])}{' or ' if len(remedies) > 1 else ''}"
+            f"{remedies[-1]} may fit")
+
+
 def _empty_space_error(base: Scenario, pins: Pins, grid_rows: int, lb: np.ndarray, budget: float) -> UserInputError:
     if grid_rows:
         return UserInputError(f"no layout fits in memory: the weights and gradients alone need at least "
@@ -319,6 +338,10 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
         explanations = [dataclasses.asdict(explain(q, screen, screen_ev, ranked)) for q in options.explain]
     except KeyboardInterrupt:
         interrupted = True
+    if not ranked and not interrupted:
+        note = _no_fit_note(screen, budget, base.system.gpu.hbm_bytes, recomputes)
+        if note:
+            notes.append(note)
     if sres.bound_violations:
         notes.append(f"{sres.bound_violations} step times fell below their pipeline bound: pruning may have missed plans")
     rows = _rows(ranked[:options.limit], des, ref_eval)

@@ -33,7 +33,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from topologies.inputs import UserInputError, describe_validation_error, load_yaml_file
+from topologies.inputs import (
+    UserInputError,
+    describe_validation_error,
+    load_yaml_file,
+    unknown_name_hint,
+)
 
 Mode = Literal["predict", "plan"]
 MODES: tuple[str, ...] = ("predict", "plan")
@@ -105,7 +110,7 @@ def read_grid_file(path: Path) -> GridFile:
     try:
         return GridFile.model_validate(data)
     except ValidationError as err:
-        raise UserInputError(describe_validation_error(err, f"grid file '{path}'")) from None
+        raise UserInputError(describe_validation_error(err, f"grid file '{path}'", GridFile)) from None
 
 
 def normalise_axes(axes: Mapping[str, Any], aliases: Mapping[str, str], where: str) -> dict[str, list[Any]]:
@@ -124,7 +129,7 @@ def check_axis_values(axes: dict[str, list[Any]], base_data: dict[str, Any], whe
     """Each axis value on its own must make a valid scenario configuration (and a known model/system)."""
     from topologies.hardware import load_system
     from workloads.models import resolve_model
-    from workloads.scenario import build_config
+    from workloads.scenario import build_config, scenario_keys
 
     for key, values in axes.items():
         for value in values:
@@ -141,8 +146,10 @@ def check_axis_values(axes: dict[str, list[Any]], base_data: dict[str, Any], whe
             except UserInputError as err:
                 message = str(err)
                 if message.startswith("unknown scenario setting"):
-                    message = (f"{where}.{key}: unknown setting (valid: mode, engine and the scenario keys of a "
-                               f"scenario file's sections or the flags of muonsim predict)")
+                    hint = unknown_name_hint(key, ["mode", "engine", *scenario_keys()], max_listed=0)
+                    message = f"{where}.{key}: unknown setting" + (hint or (
+                        " (valid: mode, engine and the scenario keys of a scenario file's sections or the flags of "
+                        "muonsim predict)"))
                 raise UserInputError(message) from None
             try:
                 if key == "model":
