@@ -218,24 +218,31 @@ def with_scenario_flags(func: F) -> F:
 FLAG_OF_KEY = {key: f"--{flag.replace('_', '-')}" for flag, (key, _, _) in SCENARIO_FLAGS.items()}
 
 
-def layered_scenario(scenario_file: Path | None, flags: dict[str, Any]):  # noqa: ANN201
-    """The layered configuration (model × system defaults < file < flags), not yet validated."""
+def layered_scenario(scenario_file: Path | None, flags: dict[str, Any],  # noqa: ANN201
+                     typed: set[str] | None = None):
+    """The layered configuration (model × system defaults < file < flags), not yet validated.
+
+    ``typed``: the keys of ``flags`` the user typed (default: all); a bad value of one is reported by its flag."""
     from workloads.scenario import read_scenario_file
     from workloads.scenario_defaults import layered_config
 
     data = read_scenario_file(scenario_file) if scenario_file is not None else None
-    return layered_config(data, flags, file=str(scenario_file) if scenario_file is not None else None)
+    names = {k: FLAG_OF_KEY[k] for k in flags if k in FLAG_OF_KEY and (typed is None or k in typed)}
+    return layered_config(data, flags, file=str(scenario_file) if scenario_file is not None else None,
+                          flag_names=names)
 
 
-def resolve_with_layout(scenario_file: Path | None, flags: dict[str, Any]):  # noqa: ANN201
+def resolve_with_layout(scenario_file: Path | None, flags: dict[str, Any],  # noqa: ANN201
+                        typed: set[str] | None = None):
     """(validated Scenario, its Layered configuration) from an optional YAML file plus flags.
 
     The scenario inherits the defaults of its model on its system for what neither the file nor a
-    flag sets; an error caused by an inherited value names it and where it came from.
+    flag sets; an error caused by an inherited value names it and where it came from. ``typed``: as
+    :func:`layered_scenario`.
     """
     from workloads.scenario_defaults import resolve_layered
 
-    layered = layered_scenario(scenario_file, flags)
+    layered = layered_scenario(scenario_file, flags, typed)
     return resolve_layered(layered, FLAG_OF_KEY), layered
 
 
@@ -268,7 +275,7 @@ def resolve_release_scenario(scenario_file: Path | None, flags: dict[str, Any], 
              "mtp_layers": scenario.model.mtp_layers}
     chosen = release_settings(choice, user, sizes)
     try:
-        scenario, layered = resolve_with_layout(scenario_file, {**chosen.applied, **flags})
+        scenario, layered = resolve_with_layout(scenario_file, {**chosen.applied, **flags}, typed=set(flags))
     except UserInputError as err:
         raise UserInputError(f"with the recipe settings of release {choice.release} ({choice.run_id}): {err}") from None
     for key in chosen.applied:  # passed as flags, but not set by the user

@@ -224,3 +224,22 @@ def test_collective_size_range_error_names_its_unit(run_cli) -> None:
     the user typed 8GB and 1MB. The sizes are now bytes, written out and named."""
     err = one_line_error(run_cli("collective", "all_reduce", "--gpus", "8", "--min-size", "8GB", "--max-size", "1MB"))
     assert err.startswith("error: need 0 < --min-size <= --max-size, got 8,000,000,000 B and 1,000,000 B"), err
+
+
+# ------------------------------------------------------------------ round 2 of the audit
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--tp", "0"], "error: --tp: must be greater than 0 (got 0)"),
+    (["--mbs", "two"], "error: --mbs: must be a valid integer, unable to parse string as an integer (got two)"),
+    (["--optimizer", "sgd"], "error: --optimizer: must be 'adamw' or 'muon' (got sgd)"),
+])
+def test_bad_flag_value_names_the_flag_not_the_yaml_path(run_cli, argv: list[str], expected: str) -> None:
+    """'predict --tp 0' said 'scenario: parallelism.tp: Input should be greater than 0 (got '0')': a YAML path the
+    user never typed and the number shown as a string. The error now names the flag and the value as typed."""
+    assert one_line_error(run_cli("predict", *argv)) == expected
+
+
+def test_bad_file_value_keeps_its_yaml_path(run_cli, tmp_path) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("model: llama3-8b\nparallelism: {tp: 0}\n", encoding="utf-8")
+    err = one_line_error(run_cli("predict", str(scenario)))
+    assert err == f"error: scenario file '{scenario}': parallelism.tp: Input should be greater than 0 (got 0)", err

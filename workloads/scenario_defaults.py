@@ -226,11 +226,13 @@ def _name(value: Any, loader: Any) -> str:
     return str(loader(str(value)).name)
 
 
-def layered_config(data: dict[str, Any] | None, flags: dict[str, Any], file: str | None = None) -> Layered:
+def layered_config(data: dict[str, Any] | None, flags: dict[str, Any], file: str | None = None,
+                   flag_names: dict[str, str] | None = None) -> Layered:
     """Build a ScenarioConfig from the defaults of its model × system, a file's mapping and flags.
 
     ``data``: the scenario file's nested mapping (None without a file); ``flags``: flat CLI-style
-    overrides (raw strings are fine; pydantic converts them). Raises UserInputError (one line).
+    overrides (raw strings are fine; pydantic converts them); ``flag_names``: the flag of each key the
+    user typed (a bad value is reported by its flag). Raises UserInputError (one line).
     """
     data = dict(data or {})
     base = ScenarioConfig()
@@ -261,7 +263,7 @@ def layered_config(data: dict[str, Any] | None, flags: dict[str, Any], file: str
         else:
             origin[key] = "file"
     source = f"scenario file '{file}'" if file else "scenario"
-    config = build_config(merged, flags, source=source)
+    config = build_config(merged, flags, source=source, flag_names=flag_names)
     dropped = _layout_bound(chosen, config, origin)
     if dropped:  # recipe settings of the defaults' own layout, which the user changed
         for section in ("parallelism", "optimizer", "runtime"):
@@ -269,7 +271,7 @@ def layered_config(data: dict[str, Any] | None, flags: dict[str, Any], file: str
                 merged[section] = {k: v for k, v in merged[section].items() if k not in dropped}
         for key in dropped:
             origin[key] = "built-in"
-        config = build_config(merged, flags, source=source)
+        config = build_config(merged, flags, source=source, flag_names=flag_names)
     for key in flags:
         origin[key] = "flag"
     return Layered(config=config, defaults=chosen, origin=origin, file=file)
