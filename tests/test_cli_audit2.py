@@ -243,3 +243,40 @@ def test_bad_file_value_keeps_its_yaml_path(run_cli, tmp_path) -> None:
     scenario.write_text("model: llama3-8b\nparallelism: {tp: 0}\n", encoding="utf-8")
     err = one_line_error(run_cli("predict", str(scenario)))
     assert err == f"error: scenario file '{scenario}': parallelism.tp: Input should be greater than 0 (got 0)", err
+
+
+def test_plan_whose_weights_alone_exceed_memory_is_an_empty_answer_like_any_no_fit(run_cli) -> None:
+    """'plan' with no layout that fits exited 0 when every screened layout was out of memory but 2 (a usage error)
+    when the weights and gradients alone exceeded memory: the same answer, 'nothing fits', with two exit codes. A
+    search that ran and found nothing is a result (sweep records it as one): exit 0, an empty ranking and a note.
+    Llama 3.1 405B on one GB300: 405.9e9 parameters need at least 405.9 GB at one byte each, over the 251.1 GB
+    budget (0.9 x 279 GB)."""
+    import json
+
+    result = run_cli("plan", "--model", "llama3.1-405b", "--gpus", "1", "--json", "--samples", "0", "--top-k", "0")
+    assert result.exit_code == 0, (result.exit_code, result.stderr)
+    data = json.loads(result.stdout)
+    assert data["ranking"] == [] and data["best"] is None
+    assert data["stats"]["layouts_over_memory_by_weights"] == data["stats"]["valid_layouts"] >= 1
+    notes = [n for n in data["notes"] if n.startswith("no layout fits in memory")]
+    assert len(notes) == 1, data["notes"]
+    m = __import__("re").fullmatch(r"no layout fits in memory: the weights and gradients alone need at least "
+                                   r"([\d,.]+) GB per GPU, over the 251\.1 GB budget; more GPUs \(--gpus\) may fit",
+                                   notes[0])
+    assert m is not None and float(m.group(1).replace(",", "")) > 405.9, notes[0]
+    text = run_cli("plan", "--model", "llama3.1-405b", "--gpus", "1", "--samples", "0", "--top-k", "0")
+    assert text.exit_code == 0 and "note: no layout fits in memory" in " ".join(text.stdout.split()), text.stdout
+
+
+def test_sweep_plan_point_whose_weights_alone_exceed_memory_says_why(run_cli, tmp_path) -> None:
+    """sweep recorded both no-fit cases as status 'no_plan' (so plan's exit code 2 for one was the odd one out);
+    its message now carries plan's note instead of a generic sentence."""
+    import csv
+
+    grid = tmp_path / "g.yaml"
+    grid.write_text("grid:\n  mode: [plan]\n  model: [llama3.1-405b]\n  gpus: [1]\n", encoding="utf-8")
+    assert run_cli("sweep", str(grid), "--out", str(tmp_path / "out"), "--jobs", "1").exit_code == 0
+    with open(tmp_path / "out" / "results.csv", encoding="utf-8") as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["status"] == "no_plan"
+    assert row["message"].startswith("no layout fits in memory: the weights and gradients alone need at least "), row
