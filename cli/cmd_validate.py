@@ -24,6 +24,7 @@ from cli.common import (
     with_scenario_flags,
     write_text_atomically,
 )
+from cli.terminal import no_negative_zero
 
 RunsArg = Annotated[list[Path] | None, typer.Argument(
     help="runs files: CSV/JSON of the measured-run schema, Megatron training logs (.log/.txt/.out), "
@@ -77,7 +78,7 @@ def _calibration(path: Path | None, datasheet: bool) -> Any:
 
 
 def _fmt(value: float | None, spec: str = ".1f") -> str:
-    return "-" if value is None or value != value else format(value, spec)
+    return "-" if value is None or value != value else no_negative_zero(format(value, spec))
 
 
 @user_errors
@@ -187,7 +188,7 @@ def _print_validation(report: Any, where: str, wide: bool = False) -> None:
             table.add_row(f"[bold]{system}[/bold]", "", "", "")
         mark = " *" if r.in_training_set else ""
         table.add_row(short[r.run_id] + mark, f"{r.measured_step_time_s:.3f}", f"{r.predicted_step_time_s:.3f}",
-                      f"{r.error_pct:+.1f}")
+                      no_negative_zero(f"{r.error_pct:+.1f}"))
     console.print(table)
     if report.n_in_training_set:
         console.print(f"* {report.n_in_training_set} runs are in the profile's training set: their error is "

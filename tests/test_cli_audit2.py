@@ -4,6 +4,8 @@ to change)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 
@@ -280,3 +282,28 @@ def test_sweep_plan_point_whose_weights_alone_exceed_memory_says_why(run_cli, tm
         (row,) = list(csv.DictReader(f))
     assert row["status"] == "no_plan"
     assert row["message"].startswith("no layout fits in memory: the weights and gradients alone need at least "), row
+
+
+def test_compare_prints_no_negative_zero(run_cli) -> None:
+    """'compare --optimizer adamw,muon' printed 'imbalance lost ms -0.0' for AdamW (a float difference of about
+    -1e-18 s rounded to one decimal): a loss of minus nothing. Zero is printed 0.0."""
+    text = run_cli("compare", "--optimizer", "adamw,muon").stdout
+    (line,) = [ln for ln in text.splitlines() if ln.strip().startswith("imbalance lost ms")]
+    assert line.split()[3] == "0.0", line
+    assert re.search(r"(?<![\w.])-0(\.0+)?(?![\w.])", text) is None, text
+
+
+@pytest.mark.parametrize(("cell", "shown"), [
+    ("-0.0", "0.0"), ("-0", "0"), ("-0.000 ms", "0.000 ms"), ("(-0.0 ms)", "(0.0 ms)"), ("1.5 / -0.0", "1.5 / 0.0"),
+    ("-0.05", "-0.05"), ("-10.0", "-10.0"), ("+0.0", "+0.0"), ("x-0.0", "x-0.0"), ("-0.0.1", "-0.0.1"),
+])
+def test_no_negative_zero_by_hand(cell: str, shown: str) -> None:
+    from cli.terminal import no_negative_zero
+
+    assert no_negative_zero(cell) == shown
+
+
+def test_validate_prints_no_negative_zero(run_cli) -> None:
+    """'validate --dataset megatron-bridge' printed an error of '-0.0' % for the runs predicted within 0.05 %."""
+    text = run_cli("validate", "--dataset", "megatron-bridge", "--wide").stdout
+    assert re.search(r"(?<![\w.])-0(\.0+)?(?![\w.])", text) is None, text
