@@ -138,7 +138,7 @@ def inventory(
     *, scenario_flags: dict[str, str],
 ) -> None:
     """The tensor inventory of a scenario: per pipeline stage and per rank."""
-    from topologies.inputs import UserInputError
+    from topologies.inputs import UserInputError, plural
     from workloads.inventory import inventory_for
     from workloads.memory import memory_by_stage
 
@@ -180,7 +180,7 @@ def inventory(
     from rich.console import Console
     from rich.table import Table
 
-    st_t = Table(title=f"{sc.model.name} on {sc.gpus} GPUs: tp {sc.par.tp}, pp {sc.par.pp}, vpp {sc.par.vpp}, "
+    st_t = Table(title=f"{sc.model.name} on {plural(sc.gpus, 'GPU')}: tp {sc.par.tp}, pp {sc.par.pp}, vpp {sc.par.vpp}, "
                        f"ep {sc.par.ep}, dp {sc.dp}")
     for col in ("stage", "tensors", "params/rank", "Muon", "AdamW", "experts", "Muon matrices/rank"):
         st_t.add_column(col, justify="right")

@@ -98,7 +98,7 @@ def collective(
     is compared with the measured busbw (error %, MAPE).
     """
     from topologies.collectives import OPS, collective_cost
-    from topologies.inputs import did_you_mean
+    from topologies.inputs import did_you_mean, plural
 
     typed, op = op, op.replace("-", "_")
     if op not in OPS:
@@ -132,8 +132,8 @@ def collective(
                          "busbw_Bps": r.busbw_Bps, "algorithm": r.algorithm, "detail": r.detail} for r in rows],
         } | ({"note": note} if note else {}))
         return
-    typer.echo(f"# {op} on {sys_spec.name}: group '{group}' of {shape.size} ranks over {shape.domains} NVLink "
-               f"domain(s), {shape.ranks_per_domain} per domain, fabric tiers crossed {shape.fabric_tiers}")
+    typer.echo(f"# {op} on {sys_spec.name}: group '{group}' of {plural(shape.size, 'rank')} over "
+               f"{plural(shape.domains, 'NVLink domain')}, {shape.ranks_per_domain} per domain, fabric tiers crossed {shape.fabric_tiers}")
     typer.echo(f"# {SIZE_CONVENTION}; GB/s = 1e9 B/s")
     if note:
         typer.echo(f"# note: {note}")
@@ -153,6 +153,7 @@ def topology(
 ) -> None:
     """Summarise the fabric under a job: GPUs, domains, switches per tier, bisection, NIC rails."""
     from topologies.fabric import fabric_summary
+    from topologies.inputs import plural
 
     sys_spec, placement = _place(system, gpus, 1, 1, 1, 1, 1, gpus_per_domain)
     summary = fabric_summary(placement.layout, sys_spec)
@@ -166,15 +167,15 @@ def topology(
         return
     s: dict[str, Any] = summary
     lines = [
-        f"{sys_spec.display_name or sys_spec.name}: {s['gpus']} GPUs on {s['domains']} NVLink domain(s) of "
+        f"{sys_spec.display_name or sys_spec.name}: {plural(s['gpus'], 'GPU')} on {plural(s['domains'], 'NVLink domain')} of "
         f"{s['domain_size']} ({s['gpus_per_domain']} used per domain)",
         f"  NVLink: {s['nvlink_gpu_Bps'] / 1e9:g} GB/s/dir per GPU, {s['nvlink_switch_chips']} switch chips, "
         f"NVLS {'yes' if s['nvls'] else 'no'}, domain bisection {s['nvlink_domain_bisection_Bps'] / 1e12:.1f} TB/s/dir",
         f"  NICs: {s['job_nics']} x {s['nic_Bps'] * 8 / 1e9:g} Gb/s used by the job's GPUs, on {s['job_rails']} of "
-        f"{s['rails']} rails (up to {s['job_nics_per_rail_per_domain']} per rail per domain); the occupied domain(s) "
-        f"hold {s['nics']} ({s['nics_per_rail_per_domain']} per rail per domain), {s['planes']} plane(s)",
-        f"  switches (radix {s['switch_radix']}, {s['tiers']} tiers, oversubscription {s['oversubscription']:g}:1): "
-        f"{s['leaves']} leaf, {s['spines']} spine, {s['cores']} core; a leaf reaches {s['domains_per_leaf']} domain(s) "
+        f"{plural(s['rails'], 'rail')} (up to {s['job_nics_per_rail_per_domain']} per rail per domain); the occupied "
+        f"{'domain holds' if s['domains'] == 1 else 'domains hold'} {s['nics']} ({s['nics_per_rail_per_domain']} per rail per domain), {plural(s['planes'], 'plane')}",
+        f"  switches (radix {s['switch_radix']}, {plural(s['tiers'], 'tier')}, oversubscription {s['oversubscription']:g}:1): "
+        f"{s['leaves']} leaf, {s['spines']} spine, {s['cores']} core; a leaf reaches {plural(s['domains_per_leaf'], 'domain')} "
         f"of its rail, a pod {s['domains_per_pod']}",
         f"  scale-out bisection: {s['network_bisection_Bps'] / 1e12:.2f} TB/s/dir",
     ]

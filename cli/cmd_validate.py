@@ -98,6 +98,7 @@ def validate(
 ) -> None:
     """How wrong is the model on measured runs? Predicted vs measured, MAPE, bias, worst case, Kendall τ."""
     from costmodel.calibrate.validation import validate_runs
+    from topologies.inputs import plural
 
     runs, where, skipped = _gather_runs(runs_files, dataset, scenario_flags, warmup)
     profile = _calibration(calibration, datasheet)
@@ -111,7 +112,7 @@ def validate(
         from costmodel.calibrate.validation_figures import validation_html
 
         m = report.metrics
-        summary = (f"{m.n} runs from {where}; calibration {report.calibration}; MAPE {m.mape_pct:.1f} %, "
+        summary = (f"{plural(m.n, 'run')} from {where}; calibration {report.calibration}; MAPE {m.mape_pct:.1f} %, "
                    f"bias {m.bias_pct:+.1f} %, worst {m.max_ape_pct:.1f} %")
         write_text_atomically(html, validation_html(report.rows, summary))
     if json_out:
@@ -169,6 +170,7 @@ def _print_validation(report: Any, where: str, wide: bool = False) -> None:
     from rich.table import Table
 
     from cli.terminal import console as make_console
+    from topologies.inputs import plural
 
     console = make_console(wide=wide)
     console.print(f"[bold]predicted vs measured step time, s[/bold] ({where}; calibration: {report.calibration}, "
@@ -191,7 +193,8 @@ def _print_validation(report: Any, where: str, wide: bool = False) -> None:
                       no_negative_zero(f"{r.error_pct:+.1f}"))
     console.print(table)
     if report.n_in_training_set:
-        console.print(f"* {report.n_in_training_set} runs are in the profile's training set: their error is "
+        in_set = report.n_in_training_set
+        console.print(f"* {plural(in_set, 'run')} {'is' if in_set == 1 else 'are'} in the profile's training set: their error is "
                       "training error (see 'muonsim calibrate' for held-out error)")
     if report.unsupported:
         console.print(f"unsupported runs ({len(report.unsupported)}), not predicted:")
@@ -248,6 +251,7 @@ def calibrate(
     *, scenario_flags: dict[str, str],
 ) -> None:
     """Fit the named efficiency factors to measured runs; report held-out error; write a profile."""
+    from topologies.inputs import plural
     if out is None:
         raise CliError("--out PROFILE.yaml is required")
     check_output_paths(out)  # a missing directory or a directory given as the file: before the fit
@@ -279,7 +283,7 @@ def calibrate(
         if not json_out:
             print(msg, file=sys.stderr, flush=True)
 
-    report = run_calibration(runs, settings, name=name or out.stem, fitted_on=f"{where} ({len(runs)} runs)",
+    report = run_calibration(runs, settings, name=name or out.stem, fitted_on=f"{where} ({plural(len(runs), 'run')})",
                              cross_validate=not no_cv, progress=progress, skipped=skipped)
     if not report.result.fits.systems:
         raise CliError("no supported run to fit (all runs are unsupported; see 'muonsim validate')")
@@ -317,13 +321,14 @@ def bound_warnings(profile: Any) -> list[str]:
 
 def underdetermined_warnings(profile: Any) -> list[str]:
     """One line per system (or release) whose fit has more factors than runs to determine them."""
+    from topologies.inputs import plural
     out = []
     for system, cal in profile.systems.items():
         sets = [(system, cal)] + [(f"{system} release {tag}", rel) for tag, rel in cal.releases.items()]
         for scope, fitted in sets:
             n, k = fitted.n_runs or 0, len(fitted.factors)
             if k > n:
-                out.append(f"{scope}: {k} factors fitted from {n} run{'s' if n != 1 else ''}; the runs cannot "
+                out.append(f"{scope}: {plural(k, 'factor')} fitted from {plural(n, 'run')}; the runs cannot "
                            "determine them (the values lean on their priors); give more runs or fewer --factors")
     return out
 

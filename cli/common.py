@@ -310,6 +310,7 @@ def release_settings_lines(chosen: Any, scenario: Any = None) -> list[str]:
     """What ``predict``/``compare`` print about the recipe settings they used (one item per line); with
     ``scenario``, also the flags that would give it the recipe run's own layout when it differs (the
     settings come from the run; the layout does not)."""
+    from topologies.inputs import plural
     from workloads.recipe_settings import layout_mismatch_flags
     from workloads.scenario import setting_default
 
@@ -325,7 +326,7 @@ def release_settings_lines(chosen: Any, scenario: Any = None) -> list[str]:
     lines = [f"recipe settings: {chosen.choice.source}",
              "  applied, differing from muonsim's defaults: "
              + (", ".join(f"{k}={show(v)}" for k, v in sorted(differ.items())) or "none"),
-             f"  applied, equal to muonsim's defaults: {len(chosen.applied) - len(differ)} settings (--json lists all)"]
+             f"  applied, equal to muonsim's defaults: {plural(len(chosen.applied) - len(differ), 'setting')} (--json lists all)"]
     if chosen.kept:
         lines.append("  yours kept: " + ", ".join(chosen.kept))
     lines += [f"  not applied: {k} ({why})" for k, why in chosen.skipped.items()]

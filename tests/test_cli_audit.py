@@ -121,7 +121,8 @@ def test_topology_reports_the_nics_of_the_jobs_gpus(run_cli, monkeypatch, argv: 
     text = run_cli("topology", *argv).stdout
     line = next(x for x in text.splitlines() if x.strip().startswith("NICs:"))
     assert line.strip().startswith(f"NICs: {nics} x ") and f"on {rails} of {data['rails']} rails" in line, line
-    assert f"the occupied domain(s) hold {domain_nics} (" in line, line
+    occupied = "domain holds" if data["domains"] == 1 else "domains hold"
+    assert f"the occupied {occupied} {domain_nics} (" in line, line
 
 
 @pytest.mark.parametrize(("system", "gpus", "per_domain"), [("gb300-nvl72", 8, 8), ("gb300-nvl72", 12, 6),

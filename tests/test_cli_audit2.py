@@ -307,3 +307,40 @@ def test_validate_prints_no_negative_zero(run_cli) -> None:
     """'validate --dataset megatron-bridge' printed an error of '-0.0' % for the runs predicted within 0.05 %."""
     text = run_cli("validate", "--dataset", "megatron-bridge", "--wide").stdout
     assert re.search(r"(?<![\w.])-0(\.0+)?(?![\w.])", text) is None, text
+
+
+@pytest.mark.parametrize(("count", "noun", "text"), [
+    (1, "run", "1 run"), (0, "run", "0 runs"), (2, "fitted factor", "2 fitted factors"), (1, "NVLink domain", "1 NVLink domain"),
+    (1_536, "point", "1536 points"), (2, "leaf", "2 leaves"),
+])
+def test_plural_by_hand(count: int, noun: str, text: str) -> None:
+    from topologies.inputs import plural
+
+    assert plural(count, noun, "leaves" if noun == "leaf" else None) == text
+
+
+def test_counts_of_one_are_singular(run_cli, tmp_path) -> None:
+    """'1 on 1 workers', '1 points', '1 fitted factors', 'over 1 NVLink domain(s)': a count of one now takes the
+    singular everywhere the CLI prints a count with its noun."""
+    text = " ".join(run_cli("collective", "all_reduce", "--gpus", "8", "--tp", "2", "--group", "tp", "--size", "1MB").stdout.split())
+    assert "group 'tp' of 2 ranks over 1 NVLink domain, 2 per domain" in text, text
+    text = " ".join(run_cli("topology", "--gpus", "8").stdout.split())
+    assert "8 GPUs on 1 NVLink domain of 72" in text and "the occupied domain holds 72 (18 per rail per domain), 1 plane" in text, text
+    grid = tmp_path / "g.yaml"
+    grid.write_text("grid:\n  model: [llama3-8b]\n  gpus: [8]\n", encoding="utf-8")
+    text = " ".join(run_cli("sweep", str(grid), "--out", str(tmp_path / "out"), "--jobs", "1").stdout.split())
+    assert f"sweep {grid}: 1 point (1 ok)" in text and "computed now: 1 on 1 worker in " in text, text
+    runs = tmp_path / "runs.csv"
+    runs.write_text(f"{RUNS_HEADER}\n{RUNS_ROW}\n", encoding="utf-8")
+    assert run_cli("validate", str(runs), "--html", str(tmp_path / "v.html")).exit_code == 0
+    assert "1 run from " in (tmp_path / "v.html").read_text(encoding="utf-8")
+
+
+def test_calibration_label_of_one_factor_is_singular() -> None:
+    from costmodel.calibrate.profile import default_profile
+
+    profile = default_profile()
+    system = next(iter(profile.systems))
+    one = profile.model_copy(update={"systems": {system: profile.systems[system].model_copy(
+        update={"factors": dict(list(profile.systems[system].factors.items())[:1])})}})
+    assert one.label(system).endswith(": 1 fitted factor)"), one.label(system)
