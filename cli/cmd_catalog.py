@@ -133,7 +133,8 @@ def _count_flag(flag: str, value: str, minimum: int = 1) -> int:
 def inventory(
     scenario_file: ScenarioFileArg = None,
     per_tensor: Annotated[bool, typer.Option("--tensors", help="list every tensor of the chosen stage")] = False,
-    stage_flag: Annotated[str, typer.Option("--stage", metavar="INT", help="pipeline stage for --tensors")] = "0",
+    stage_flag: Annotated[str | None, typer.Option("--stage", metavar="INT", help="pipeline stage for --tensors "
+                                                                                 "(default 0)")] = None,
     json_out: JsonOpt = False,
     *, scenario_flags: dict[str, str],
 ) -> None:
@@ -142,8 +143,10 @@ def inventory(
     from workloads.inventory import inventory_for
     from workloads.memory import memory_by_stage
 
+    if stage_flag is not None and not per_tensor:
+        raise UserInputError("--stage needs --tensors (it picks the pipeline stage whose tensors are listed)")
     sc = resolve_scenario(scenario_file, scenario_flags)
-    stage = _count_flag("--stage", stage_flag, minimum=0)
+    stage = _count_flag("--stage", stage_flag or "0", minimum=0)
     if stage >= sc.par.pp:
         raise UserInputError(f"--stage {stage} is not a pipeline stage; valid: 0..{sc.par.pp - 1}")
     inv = inventory_for(sc)

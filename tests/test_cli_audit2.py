@@ -344,3 +344,18 @@ def test_calibration_label_of_one_factor_is_singular() -> None:
     one = profile.model_copy(update={"systems": {system: profile.systems[system].model_copy(
         update={"factors": dict(list(profile.systems[system].factors.items())[:1])})}})
     assert one.label(system).endswith(": 1 fitted factor)"), one.label(system)
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"]])
+def test_inventory_stage_without_tensors_is_refused(run_cli, extra: list[str]) -> None:
+    """'inventory --stage 3' printed the per-stage tables of every stage, the --stage silently ignored (it picks
+    the stage whose tensors --tensors lists). It now says so, before any work."""
+    err = one_line_error(run_cli("inventory", "--stage", "3", *extra))
+    assert err == "error: --stage needs --tensors (it picks the pipeline stage whose tensors are listed)", err
+
+
+def test_inventory_stage_with_tensors_lists_that_stage(run_cli) -> None:
+    import json
+
+    data = json.loads(run_cli("inventory", "--tensors", "--stage", "3", "--json").stdout)
+    assert data["tensors"] and {t["stage"] for t in data["tensors"]} == {3}
