@@ -312,20 +312,23 @@ def release_settings_lines(chosen: Any, scenario: Any = None) -> list[str]:
     settings come from the run; the layout does not)."""
     from topologies.inputs import plural
     from workloads.recipe_settings import layout_mismatch_flags
+    from workloads.runtime import tp_overlap_text
     from workloads.scenario import setting_default
 
     if chosen is None:
         return []
 
-    def show(v: Any) -> str:
-        if isinstance(v, tuple):
+    def show(key: str, v: Any) -> str:
+        if key == "tp_comm_overlap_cfg" and isinstance(v, tuple | list):
+            return tp_overlap_text(v)  # as --tp-comm-overlap-cfg takes it
+        if isinstance(v, tuple | list):
             return "+".join(str(getattr(x, "gemm", x)) for x in v) or "[]"
         return str(v)
 
     differ = {k: v for k, v in chosen.applied.items() if v != setting_default(k)}
     lines = [f"recipe settings: {chosen.choice.source}",
              "  applied, differing from muonsim's defaults: "
-             + (", ".join(f"{k}={show(v)}" for k, v in sorted(differ.items())) or "none"),
+             + (", ".join(f"{k}={show(k, v)}" for k, v in sorted(differ.items())) or "none"),
              f"  applied, equal to muonsim's defaults: {plural(len(chosen.applied) - len(differ), 'setting')} (--json lists all)"]
     if chosen.kept:
         lines.append("  yours kept: " + ", ".join(chosen.kept))

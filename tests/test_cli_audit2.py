@@ -390,3 +390,34 @@ def test_inline_model_mapping_with_a_missing_field_names_it(run_cli, tmp_path) -
     scenario.write_text("model: {name: tiny, num_layers: 2}\ngpus: 8\n", encoding="utf-8")
     err = one_line_error(run_cli("predict", str(scenario)))
     assert err.startswith(f"error: scenario file '{scenario}': model.hidden_size: Field required"), err
+
+
+def test_release_prints_tp_comm_overlap_cfg_in_the_flags_syntax(run_cli, monkeypatch) -> None:
+    """'predict --model llama3-70b --release 26.06' printed tp_comm_overlap_cfg as raw Python dicts
+    ({'gemm': 'qkv_dgrad', 'num_sm': 4, 'cga_size': 2, 'set_sm_margin': False, 'method': 'bulk'}+...). It is now
+    written as --tp-comm-overlap-cfg takes it, GEMM:METHOD[:NUM_SM], with the fields that syntax cannot hold and
+    that differ from their defaults in brackets (Megatron-Bridge 26.06's llama3-70b GB300 recipe: qkv_dgrad is
+    BulkOverlapCfg(num_sm=4, cga_size=2, set_sm_margin=False))."""
+    monkeypatch.setenv("COLUMNS", "2000")
+    text = " ".join(run_cli("predict", "--model", "llama3-70b", "--release", "26.06").stdout.split())
+    (cfg,) = re.findall(r"tp_comm_overlap_cfg=(\S+)", text)
+    assert "{" not in cfg and "'" not in cfg, cfg
+    entries = cfg.rstrip(",").split("+")
+    assert entries[0] == "qkv_dgrad:bulk:4[cga_size=2]", entries
+    assert all(re.fullmatch(r"\w+:(bulk|ring_exchange|pipeline)(:\d+)?(\[[\w=,.]+\])?", e) for e in entries), entries
+
+
+@pytest.mark.parametrize(("entries", "text"), [
+    (({"gemm": "qkv_dgrad", "method": "bulk", "num_sm": 4, "cga_size": 2, "set_sm_margin": False},),
+     "qkv_dgrad:bulk:4[cga_size=2]"),
+    (({"gemm": "proj_fprop", "method": "ring_exchange"}, {"gemm": "fc2_fprop", "method": "pipeline", "num_sm": 8,
+                                                         "num_splits": 4, "atomic_gemm": True}),
+     "proj_fprop:ring_exchange+fc2_fprop:pipeline:8[num_splits=4,atomic_gemm=True]"),
+    ((), "[]"),
+])
+def test_tp_overlap_text_by_hand(entries: tuple, text: str) -> None:
+    from workloads.runtime import parse_tp_overlap_cfg, tp_overlap_text
+
+    assert tp_overlap_text(entries) == text
+    if "[" not in text:  # the flag's syntax reads it back
+        assert tp_overlap_text(parse_tp_overlap_cfg(text)) == text
