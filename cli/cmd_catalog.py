@@ -73,7 +73,7 @@ def catalog(json_out: JsonOpt = False) -> None:
 
 @user_errors
 def describe(
-    model: Annotated[str, typer.Argument(help="catalogue name or model YAML file")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="catalogue name or model YAML file")],
     seq_flag: Annotated[str, typer.Option("--seq", metavar="INT", help="sequence length for attention FLOPs (tokens)")] = "4096",
     tp_flag: Annotated[str, typer.Option("--tp", metavar="INT", help="tensor parallel size (pads the vocabulary)")] = "1",
     json_out: JsonOpt = False,

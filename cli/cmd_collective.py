@@ -74,21 +74,21 @@ def _place(system: str, gpus: int, tp: int, pp: int, cp: int, ep: int, etp: int,
 
 @user_errors
 def collective(
-    op: Annotated[str, typer.Argument(help="all_reduce, reduce_scatter, all_gather, all_gather_v, broadcast, all_to_all, send_recv")],
-    system: Annotated[str, typer.Option("--system", help="system: catalogue name or YAML file")] = "gb300-nvl72",
-    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in the job (default 72, or the ranks listed in --measured FILE)")] = None,
-    size: Annotated[str | None, typer.Option("--size", help="one size: bytes, or 512M, 4GB (decimal), 1GiB (binary)")] = None,
-    min_size: Annotated[str | None, typer.Option("--min-size", help="sweep start (default 1KB = 1000 bytes; 1KiB = 1024)")] = None,
-    max_size: Annotated[str | None, typer.Option("--max-size", help="sweep end, always included (default 8GB = 8e9 bytes; 8GiB = 2^33)")] = None,
-    step_factor: Annotated[float, typer.Option("--step-factor", help="sweep multiplier")] = 2.0,
-    group: Annotated[str, typer.Option("--group", help="tp, cp, dp, etp, ep, expert_dp, pp or world")] = "world",
-    algorithm: Annotated[str | None, typer.Option("--algorithm", help="force ring, tree, nvls, nvls_tree, pat, direct, or the idealised hierarchical (never chosen by the tuner)")] = None,
-    tp: Annotated[int, typer.Option("--tp", help="tensor parallel size (shapes the groups)")] = 1,
-    pp: Annotated[int, typer.Option("--pp", help="pipeline parallel size")] = 1,
-    cp: Annotated[int, typer.Option("--cp", help="context parallel size")] = 1,
-    ep: Annotated[int, typer.Option("--ep", help="expert parallel size")] = 1,
-    etp: Annotated[int, typer.Option("--etp", help="expert tensor parallel size")] = 1,
-    gpus_per_domain: Annotated[int | None, typer.Option("--gpus-per-domain", help="GPUs used per NVLink domain")] = None,
+    op: Annotated[str, typer.Argument(metavar="OP", help="all_reduce, reduce_scatter, all_gather, all_gather_v, broadcast, all_to_all, send_recv")],
+    system: Annotated[str, typer.Option("--system", metavar="NAME|FILE", help="system: catalogue name or YAML file")] = "gb300-nvl72",
+    gpus: Annotated[int | None, typer.Option("--gpus", metavar="INT", help="GPUs in the job (default 72, or the ranks listed in --measured FILE)")] = None,
+    size: Annotated[str | None, typer.Option("--size", metavar="BYTES", help="one size: bytes, or 512M, 4GB (decimal), 1GiB (binary)")] = None,
+    min_size: Annotated[str | None, typer.Option("--min-size", metavar="BYTES", help="sweep start (default 1KB = 1000 bytes; 1KiB = 1024)")] = None,
+    max_size: Annotated[str | None, typer.Option("--max-size", metavar="BYTES", help="sweep end, always included (default 8GB = 8e9 bytes; 8GiB = 2^33)")] = None,
+    step_factor: Annotated[float, typer.Option("--step-factor", metavar="FACTOR", help="sweep multiplier")] = 2.0,
+    group: Annotated[str, typer.Option("--group", metavar="GROUP", help="tp, cp, dp, etp, ep, expert_dp, pp or world")] = "world",
+    algorithm: Annotated[str | None, typer.Option("--algorithm", metavar="ALGO", help="force ring, tree, nvls, nvls_tree, pat, direct, or the idealised hierarchical (never chosen by the tuner)")] = None,
+    tp: Annotated[int, typer.Option("--tp", metavar="INT", help="tensor parallel size (shapes the groups)")] = 1,
+    pp: Annotated[int, typer.Option("--pp", metavar="INT", help="pipeline parallel size")] = 1,
+    cp: Annotated[int, typer.Option("--cp", metavar="INT", help="context parallel size")] = 1,
+    ep: Annotated[int, typer.Option("--ep", metavar="INT", help="expert parallel size")] = 1,
+    etp: Annotated[int, typer.Option("--etp", metavar="INT", help="expert tensor parallel size")] = 1,
+    gpus_per_domain: Annotated[int | None, typer.Option("--gpus-per-domain", metavar="INT", help="GPUs used per NVLink domain")] = None,
     measured: Annotated[Path | None, typer.Option("--measured", metavar="FILE", help="nccl-tests output (e.g. all_reduce_perf stdout): predict its sizes and report the error")] = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -145,10 +145,10 @@ def collective(
 
 @user_errors
 def topology(
-    system: Annotated[str, typer.Option("--system", help="system: catalogue name or YAML file")] = "gb300-nvl72",
-    gpus: Annotated[int, typer.Option("--gpus", help="GPUs in the job")] = 72,
-    gpus_per_domain: Annotated[int | None, typer.Option("--gpus-per-domain", help="GPUs used per NVLink domain")] = None,
-    html: Annotated[Path | None, typer.Option("--html", help="write a plotly picture of (a representative part of) the fabric")] = None,
+    system: Annotated[str, typer.Option("--system", metavar="NAME|FILE", help="system: catalogue name or YAML file")] = "gb300-nvl72",
+    gpus: Annotated[int, typer.Option("--gpus", metavar="INT", help="GPUs in the job")] = 72,
+    gpus_per_domain: Annotated[int | None, typer.Option("--gpus-per-domain", metavar="INT", help="GPUs used per NVLink domain")] = None,
+    html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write a plotly picture of (a representative part of) the fabric")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Summarise the fabric under a job: GPUs, domains, switches per tier, bisection, NIC rails."""

@@ -27,11 +27,11 @@ from cli.common import (
 from cli.terminal import no_negative_zero
 
 RunsArg = Annotated[list[Path] | None, typer.Argument(
-    help="runs files: CSV/JSON of the measured-run schema, Megatron training logs (.log/.txt/.out), "
+    metavar="FILE", help="runs files: CSV/JSON of the measured-run schema, Megatron training logs (.log/.txt/.out), "
          "reference-backend JSON", show_default=False)]
 DatasetOpt = Annotated[list[str] | None, typer.Option(
     "--dataset", metavar="NAME", help="a shipped dataset (megatron-bridge, megatron-ci, megatron-ci-all); repeatable")]
-WarmupOpt = Annotated[int, typer.Option("--warmup", min=0, help="Megatron logs: warm-up iterations to skip")]
+WarmupOpt = Annotated[int, typer.Option("--warmup", min=0, metavar="INT", help="Megatron logs: warm-up iterations to skip")]
 
 
 def register(app: typer.Typer) -> None:
@@ -87,11 +87,11 @@ def validate(
     runs_files: RunsArg = None,
     dataset: DatasetOpt = None,
     calibration: Annotated[Path | None, typer.Option(
-        "--calibration", help="calibration profile YAML (default: the built-in profile); 'none': datasheet defaults")] = None,
+        "--calibration", metavar="FILE", help="calibration profile YAML (default: the built-in profile); 'none': datasheet defaults")] = None,
     datasheet: Annotated[bool, typer.Option("--datasheet", help="no calibration: datasheet factors")] = False,
-    engine: Annotated[str, typer.Option("--engine", help="analytic or des")] = "analytic",
+    engine: Annotated[str, typer.Option("--engine", metavar="analytic|des", help="step engine")] = "analytic",
     json_out: JsonOpt = False,
-    html: Annotated[Path | None, typer.Option("--html", help="write a plotly scatter + histogram page")] = None,
+    html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write a plotly scatter + histogram page")] = None,
     warmup: WarmupOpt = 10,
     wide: WideOpt = False,
     *, scenario_flags: dict[str, str],
@@ -219,15 +219,15 @@ def _print_reference(check: Any) -> None:
 def calibrate(
     runs_files: RunsArg = None,
     dataset: DatasetOpt = None,
-    out: Annotated[Path | None, typer.Option("--out", help="profile YAML to write")] = None,
-    name: Annotated[str | None, typer.Option("--name", help="profile name (default: the output file's stem)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="profile YAML to write")] = None,
+    name: Annotated[str | None, typer.Option("--name", metavar="NAME", help="profile name (default: the output file's stem)")] = None,
     factors: Annotated[str | None, typer.Option(
-        "--factors", help="comma-separated EfficiencyFactors to fit per system")] = None,
+        "--factors", metavar="LIST", help="comma-separated EfficiencyFactors to fit per system")] = None,
     release_factors: Annotated[str | None, typer.Option(
-        "--release-factors", help="factors refined per release ('' = none)")] = None,
+        "--release-factors", metavar="LIST", help="factors refined per release ('' = none)")] = None,
     min_release_runs: Annotated[int, typer.Option(
-        "--min-release-runs", min=2, help="runs a release family needs for its own multipliers")] = 3,
-    folds: Annotated[int, typer.Option("--folds", min=0, help="held-out folds by configuration; 0 = leave one configuration out")] = 0,
+        "--min-release-runs", min=2, metavar="INT", help="runs a release family needs for its own multipliers")] = 3,
+    folds: Annotated[int, typer.Option("--folds", min=0, metavar="INT", help="held-out folds by configuration; 0 = leave one configuration out")] = 0,
     holdout: Annotated[str, typer.Option("--holdout", metavar="configuration|model",
                                          help="what is held out together: a configuration, or a whole model")] = "configuration",
     no_cv: Annotated[bool, typer.Option("--no-cv", help="skip the held-out evaluation")] = False,
@@ -235,14 +235,14 @@ def calibrate(
         "--skip-reconstructed", help="predict and score, but do not fit on, runs whose recipe settings are a "
                                      "reconstruction (the settings file's match_status)")] = False,
     host_prior_sigma: Annotated[float | None, typer.Option(
-        "--host-prior-sigma", min=0.01, help="prior width (sigma of log) of the host factors centred on the host "
+        "--host-prior-sigma", min=0.01, metavar="SIGMA", help="prior width (sigma of log) of the host factors centred on the host "
                                              "CPU's measured value (default: 1.0)")] = None,
     fit_excluded: Annotated[bool, typer.Option(
         "--fit-excluded", help="fit on the runs the dataset declares excluded too (its fit_exclusion "
                                "reasons), to report held-out error on every run")] = False,
     release_residuals: Annotated[bool, typer.Option(
         "--release-residuals", help="diagnostic: the held-out bias each release family leaves (not fitted)")] = False,
-    loss: Annotated[str, typer.Option("--loss", help="soft_l1, huber or linear")] = "soft_l1",
+    loss: Annotated[str, typer.Option("--loss", metavar="soft_l1|huber|linear", help="robust loss of the fit")] = "soft_l1",
     microbench: Annotated[bool, typer.Option(
         "--microbench", help="measure this machine (GEMM, eager dispatch, gloo α-β) instead of fitting runs")] = False,
     json_out: JsonOpt = False,

@@ -144,7 +144,7 @@ SCENARIO_FLAGS.update(RECIPE_FLAGS)
 
 
 # Options shared by several verbs (one definition each).
-ScenarioFileArg = Annotated[Path | None, typer.Argument(help="scenario YAML (default: built-in scenario)")]
+ScenarioFileArg = Annotated[Path | None, typer.Argument(metavar="FILE", help="scenario YAML (default: built-in scenario)")]
 EngineOpt = Annotated[str, typer.Option("--engine", metavar="analytic|des", help="step engine")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 WideOpt = Annotated[bool, typer.Option("--wide", help="wide tables (160 columns) instead of fitting the terminal")]
@@ -423,13 +423,16 @@ def write_text_atomically(path: Path, text: str) -> None:
 
 def hide_flag_types(command: Any) -> None:
     """No value shown beside on/off flags (--json, --version, ...) in the help of ``command`` and its
-    subcommands: typer prints '<bool>' there, which reads as a value to type ('--json true')."""
+    subcommands: typer prints '<bool>' there, which reads as a value to type ('--json true'). An argument
+    with a metavar (FILE, NAME|FILE) is shown by it alone, without typer's type ('<path>') beside it."""
     if getattr(command, "flag_types_hidden", False):
         return
     command.flag_types_hidden = True
     for param in command.params:
         if getattr(param, "is_flag", False) and param.metavar is None:
             param.metavar = ""
+        if getattr(param, "param_type_name", "") == "argument" and param.metavar is not None:
+            param.display_type_rich = lambda ctx: None
     help_option = command.get_help_option
 
     def get_help_option(ctx: Any) -> Any:

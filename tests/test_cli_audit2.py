@@ -421,3 +421,28 @@ def test_tp_overlap_text_by_hand(entries: tuple, text: str) -> None:
     assert tp_overlap_text(entries) == text
     if "[" not in text:  # the flag's syntax reads it back
         assert tp_overlap_text(parse_tp_overlap_cfg(text)) == text
+
+
+def _all_commands() -> list[list[str]]:
+    from typer.main import get_command
+
+    from cli.app import app
+
+    root = get_command(app)
+    out = []
+    for name, cmd in root.commands.items():  # type: ignore[attr-defined]
+        out.append([name])
+        out += [[name, sub] for sub in getattr(cmd, "commands", {})]
+    return out
+
+
+TYPER_METAVAR = re.compile(r"<(path|str|int|float|text|integer|list\[\w+\]|int range|float range)>")
+
+
+@pytest.mark.parametrize("argv", _all_commands(), ids=lambda a: " ".join(a))
+def test_help_shows_named_metavars_not_typers_types(run_cli, monkeypatch, argv: list[str]) -> None:
+    """'validate --help' and 'calibrate --help' showed typer's default metavars (<path>, <str>, <int range> [x>=0],
+    <list[Path]>) where the other options read FILE, NAME, INT: every value now has a named metavar."""
+    monkeypatch.setenv("COLUMNS", "200")
+    text = run_cli(*argv, "--help").stdout
+    assert TYPER_METAVAR.search(text) is None, TYPER_METAVAR.findall(text)
