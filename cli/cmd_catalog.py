@@ -73,7 +73,7 @@ def catalog(json_out: JsonOpt = False) -> None:
 
 @user_errors
 def describe(
-    model: Annotated[str, typer.Argument(help="catalogue name or model YAML file")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="catalogue name or model YAML file")],
     seq_flag: Annotated[str, typer.Option("--seq", metavar="INT", help="sequence length for attention FLOPs (tokens)")] = "4096",
     tp_flag: Annotated[str, typer.Option("--tp", metavar="INT", help="tensor parallel size (pads the vocabulary)")] = "1",
     json_out: JsonOpt = False,
@@ -133,17 +133,20 @@ def _count_flag(flag: str, value: str, minimum: int = 1) -> int:
 def inventory(
     scenario_file: ScenarioFileArg = None,
     per_tensor: Annotated[bool, typer.Option("--tensors", help="list every tensor of the chosen stage")] = False,
-    stage_flag: Annotated[str, typer.Option("--stage", metavar="INT", help="pipeline stage for --tensors")] = "0",
+    stage_flag: Annotated[str | None, typer.Option("--stage", metavar="INT", help="pipeline stage for --tensors "
+                                                                                 "(default 0)")] = None,
     json_out: JsonOpt = False,
     *, scenario_flags: dict[str, str],
 ) -> None:
     """The tensor inventory of a scenario: per pipeline stage and per rank."""
-    from topologies.inputs import UserInputError
+    from topologies.inputs import UserInputError, plural
     from workloads.inventory import inventory_for
     from workloads.memory import memory_by_stage
 
+    if stage_flag is not None and not per_tensor:
+        raise UserInputError("--stage needs --tensors (it picks the pipeline stage whose tensors are listed)")
     sc = resolve_scenario(scenario_file, scenario_flags)
-    stage = _count_flag("--stage", stage_flag, minimum=0)
+    stage = _count_flag("--stage", stage_flag or "0", minimum=0)
     if stage >= sc.par.pp:
         raise UserInputError(f"--stage {stage} is not a pipeline stage; valid: 0..{sc.par.pp - 1}")
     inv = inventory_for(sc)
@@ -180,7 +183,7 @@ def inventory(
     from rich.console import Console
     from rich.table import Table
 
-    st_t = Table(title=f"{sc.model.name} on {sc.gpus} GPUs: tp {sc.par.tp}, pp {sc.par.pp}, vpp {sc.par.vpp}, "
+    st_t = Table(title=f"{sc.model.name} on {plural(sc.gpus, 'GPU')}: tp {sc.par.tp}, pp {sc.par.pp}, vpp {sc.par.vpp}, "
                        f"ep {sc.par.ep}, dp {sc.dp}")
     for col in ("stage", "tensors", "params/rank", "Muon", "AdamW", "experts", "Muon matrices/rank"):
         st_t.add_column(col, justify="right")

@@ -74,21 +74,21 @@ def _place(system: str, gpus: int, tp: int, pp: int, cp: int, ep: int, etp: int,
 
 @user_errors
 def collective(
-    op: Annotated[str, typer.Argument(help="all_reduce, reduce_scatter, all_gather, all_gather_v, broadcast, all_to_all, send_recv")],
-    system: Annotated[str, typer.Option("--system", help="system: catalogue name or YAML file")] = "gb300-nvl72",
-    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in the job (default 72, or the ranks listed in --measured FILE)")] = None,
-    size: Annotated[str | None, typer.Option("--size", help="one size: bytes, or 512M, 4GB (decimal), 1GiB (binary)")] = None,
-    min_size: Annotated[str | None, typer.Option("--min-size", help="sweep start (default 1KB = 1000 bytes; 1KiB = 1024)")] = None,
-    max_size: Annotated[str | None, typer.Option("--max-size", help="sweep end, always included (default 8GB = 8e9 bytes; 8GiB = 2^33)")] = None,
-    step_factor: Annotated[float, typer.Option("--step-factor", help="sweep multiplier")] = 2.0,
-    group: Annotated[str, typer.Option("--group", help="tp, cp, dp, etp, ep, expert_dp, pp or world")] = "world",
-    algorithm: Annotated[str | None, typer.Option("--algorithm", help="force ring, tree, nvls, nvls_tree, pat, direct, or the idealised hierarchical (never chosen by the tuner)")] = None,
-    tp: Annotated[int, typer.Option("--tp", help="tensor parallel size (shapes the groups)")] = 1,
-    pp: Annotated[int, typer.Option("--pp", help="pipeline parallel size")] = 1,
-    cp: Annotated[int, typer.Option("--cp", help="context parallel size")] = 1,
-    ep: Annotated[int, typer.Option("--ep", help="expert parallel size")] = 1,
-    etp: Annotated[int, typer.Option("--etp", help="expert tensor parallel size")] = 1,
-    gpus_per_domain: Annotated[int | None, typer.Option("--gpus-per-domain", help="GPUs used per NVLink domain")] = None,
+    op: Annotated[str, typer.Argument(metavar="OP", help="all_reduce, reduce_scatter, all_gather, all_gather_v, broadcast, all_to_all, send_recv")],
+    system: Annotated[str, typer.Option("--system", metavar="NAME|FILE", help="system: catalogue name or YAML file")] = "gb300-nvl72",
+    gpus: Annotated[int | None, typer.Option("--gpus", metavar="INT", help="GPUs in the job (default 72, or the ranks listed in --measured FILE)")] = None,
+    size: Annotated[str | None, typer.Option("--size", metavar="BYTES", help="one size: bytes, or 512M, 4GB (decimal), 1GiB (binary)")] = None,
+    min_size: Annotated[str | None, typer.Option("--min-size", metavar="BYTES", help="sweep start (default 1KB = 1000 bytes; 1KiB = 1024)")] = None,
+    max_size: Annotated[str | None, typer.Option("--max-size", metavar="BYTES", help="sweep end, always included (default 8GB = 8e9 bytes; 8GiB = 2^33)")] = None,
+    step_factor: Annotated[float, typer.Option("--step-factor", metavar="FACTOR", help="sweep multiplier")] = 2.0,
+    group: Annotated[str, typer.Option("--group", metavar="GROUP", help="tp, cp, dp, etp, ep, expert_dp, pp or world")] = "world",
+    algorithm: Annotated[str | None, typer.Option("--algorithm", metavar="ALGO", help="force ring, tree, nvls, nvls_tree, pat, direct, or the idealised hierarchical (never chosen by the tuner)")] = None,
+    tp: Annotated[int, typer.Option("--tp", metavar="INT", help="tensor parallel size (shapes the groups)")] = 1,
+    pp: Annotated[int, typer.Option("--pp", metavar="INT", help="pipeline parallel size")] = 1,
+    cp: Annotated[int, typer.Option("--cp", metavar="INT", help="context parallel size")] = 1,
+    ep: Annotated[int, typer.Option("--ep", metavar="INT", help="expert parallel size")] = 1,
+    etp: Annotated[int, typer.Option("--etp", metavar="INT", help="expert tensor parallel size")] = 1,
+    gpus_per_domain: Annotated[int | None, typer.Option("--gpus-per-domain", metavar="INT", help="GPUs used per NVLink domain")] = None,
     measured: Annotated[Path | None, typer.Option("--measured", metavar="FILE", help="nccl-tests output (e.g. all_reduce_perf stdout): predict its sizes and report the error")] = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -98,7 +98,7 @@ def collective(
     is compared with the measured busbw (error %, MAPE).
     """
     from topologies.collectives import OPS, collective_cost
-    from topologies.inputs import did_you_mean
+    from topologies.inputs import did_you_mean, plural
 
     typed, op = op, op.replace("-", "_")
     if op not in OPS:
@@ -132,8 +132,8 @@ def collective(
                          "busbw_Bps": r.busbw_Bps, "algorithm": r.algorithm, "detail": r.detail} for r in rows],
         } | ({"note": note} if note else {}))
         return
-    typer.echo(f"# {op} on {sys_spec.name}: group '{group}' of {shape.size} ranks over {shape.domains} NVLink "
-               f"domain(s), {shape.ranks_per_domain} per domain, fabric tiers crossed {shape.fabric_tiers}")
+    typer.echo(f"# {op} on {sys_spec.name}: group '{group}' of {plural(shape.size, 'rank')} over "
+               f"{plural(shape.domains, 'NVLink domain')}, {shape.ranks_per_domain} per domain, fabric tiers crossed {shape.fabric_tiers}")
     typer.echo(f"# {SIZE_CONVENTION}; GB/s = 1e9 B/s")
     if note:
         typer.echo(f"# note: {note}")
@@ -145,14 +145,15 @@ def collective(
 
 @user_errors
 def topology(
-    system: Annotated[str, typer.Option("--system", help="system: catalogue name or YAML file")] = "gb300-nvl72",
-    gpus: Annotated[int, typer.Option("--gpus", help="GPUs in the job")] = 72,
-    gpus_per_domain: Annotated[int | None, typer.Option("--gpus-per-domain", help="GPUs used per NVLink domain")] = None,
-    html: Annotated[Path | None, typer.Option("--html", help="write a plotly picture of (a representative part of) the fabric")] = None,
+    system: Annotated[str, typer.Option("--system", metavar="NAME|FILE", help="system: catalogue name or YAML file")] = "gb300-nvl72",
+    gpus: Annotated[int, typer.Option("--gpus", metavar="INT", help="GPUs in the job")] = 72,
+    gpus_per_domain: Annotated[int | None, typer.Option("--gpus-per-domain", metavar="INT", help="GPUs used per NVLink domain")] = None,
+    html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write a plotly picture of (a representative part of) the fabric")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Summarise the fabric under a job: GPUs, domains, switches per tier, bisection, NIC rails."""
     from topologies.fabric import fabric_summary
+    from topologies.inputs import plural
 
     sys_spec, placement = _place(system, gpus, 1, 1, 1, 1, 1, gpus_per_domain)
     summary = fabric_summary(placement.layout, sys_spec)
@@ -166,15 +167,15 @@ def topology(
         return
     s: dict[str, Any] = summary
     lines = [
-        f"{sys_spec.display_name or sys_spec.name}: {s['gpus']} GPUs on {s['domains']} NVLink domain(s) of "
+        f"{sys_spec.display_name or sys_spec.name}: {plural(s['gpus'], 'GPU')} on {plural(s['domains'], 'NVLink domain')} of "
         f"{s['domain_size']} ({s['gpus_per_domain']} used per domain)",
         f"  NVLink: {s['nvlink_gpu_Bps'] / 1e9:g} GB/s/dir per GPU, {s['nvlink_switch_chips']} switch chips, "
         f"NVLS {'yes' if s['nvls'] else 'no'}, domain bisection {s['nvlink_domain_bisection_Bps'] / 1e12:.1f} TB/s/dir",
         f"  NICs: {s['job_nics']} x {s['nic_Bps'] * 8 / 1e9:g} Gb/s used by the job's GPUs, on {s['job_rails']} of "
-        f"{s['rails']} rails (up to {s['job_nics_per_rail_per_domain']} per rail per domain); the occupied domain(s) "
-        f"hold {s['nics']} ({s['nics_per_rail_per_domain']} per rail per domain), {s['planes']} plane(s)",
-        f"  switches (radix {s['switch_radix']}, {s['tiers']} tiers, oversubscription {s['oversubscription']:g}:1): "
-        f"{s['leaves']} leaf, {s['spines']} spine, {s['cores']} core; a leaf reaches {s['domains_per_leaf']} domain(s) "
+        f"{plural(s['rails'], 'rail')} (up to {s['job_nics_per_rail_per_domain']} per rail per domain); the occupied "
+        f"{'domain holds' if s['domains'] == 1 else 'domains hold'} {s['nics']} ({s['nics_per_rail_per_domain']} per rail per domain), {plural(s['planes'], 'plane')}",
+        f"  switches (radix {s['switch_radix']}, {plural(s['tiers'], 'tier')}, oversubscription {s['oversubscription']:g}:1): "
+        f"{s['leaves']} leaf, {s['spines']} spine, {s['cores']} core; a leaf reaches {plural(s['domains_per_leaf'], 'domain')} "
         f"of its rail, a pod {s['domains_per_pod']}",
         f"  scale-out bisection: {s['network_bisection_Bps'] / 1e12:.2f} TB/s/dir",
     ]

@@ -162,6 +162,8 @@ def compare(
 
 
 def _title(data: dict[str, Any], reports: list[Any]) -> str:
+    from workloads.models import model_label
+
     sc = reports[0].scenario
-    return (f"muonsim compare: {sc.get('model')} on {sc.get('gpus')} × {sc.get('system')} ({reports[0].engine} engine, "
+    return (f"muonsim compare: {model_label(sc.get('model'))} on {sc.get('gpus')} × {sc.get('system')} ({reports[0].engine} engine, "
             f"calibration {reports[0].calibration}); baseline {data['baseline']}")

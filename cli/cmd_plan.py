@@ -136,7 +136,7 @@ def plan(
     explain: Annotated[list[str] | None, typer.Option("--explain", metavar="SETTINGS", help='why not this configuration? e.g. "tp=2,pp=8" (repeatable)')] = None,
     samples: Annotated[int, typer.Option("--samples", metavar="INT", help="calibration-uncertainty draws for the sensitivity (0 = none)")] = 16,
     sensitivity_sigma: Annotated[float | None, typer.Option("--sensitivity-sigma", metavar="REL", help="assumed relative 1-sigma for factors without a fitted uncertainty")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="random seed of the sensitivity draws")] = 0,
+    seed: Annotated[int, typer.Option("--seed", metavar="INT", help="random seed of the sensitivity draws")] = 0,
     exhaustive: Annotated[bool, typer.Option("--exhaustive", help="evaluate every candidate (no pruning)")] = False,
     allow_hypothetical: Annotated[bool, typer.Option("--allow-hypothetical", help="also search layout / load-balance pairs "
                                   "Megatron-Core does not have (legacy with lpt or none, current with ping_pong or none)")] = False,

@@ -40,10 +40,12 @@ def _progress(reused: int) -> tuple[Any, Any]:
         TimeRemainingColumn,
     )
 
+    from topologies.inputs import plural
+
     console = Console(stderr=True)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TimeRemainingColumn(), console=console, transient=True, disable=not console.is_terminal)
-    label = "sweep" + (f" ({reused} points done earlier)" if reused else "")
+    label = "sweep" + (f" ({plural(reused, 'point')} done earlier)" if reused else "")
     task = progress.add_task(label, total=None)
 
     def report(done: int, total: int) -> None:
@@ -194,6 +196,7 @@ def _finished_keys(journal_path: Path) -> set[str]:
 
 def _print_summary(grid_path: Path, outcome: Any, written: list[Path], wall_s: float, json_out: bool) -> None:
     from costmodel.sweep.tables import PARQUET_HINT, parquet_available
+    from topologies.inputs import plural
 
     rate = outcome.computed / wall_s if wall_s > 0 and outcome.computed else 0.0
     if json_out:
@@ -206,12 +209,13 @@ def _print_summary(grid_path: Path, outcome: Any, written: list[Path], wall_s: f
 
     console = Console()
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(outcome.statuses.items()))
-    console.print(f"sweep {grid_path}: {outcome.total} points ({statuses or 'none finished'})")
-    console.print(f"  computed now: {outcome.computed} on {outcome.jobs or '-'} workers in {wall_s:.1f} s "
+    console.print(f"sweep {grid_path}: {plural(outcome.total, 'point')} ({statuses or 'none finished'})")
+    workers = plural(outcome.jobs, 'worker') if outcome.jobs else '- workers'
+    console.print(f"  computed now: {outcome.computed} on {workers} in {wall_s:.1f} s "
                   f"({rate:.1f} points/s); finished by earlier runs: {outcome.reused}")
     if not parquet_available():
         console.print(f"  no Parquet file: it needs pyarrow ({PARQUET_HINT}); the CSV has the same rows")
     console.print("  wrote " + ", ".join(str(p) for p in written))
     if outcome.interrupted:
-        console.print(f"interrupted (Ctrl-C): {outcome.pending} points not finished; "
+        console.print(f"interrupted (Ctrl-C): {plural(outcome.pending, 'point')} not finished; "
                       "rerun the same command to resume")

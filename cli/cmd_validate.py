@@ -24,13 +24,14 @@ from cli.common import (
     with_scenario_flags,
     write_text_atomically,
 )
+from cli.terminal import no_negative_zero
 
 RunsArg = Annotated[list[Path] | None, typer.Argument(
-    help="runs files: CSV/JSON of the measured-run schema, Megatron training logs (.log/.txt/.out), "
+    metavar="FILE", help="runs files: CSV/JSON of the measured-run schema, Megatron training logs (.log/.txt/.out), "
          "reference-backend JSON", show_default=False)]
 DatasetOpt = Annotated[list[str] | None, typer.Option(
     "--dataset", metavar="NAME", help="a shipped dataset (megatron-bridge, megatron-ci, megatron-ci-all); repeatable")]
-WarmupOpt = Annotated[int, typer.Option("--warmup", min=0, help="Megatron logs: warm-up iterations to skip")]
+WarmupOpt = Annotated[int, typer.Option("--warmup", min=0, metavar="INT", help="Megatron logs: warm-up iterations to skip")]
 
 
 def register(app: typer.Typer) -> None:
@@ -77,7 +78,7 @@ def _calibration(path: Path | None, datasheet: bool) -> Any:
 
 
 def _fmt(value: float | None, spec: str = ".1f") -> str:
-    return "-" if value is None or value != value else format(value, spec)
+    return "-" if value is None or value != value else no_negative_zero(format(value, spec))
 
 
 @user_errors
@@ -86,17 +87,18 @@ def validate(
     runs_files: RunsArg = None,
     dataset: DatasetOpt = None,
     calibration: Annotated[Path | None, typer.Option(
-        "--calibration", help="calibration profile YAML (default: the built-in profile); 'none': datasheet defaults")] = None,
+        "--calibration", metavar="FILE", help="calibration profile YAML (default: the built-in profile); 'none': datasheet defaults")] = None,
     datasheet: Annotated[bool, typer.Option("--datasheet", help="no calibration: datasheet factors")] = False,
-    engine: Annotated[str, typer.Option("--engine", help="analytic or des")] = "analytic",
+    engine: Annotated[str, typer.Option("--engine", metavar="analytic|des", help="step engine")] = "analytic",
     json_out: JsonOpt = False,
-    html: Annotated[Path | None, typer.Option("--html", help="write a plotly scatter + histogram page")] = None,
+    html: Annotated[Path | None, typer.Option("--html", metavar="FILE", help="write a plotly scatter + histogram page")] = None,
     warmup: WarmupOpt = 10,
     wide: WideOpt = False,
     *, scenario_flags: dict[str, str],
 ) -> None:
     """How wrong is the model on measured runs? Predicted vs measured, MAPE, bias, worst case, Kendall τ."""
     from costmodel.calibrate.validation import validate_runs
+    from topologies.inputs import plural
 
     runs, where, skipped = _gather_runs(runs_files, dataset, scenario_flags, warmup)
     profile = _calibration(calibration, datasheet)
@@ -110,7 +112,7 @@ def validate(
         from costmodel.calibrate.validation_figures import validation_html
 
         m = report.metrics
-        summary = (f"{m.n} runs from {where}; calibration {report.calibration}; MAPE {m.mape_pct:.1f} %, "
+        summary = (f"{plural(m.n, 'run')} from {where}; calibration {report.calibration}; MAPE {m.mape_pct:.1f} %, "
                    f"bias {m.bias_pct:+.1f} %, worst {m.max_ape_pct:.1f} %")
         write_text_atomically(html, validation_html(report.rows, summary))
     if json_out:
@@ -168,6 +170,7 @@ def _print_validation(report: Any, where: str, wide: bool = False) -> None:
     from rich.table import Table
 
     from cli.terminal import console as make_console
+    from topologies.inputs import plural
 
     console = make_console(wide=wide)
     console.print(f"[bold]predicted vs measured step time, s[/bold] ({where}; calibration: {report.calibration}, "
@@ -187,10 +190,11 @@ def _print_validation(report: Any, where: str, wide: bool = False) -> None:
             table.add_row(f"[bold]{system}[/bold]", "", "", "")
         mark = " *" if r.in_training_set else ""
         table.add_row(short[r.run_id] + mark, f"{r.measured_step_time_s:.3f}", f"{r.predicted_step_time_s:.3f}",
-                      f"{r.error_pct:+.1f}")
+                      no_negative_zero(f"{r.error_pct:+.1f}"))
     console.print(table)
     if report.n_in_training_set:
-        console.print(f"* {report.n_in_training_set} runs are in the profile's training set: their error is "
+        in_set = report.n_in_training_set
+        console.print(f"* {plural(in_set, 'run')} {'is' if in_set == 1 else 'are'} in the profile's training set: their error is "
                       "training error (see 'muonsim calibrate' for held-out error)")
     if report.unsupported:
         console.print(f"unsupported runs ({len(report.unsupported)}), not predicted:")
@@ -215,15 +219,15 @@ def _print_reference(check: Any) -> None:
 def calibrate(
     runs_files: RunsArg = None,
     dataset: DatasetOpt = None,
-    out: Annotated[Path | None, typer.Option("--out", help="profile YAML to write")] = None,
-    name: Annotated[str | None, typer.Option("--name", help="profile name (default: the output file's stem)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="profile YAML to write")] = None,
+    name: Annotated[str | None, typer.Option("--name", metavar="NAME", help="profile name (default: the output file's stem)")] = None,
     factors: Annotated[str | None, typer.Option(
-        "--factors", help="comma-separated EfficiencyFactors to fit per system")] = None,
+        "--factors", metavar="LIST", help="comma-separated EfficiencyFactors to fit per system")] = None,
     release_factors: Annotated[str | None, typer.Option(
-        "--release-factors", help="factors refined per release ('' = none)")] = None,
+        "--release-factors", metavar="LIST", help="factors refined per release ('' = none)")] = None,
     min_release_runs: Annotated[int, typer.Option(
-        "--min-release-runs", min=2, help="runs a release family needs for its own multipliers")] = 3,
-    folds: Annotated[int, typer.Option("--folds", min=0, help="held-out folds by configuration; 0 = leave one configuration out")] = 0,
+        "--min-release-runs", min=2, metavar="INT", help="runs a release family needs for its own multipliers")] = 3,
+    folds: Annotated[int, typer.Option("--folds", min=0, metavar="INT", help="held-out folds by configuration; 0 = leave one configuration out")] = 0,
     holdout: Annotated[str, typer.Option("--holdout", metavar="configuration|model",
                                          help="what is held out together: a configuration, or a whole model")] = "configuration",
     no_cv: Annotated[bool, typer.Option("--no-cv", help="skip the held-out evaluation")] = False,
@@ -231,14 +235,14 @@ def calibrate(
         "--skip-reconstructed", help="predict and score, but do not fit on, runs whose recipe settings are a "
                                      "reconstruction (the settings file's match_status)")] = False,
     host_prior_sigma: Annotated[float | None, typer.Option(
-        "--host-prior-sigma", min=0.01, help="prior width (sigma of log) of the host factors centred on the host "
+        "--host-prior-sigma", min=0.01, metavar="SIGMA", help="prior width (sigma of log) of the host factors centred on the host "
                                              "CPU's measured value (default: 1.0)")] = None,
     fit_excluded: Annotated[bool, typer.Option(
         "--fit-excluded", help="fit on the runs the dataset declares excluded too (its fit_exclusion "
                                "reasons), to report held-out error on every run")] = False,
     release_residuals: Annotated[bool, typer.Option(
         "--release-residuals", help="diagnostic: the held-out bias each release family leaves (not fitted)")] = False,
-    loss: Annotated[str, typer.Option("--loss", help="soft_l1, huber or linear")] = "soft_l1",
+    loss: Annotated[str, typer.Option("--loss", metavar="soft_l1|huber|linear", help="robust loss of the fit")] = "soft_l1",
     microbench: Annotated[bool, typer.Option(
         "--microbench", help="measure this machine (GEMM, eager dispatch, gloo α-β) instead of fitting runs")] = False,
     json_out: JsonOpt = False,
@@ -247,6 +251,7 @@ def calibrate(
     *, scenario_flags: dict[str, str],
 ) -> None:
     """Fit the named efficiency factors to measured runs; report held-out error; write a profile."""
+    from topologies.inputs import plural
     if out is None:
         raise CliError("--out PROFILE.yaml is required")
     check_output_paths(out)  # a missing directory or a directory given as the file: before the fit
@@ -278,7 +283,7 @@ def calibrate(
         if not json_out:
             print(msg, file=sys.stderr, flush=True)
 
-    report = run_calibration(runs, settings, name=name or out.stem, fitted_on=f"{where} ({len(runs)} runs)",
+    report = run_calibration(runs, settings, name=name or out.stem, fitted_on=f"{where} ({plural(len(runs), 'run')})",
                              cross_validate=not no_cv, progress=progress, skipped=skipped)
     if not report.result.fits.systems:
         raise CliError("no supported run to fit (all runs are unsupported; see 'muonsim validate')")
@@ -316,13 +321,14 @@ def bound_warnings(profile: Any) -> list[str]:
 
 def underdetermined_warnings(profile: Any) -> list[str]:
     """One line per system (or release) whose fit has more factors than runs to determine them."""
+    from topologies.inputs import plural
     out = []
     for system, cal in profile.systems.items():
         sets = [(system, cal)] + [(f"{system} release {tag}", rel) for tag, rel in cal.releases.items()]
         for scope, fitted in sets:
             n, k = fitted.n_runs or 0, len(fitted.factors)
             if k > n:
-                out.append(f"{scope}: {k} factors fitted from {n} run{'s' if n != 1 else ''}; the runs cannot "
+                out.append(f"{scope}: {plural(k, 'factor')} fitted from {plural(n, 'run')}; the runs cannot "
                            "determine them (the values lean on their priors); give more runs or fewer --factors")
     return out
 

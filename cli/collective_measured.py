@@ -62,9 +62,10 @@ def check_op(op: str, run: NcclTestsRun) -> None:
 
 def resolve_gpus(gpus: int | None, group: str, run: NcclTestsRun) -> int:
     """GPUs in the job: ``--gpus`` if given, else the ranks the file lists."""
+    from topologies.inputs import plural
     if gpus is not None:
         if group == "world" and run.ranks is not None and run.ranks != gpus:
-            raise CliError(f"--gpus {gpus} but {run.source} ran on {run.ranks} ranks; drop --gpus or make them agree")
+            raise CliError(f"--gpus {gpus} but {run.source} ran on {plural(run.ranks, 'rank')}; drop --gpus or make them agree")
         return gpus
     if run.ranks is None:
         raise CliError(f"{run.source} lists no ranks ('#  Rank  0 Group  0 Pid ...' lines); pass --gpus")
@@ -73,8 +74,9 @@ def resolve_gpus(gpus: int | None, group: str, run: NcclTestsRun) -> int:
 
 def check_group_size(shape: GroupShape, group: str, run: NcclTestsRun) -> None:
     """Raise CliError if the file's rank count is not the size of the group being predicted."""
+    from topologies.inputs import plural
     if run.ranks is not None and run.ranks != shape.size:
-        raise CliError(f"{run.source} ran on {run.ranks} ranks but group '{group}' has {shape.size}; "
+        raise CliError(f"{run.source} ran on {plural(run.ranks, 'rank')} but group '{group}' has {shape.size}; "
                        "choose --gpus/--group/--tp ... so the group has as many ranks as the file")
 
 
@@ -102,6 +104,7 @@ def _pct(value: float | None, fmt: str = "+.1f") -> str:
 def report(op: str, run: NcclTestsRun, checks: list[SizeCheck], shape: GroupShape, system: SystemSpec,
            group: str, gpus: int, json_out: bool) -> None:
     """Print the comparison: an nccl-tests-style table and a MAPE line, or ``--json``."""
+    from topologies.inputs import plural
     mape_all, mape_large = mape_pct(checks), mape_pct(checks, LARGE_MIN_BYTES)
     note = _device_note(run, system)
     if json_out:
@@ -119,10 +122,10 @@ def report(op: str, run: NcclTestsRun, checks: list[SizeCheck], shape: GroupShap
                 "error_pct": c.error_pct} for c in checks],
         })
         return
-    ranks = f"{run.ranks} ranks" if run.ranks is not None else "ranks not listed"
+    ranks = plural(run.ranks, "rank") if run.ranks is not None else "ranks not listed"
     source = f"{run.program}_perf, " if run.program else ""
-    typer.echo(f"# {op} on {system.name}: group '{group}' of {shape.size} ranks over {shape.domains} NVLink "
-               f"domain(s), {shape.ranks_per_domain} per domain; measured: {run.source} ({source}{ranks})")
+    typer.echo(f"# {op} on {system.name}: group '{group}' of {plural(shape.size, 'rank')} over "
+               f"{plural(shape.domains, 'NVLink domain')}, {shape.ranks_per_domain} per domain; measured: {run.source} ({source}{ranks})")
     if note:
         typer.echo(f"# note: {note}")
     typer.echo(f"# {'size (B)':>14} {'meas (us)':>11} {'pred (us)':>11} {'meas busbw':>10} {'pred busbw':>10} "

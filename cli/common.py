@@ -144,7 +144,7 @@ SCENARIO_FLAGS.update(RECIPE_FLAGS)
 
 
 # Options shared by several verbs (one definition each).
-ScenarioFileArg = Annotated[Path | None, typer.Argument(help="scenario YAML (default: built-in scenario)")]
+ScenarioFileArg = Annotated[Path | None, typer.Argument(metavar="FILE", help="scenario YAML (default: built-in scenario)")]
 EngineOpt = Annotated[str, typer.Option("--engine", metavar="analytic|des", help="step engine")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 WideOpt = Annotated[bool, typer.Option("--wide", help="wide tables (160 columns) instead of fitting the terminal")]
@@ -218,24 +218,31 @@ def with_scenario_flags(func: F) -> F:
 FLAG_OF_KEY = {key: f"--{flag.replace('_', '-')}" for flag, (key, _, _) in SCENARIO_FLAGS.items()}
 
 
-def layered_scenario(scenario_file: Path | None, flags: dict[str, Any]):  # noqa: ANN201
-    """The layered configuration (model × system defaults < file < flags), not yet validated."""
+def layered_scenario(scenario_file: Path | None, flags: dict[str, Any],  # noqa: ANN201
+                     typed: set[str] | None = None):
+    """The layered configuration (model × system defaults < file < flags), not yet validated.
+
+    ``typed``: the keys of ``flags`` the user typed (default: all); a bad value of one is reported by its flag."""
     from workloads.scenario import read_scenario_file
     from workloads.scenario_defaults import layered_config
 
     data = read_scenario_file(scenario_file) if scenario_file is not None else None
-    return layered_config(data, flags, file=str(scenario_file) if scenario_file is not None else None)
+    names = {k: FLAG_OF_KEY[k] for k in flags if k in FLAG_OF_KEY and (typed is None or k in typed)}
+    return layered_config(data, flags, file=str(scenario_file) if scenario_file is not None else None,
+                          flag_names=names)
 
 
-def resolve_with_layout(scenario_file: Path | None, flags: dict[str, Any]):  # noqa: ANN201
+def resolve_with_layout(scenario_file: Path | None, flags: dict[str, Any],  # noqa: ANN201
+                        typed: set[str] | None = None):
     """(validated Scenario, its Layered configuration) from an optional YAML file plus flags.
 
     The scenario inherits the defaults of its model on its system for what neither the file nor a
-    flag sets; an error caused by an inherited value names it and where it came from.
+    flag sets; an error caused by an inherited value names it and where it came from. ``typed``: as
+    :func:`layered_scenario`.
     """
     from workloads.scenario_defaults import resolve_layered
 
-    layered = layered_scenario(scenario_file, flags)
+    layered = layered_scenario(scenario_file, flags, typed)
     return resolve_layered(layered, FLAG_OF_KEY), layered
 
 
@@ -268,7 +275,7 @@ def resolve_release_scenario(scenario_file: Path | None, flags: dict[str, Any], 
              "mtp_layers": scenario.model.mtp_layers}
     chosen = release_settings(choice, user, sizes)
     try:
-        scenario, layered = resolve_with_layout(scenario_file, {**chosen.applied, **flags})
+        scenario, layered = resolve_with_layout(scenario_file, {**chosen.applied, **flags}, typed=set(flags))
     except UserInputError as err:
         raise UserInputError(f"with the recipe settings of release {choice.release} ({choice.run_id}): {err}") from None
     for key in chosen.applied:  # passed as flags, but not set by the user
@@ -303,22 +310,26 @@ def release_settings_lines(chosen: Any, scenario: Any = None) -> list[str]:
     """What ``predict``/``compare`` print about the recipe settings they used (one item per line); with
     ``scenario``, also the flags that would give it the recipe run's own layout when it differs (the
     settings come from the run; the layout does not)."""
+    from topologies.inputs import plural
     from workloads.recipe_settings import layout_mismatch_flags
+    from workloads.runtime import tp_overlap_text
     from workloads.scenario import setting_default
 
     if chosen is None:
         return []
 
-    def show(v: Any) -> str:
-        if isinstance(v, tuple):
+    def show(key: str, v: Any) -> str:
+        if key == "tp_comm_overlap_cfg" and isinstance(v, tuple | list):
+            return tp_overlap_text(v)  # as --tp-comm-overlap-cfg takes it
+        if isinstance(v, tuple | list):
             return "+".join(str(getattr(x, "gemm", x)) for x in v) or "[]"
         return str(v)
 
     differ = {k: v for k, v in chosen.applied.items() if v != setting_default(k)}
     lines = [f"recipe settings: {chosen.choice.source}",
              "  applied, differing from muonsim's defaults: "
-             + (", ".join(f"{k}={show(v)}" for k, v in sorted(differ.items())) or "none"),
-             f"  applied, equal to muonsim's defaults: {len(chosen.applied) - len(differ)} settings (--json lists all)"]
+             + (", ".join(f"{k}={show(k, v)}" for k, v in sorted(differ.items())) or "none"),
+             f"  applied, equal to muonsim's defaults: {plural(len(chosen.applied) - len(differ), 'setting')} (--json lists all)"]
     if chosen.kept:
         lines.append("  yours kept: " + ", ".join(chosen.kept))
     lines += [f"  not applied: {k} ({why})" for k, why in chosen.skipped.items()]
@@ -412,13 +423,16 @@ def write_text_atomically(path: Path, text: str) -> None:
 
 def hide_flag_types(command: Any) -> None:
     """No value shown beside on/off flags (--json, --version, ...) in the help of ``command`` and its
-    subcommands: typer prints '<bool>' there, which reads as a value to type ('--json true')."""
+    subcommands: typer prints '<bool>' there, which reads as a value to type ('--json true'). An argument
+    with a metavar (FILE, NAME|FILE) is shown by it alone, without typer's type ('<path>') beside it."""
     if getattr(command, "flag_types_hidden", False):
         return
     command.flag_types_hidden = True
     for param in command.params:
         if getattr(param, "is_flag", False) and param.metavar is None:
             param.metavar = ""
+        if getattr(param, "param_type_name", "") == "argument" and param.metavar is not None:
+            param.display_type_rich = lambda ctx: None
     help_option = command.get_help_option
 
     def get_help_option(ctx: Any) -> Any:

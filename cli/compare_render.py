@@ -11,6 +11,8 @@ from __future__ import annotations
 import string
 from typing import Any
 
+from cli.terminal import no_negative_zero
+
 LABEL_WIDTH = 22  # row-label column
 CELL_WIDTH = 12  # one variant column, padding included
 SHORT_DISTRIBUTION = {"element_wise": "elem", "layer_wise": "layer", "replicated": "repl"}
@@ -136,7 +138,7 @@ def render_narrow(data: dict[str, Any], reports: list[Any], width: int) -> Any:
             if row is None:
                 t.add_section()
             else:
-                t.add_row(row[0], *(row[1][i] for i in cols))
+                t.add_row(row[0], *(no_negative_zero(row[1][i]) for i in cols))
         parts.append(t)
     parts += _footer(data, reports, names)
     return Group(*parts)
@@ -154,7 +156,7 @@ def render_wide(data: dict[str, Any], reports: list[Any]) -> Any:
         t.add_column(v["label"], justify="right")
 
     def row(name: str, cells: list[str]) -> None:
-        t.add_row(name, *cells)
+        t.add_row(name, *(no_negative_zero(c) for c in cells))
 
     row("step time", [f"{v['step_time_s']:.4f} s" for v in variants])
     row("Δ vs baseline", ["-" if i == 0 else f"{v['delta_step_time_s'] * 1e3:+.1f} ms ({v['delta_step_time_pct']:+.2f} %)"

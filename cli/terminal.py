@@ -13,6 +13,7 @@ when set, 80 when the output is not a terminal), never forced wider; ``--wide`` 
 from __future__ import annotations
 
 import codecs
+import re
 import sys
 import unicodedata
 from typing import Any
@@ -71,3 +72,12 @@ def console(stderr: bool = False, wide: bool = False) -> Any:
     if wide:
         return Console(stderr=stderr, width=WIDE_COLUMNS)
     return Console(stderr=stderr)
+
+
+NEGATIVE_ZERO = re.compile(r"(?<![\w.])-(0(?:\.0+)?)(?![\w.])")
+
+
+def no_negative_zero(text: str) -> str:
+    """``text`` with every number that rounded to a negative zero (``-0.0``, ``-0``) written without its sign:
+    a value of about -1e-18 printed to one decimal is zero, not a loss of minus nothing."""
+    return NEGATIVE_ZERO.sub(r"\1", text)

@@ -33,9 +33,11 @@ def render_table(report: StepReport, layout: str | None = None) -> Any:
     from rich.table import Table
 
     head = Table(show_header=False, title=f"muonsim predict ({report.engine} engine)")
+    from workloads.models import model_label
+
     sc = report.scenario
     par = sc.get("parallelism", {})
-    head.add_row("scenario", f"{sc.get('model')} on {sc.get('gpus')} x {sc.get('system')}, {sc.get('precision')}, "
+    head.add_row("scenario", f"{model_label(sc.get('model'))} on {sc.get('gpus')} x {sc.get('system')}, {sc.get('precision')}, "
                  f"tp {par.get('tp')} pp {par.get('pp')} vpp {par.get('vpp')} cp {par.get('cp')} ep {par.get('ep')}, "
                  f"mbs {par.get('micro_batch_size')} gbs {par.get('global_batch_size')} seq {par.get('seq_length')}, "
                  f"{sc.get('optimizer', {}).get('kind')}")

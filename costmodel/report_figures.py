@@ -32,11 +32,13 @@ BREAKDOWN_FALLBACK = ("#79706e", "#d67195", "#8cd17d", "#b6992d", "#499894", "#8
 
 def scenario_title(report: StepReport) -> str:
     """One line naming the scenario and calibration, e.g. 'kimi-k2 on 256 × gb300-nvl72, mxfp8, tp1 pp4 ...'."""
+    from workloads.models import model_label
+
     sc = report.scenario
     p = sc.get("parallelism", {})
     o = sc.get("optimizer", {})
     par = " ".join(f"{k}{p.get(k)}" for k in ("tp", "pp", "vpp", "cp", "ep") if p.get(k) is not None)
-    return (f"{sc.get('model')} on {sc.get('gpus')} × {sc.get('system')}, {sc.get('precision')}, {par}, "
+    return (f"{model_label(sc.get('model'))} on {sc.get('gpus')} × {sc.get('system')}, {sc.get('precision')}, {par}, "
             f"mbs {p.get('micro_batch_size')} gbs {p.get('global_batch_size')} seq {p.get('seq_length')}, "
             f"{o.get('kind', 'muon')}; calibration: {report.calibration}")
 

@@ -30,7 +30,7 @@ def test_collective_table_is_nccl_tests_style(run_cli):
                      "--group", "dp", "--size", "256M")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert "group 'dp' of 8 ranks over 8 NVLink domain(s)" in lines[0]
+    assert "group 'dp' of 8 ranks over 8 NVLink domains" in lines[0]
     assert "GB = 1e9 B" in lines[1] and "GiB = 2^30 B" in lines[1]  # the size convention is stated
     assert "algbw (GB/s)" in lines[2] and "busbw (GB/s)" in lines[2]
     assert lines[3].split()[0] == "256000000"
@@ -60,7 +60,7 @@ def test_bad_input_is_one_line_and_exit_2(run_cli, args, needle):
 def test_topology_summary_and_json(run_cli):
     result = run_cli("topology", "--system", "gb300-nvl72", "--gpus", "256")
     assert result.exit_code == 0, result.output
-    assert "256 GPUs on 4 NVLink domain(s) of 72 (64 used per domain)" in " ".join(result.stdout.split())  # wrapped
+    assert "256 GPUs on 4 NVLink domains of 72 (64 used per domain)" in " ".join(result.stdout.split())  # wrapped
     assert "4 rails" in result.stdout and "bisection" in result.stdout
     data = json.loads(run_cli("topology", "--system", "dgx-b200", "--gpus", "4096", "--json").stdout)
     assert (data["leaves"], data["spines"], data["cores"], data["tiers"]) == (128, 128, 64, 3)

@@ -137,10 +137,16 @@ def test_explain_invalid_memory_ranked_and_outside(default_scenario) -> None:
 def test_empty_space_is_one_clear_error(default_scenario) -> None:
     with pytest.raises(UserInputError, match="passes the scenario validator.*tp 3"):
         _plan(default_scenario, pins={"tp": "3", "pp": "1"})
-    with pytest.raises(UserInputError, match="weights and gradients alone"):
-        _plan(default_scenario, pins={"pp": "1", "ep": "1", "etp": "1"})
     with pytest.raises(UserInputError, match="memory-headroom"):
         _plan(default_scenario, headroom=1.2)
+
+
+def test_space_whose_weights_alone_exceed_memory_is_an_empty_answer(default_scenario) -> None:
+    """Not an error (exit code 2) but a search with no answer, as when every screened layout is out of memory."""
+    res = _plan(default_scenario, pins={"pp": "1", "ep": "1", "etp": "1"}).result
+    assert res.ranking == [] and res.best is None
+    assert res.stats.layouts_over_memory_by_weights == res.stats.valid_layouts > 0
+    assert [n for n in res.notes if n.startswith("no layout fits in memory: the weights and gradients alone")]
 
 
 def test_result_numbers_are_consistent(default_scenario) -> None:

@@ -55,6 +55,12 @@ def load_yaml_file(path: str | Path, what: str = "file") -> dict[str, Any]:
     return data
 
 
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """``count`` and ``noun`` agreeing in number: ``1 run``, ``2 runs``, ``1 NVLink domain`` (``many``: an
+    irregular plural, default ``noun + 's'``)."""
+    return f"{count} {noun if count == 1 else (many or noun + 's')}"
+
+
 def did_you_mean(name: str, valid: Iterable[str]) -> str | None:
     """The one valid name ``name`` was most likely meant to be, or None.
 

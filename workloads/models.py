@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -194,6 +194,14 @@ def _load_model_cached(name_or_path: str) -> ModelSpec:
 def load_model(name_or_path: str) -> ModelSpec:
     """Load a model by catalogue name or from a YAML file path (one-line UserInputError on failure)."""
     return _load_model_cached(str(name_or_path))
+
+
+def model_label(ref: Any) -> str:
+    """How output names a scenario's model (its ``model`` value as the JSON dump holds it): the catalogue name or
+    path as given, or an inline spec's name followed by ``(inline)``."""
+    if isinstance(ref, ModelSpec):
+        ref = {"name": ref.name}
+    return f"{ref.get('name', '?')} (inline)" if isinstance(ref, dict) else str(ref)
 
 
 def resolve_model(ref: str | ModelSpec) -> ModelSpec:

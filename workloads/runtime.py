@@ -136,6 +136,21 @@ def parse_tp_overlap_cfg(value: Any) -> tuple[Any, ...] | None:
     return tuple(_parse_overlap_entry(str(g), v) for g, v in value.items() if g != "__type__")
 
 
+def tp_overlap_text(entries: Any) -> str:
+    """``tp_comm_overlap_cfg`` entries (mappings or :class:`TpOverlapGemmConfig`) as ``--tp-comm-overlap-cfg``
+    takes them: ``GEMM:METHOD[:NUM_SM]`` joined by '+', NUM_SM only when not the default 1; the fields that
+    syntax cannot hold and that differ from their defaults follow in brackets, e.g.
+    ``qkv_dgrad:bulk:4[cga_size=2]``. ``[]`` for no entries."""
+    out = []
+    for entry in entries or ():
+        cfg = entry if isinstance(entry, TpOverlapGemmConfig) else TpOverlapGemmConfig.model_validate(entry)
+        text = f"{cfg.gemm}:{cfg.method}" + (f":{cfg.num_sm}" if cfg.num_sm != 1 else "")
+        extra = [f"{name}={getattr(cfg, name)}" for name, field in TpOverlapGemmConfig.model_fields.items()
+                 if name not in ("gemm", "method", "num_sm") and getattr(cfg, name) != field.default]
+        out.append(text + (f"[{','.join(extra)}]" if extra else ""))
+    return "+".join(out) or "[]"
+
+
 def split_list(value: Any) -> Any:
     """A list setting from text: ``a|b``, ``a+b``, ``a,b``; ``[]``, ``''``, ``none`` = empty."""
     if isinstance(value, str):

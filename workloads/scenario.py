@@ -11,6 +11,7 @@ field and what would be valid. ``dp`` is derived, never given.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -167,13 +168,39 @@ def load_scenario_config(path: str | Path, overrides: dict[str, Any] | None = No
     return build_config(read_scenario_file(path), overrides or {}, source=f"scenario file '{path}'")
 
 
-def build_config(data: dict[str, Any], overrides: dict[str, Any], source: str = "scenario") -> ScenarioConfig:
-    """Validate ``data`` (nested scenario mapping) with ``overrides`` applied on top."""
+def build_config(data: dict[str, Any], overrides: dict[str, Any], source: str = "scenario",
+                 flag_names: dict[str, str] | None = None) -> ScenarioConfig:
+    """Validate ``data`` (nested scenario mapping) with ``overrides`` applied on top.
+
+    ``flag_names`` maps the override keys the user typed as flags to their flag (``tp`` -> ``--tp``): a bad
+    value of one is reported as ``--tp: must be ... (got 0)``, the value as typed, instead of by its path in
+    the scenario mapping (which a file's value keeps)."""
     merged = apply_overrides(data, overrides)
     try:
         return ScenarioConfig.model_validate(merged)
     except ValidationError as err:
-        raise UserInputError(describe_validation_error(err, source, ScenarioConfig)) from None
+        flag_error = _flag_value_error(err, overrides, flag_names or {})
+        raise UserInputError(flag_error or describe_validation_error(err, source, ScenarioConfig)) from None
+
+
+def _override_path(key: str) -> tuple[str, ...]:
+    """Where :func:`apply_overrides` puts the flat key ``key`` in the nested mapping."""
+    if key == "optimizer":
+        return ("optimizer", "kind")
+    return (_SECTION_OF[key], key) if key in _SECTION_OF else (key,)
+
+
+def _flag_value_error(err: ValidationError, overrides: dict[str, Any], flag_names: dict[str, str]) -> str | None:
+    """``--flag: must be ... (got VALUE)`` when pydantic's first error is about a value given as a flag, else None."""
+    first = err.errors()[0]
+    loc = tuple(str(part) for part in first.get("loc", ()))
+    for key, flag in flag_names.items():
+        path = _override_path(key)
+        if key in overrides and loc[:len(path)] == path:
+            msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+            msg = re.sub(r"^Input should be\b", "must be", msg)
+            return f"{flag}: {msg} (got {overrides[key]})"
+    return None
 
 
 _SECTION_OF = {name: "parallelism" for name in Parallelism.model_fields} | {

@@ -33,11 +33,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from topologies.hardware import Precision, SystemSpec, load_system
-from topologies.inputs import UserInputError, load_yaml_file
-from workloads.models import load_model
+from topologies.inputs import UserInputError, describe_validation_error, load_yaml_file
+from workloads.models import ModelSpec, load_model
 from workloads.scenario import Parallelism, Scenario, ScenarioConfig, build_config
 
 DEFAULTS_PATH = Path(__file__).parent / "data" / "scenario_defaults.yaml"
@@ -226,11 +226,30 @@ def _name(value: Any, loader: Any) -> str:
     return str(loader(str(value)).name)
 
 
-def layered_config(data: dict[str, Any] | None, flags: dict[str, Any], file: str | None = None) -> Layered:
+def _model_name(model: Any, source: str) -> str:
+    """The name of the scenario's model: a catalogue name, a model YAML file, or an inline mapping of a model
+    spec's fields (validated here, its errors named ``model.FIELD``)."""
+    if isinstance(model, ModelSpec):
+        return model.name
+    if isinstance(model, dict):
+        try:
+            return ModelSpec.model_validate(model).name
+        except ValidationError as err:
+            where = describe_validation_error(err, "", ModelSpec).removeprefix(": ")
+            raise UserInputError(f"{source}: model.{where}" if where else f"{source}: model: invalid") from None
+    if not isinstance(model, str):
+        raise UserInputError(f"{source}: model: expected a catalogue name, a path to a model YAML file or a mapping "
+                             f"of the model's fields (got {model!r})")
+    return _name(model, load_model)
+
+
+def layered_config(data: dict[str, Any] | None, flags: dict[str, Any], file: str | None = None,
+                   flag_names: dict[str, str] | None = None) -> Layered:
     """Build a ScenarioConfig from the defaults of its model × system, a file's mapping and flags.
 
     ``data``: the scenario file's nested mapping (None without a file); ``flags``: flat CLI-style
-    overrides (raw strings are fine; pydantic converts them). Raises UserInputError (one line).
+    overrides (raw strings are fine; pydantic converts them); ``flag_names``: the flag of each key the
+    user typed (a bad value is reported by its flag). Raises UserInputError (one line).
     """
     data = dict(data or {})
     base = ScenarioConfig()
@@ -244,7 +263,8 @@ def layered_config(data: dict[str, Any] | None, flags: dict[str, Any], file: str
             precision = Precision(str(precision_given))
         except ValueError:
             precision = None  # pydantic reports the bad value below, naming the field
-    model_name = _name(model, load_model)
+    source = f"scenario file '{file}'" if file else "scenario"
+    model_name = _model_name(model, source)
     chosen = lookup_defaults(model_name, system.name, precision) or fallback_defaults(model_name, system, precision)
     merged: dict[str, Any] = {"gpus": chosen.gpus, "precision": chosen.precision.value,
                               "parallelism": dict(chosen.parallelism)}
@@ -260,8 +280,7 @@ def layered_config(data: dict[str, Any] | None, flags: dict[str, Any], file: str
                 origin[name] = "file" if isinstance(value, dict) and name in value else "built-in"
         else:
             origin[key] = "file"
-    source = f"scenario file '{file}'" if file else "scenario"
-    config = build_config(merged, flags, source=source)
+    config = build_config(merged, flags, source=source, flag_names=flag_names)
     dropped = _layout_bound(chosen, config, origin)
     if dropped:  # recipe settings of the defaults' own layout, which the user changed
         for section in ("parallelism", "optimizer", "runtime"):
@@ -269,7 +288,7 @@ def layered_config(data: dict[str, Any] | None, flags: dict[str, Any], file: str
                 merged[section] = {k: v for k, v in merged[section].items() if k not in dropped}
         for key in dropped:
             origin[key] = "built-in"
-        config = build_config(merged, flags, source=source)
+        config = build_config(merged, flags, source=source, flag_names=flag_names)
     for key in flags:
         origin[key] = "flag"
     return Layered(config=config, defaults=chosen, origin=origin, file=file)

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from costmodel.kernels import KernelSpec
 from topologies.hardware import EfficiencyFactors
-from topologies.inputs import UserInputError, describe_validation_error, load_yaml_file
+from topologies.inputs import UserInputError, describe_validation_error, load_yaml_file, plural
 
 if TYPE_CHECKING:
     from workloads.scenario import Scenario
@@ -267,7 +267,7 @@ class CalibrationProfile(BaseModel):
         release = release if release is not None else self.default_release
         if factors:
             rel = f" release {release}" if self._release_entry(system_name, release) is not None else ""
-            return f"{self.name} ({system_name}{rel}: {len(factors)} fitted factors)"
+            return f"{self.name} ({system_name}{rel}: {plural(len(factors), 'fitted factor')})"
         return f"{self.name} (no factors for {system_name}: datasheet defaults)"
 
     def to_yaml(self) -> str:

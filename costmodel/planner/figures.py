@@ -63,7 +63,9 @@ def plan_html(outcome: PlanOutcome) -> str:
     """A self-contained HTML page with the plan's figures."""
     parts = [scatter_figure(outcome).to_html(include_plotlyjs=True, full_html=False),
              breakdown_figure(outcome).to_html(include_plotlyjs=False, full_html=False)]
+    from workloads.models import model_label
+
     sc = outcome.result.scenario
-    title = f"muonsim plan: {sc.get('model')} on {sc.get('gpus')} × {sc.get('system')}"
+    title = f"muonsim plan: {model_label(sc.get('model'))} on {sc.get('gpus')} × {sc.get('system')}"
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head>"
             f"<body><h2>{title}</h2>{''.join(parts)}</body></html>")

@@ -272,8 +272,11 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     grid_ok = grid[lb <= budget]
     recomputes = default_values(base, options.pins)["recompute"]
     first = first_candidates(options.pins, grid_ok, recomputes[0]) if recomputes else []
-    if not first:  # no group at all
+    if not first and (len(grid_ok) or not len(grid) or not recomputes):  # no group at all: the pins leave nothing
         raise _empty_space_error(base, options.pins, len(grid), lb, budget)
+    if not len(grid_ok):  # a search with an empty answer, as when every screened layout is out of memory
+        notes.append(f"no layout fits in memory: the weights and gradients alone need at least {lb.min() / 1e9:,.1f} "
+                     f"GB per GPU, over the {budget / 1e9:,.1f} GB budget; more GPUs (--gpus) may fit")
 
     screen_ev = Evaluator(base, engine, memory_fn, budget)
     set_evaluators(screen=screen_ev, des_fn=des_fn)

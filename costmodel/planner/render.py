@@ -131,9 +131,11 @@ def render(result: PlanResult, best_report: StepReport | None = None) -> Any:
     from rich.console import Group
     from rich.text import Text
 
+    from workloads.models import model_label
+
     sc = result.scenario
     par = sc.get("parallelism", {})
-    head = Text(f"muonsim plan: {sc.get('model')} on {sc.get('gpus')} × {sc.get('system')}, "
+    head = Text(f"muonsim plan: {model_label(sc.get('model'))} on {sc.get('gpus')} × {sc.get('system')}, "
                 f"gbs {par.get('global_batch_size')} × seq {par.get('seq_length')}, {sc.get('precision')}; "
                 f"pins: {result.pins}; memory budget {_gb(result.memory_budget_bytes)} GB per GPU "
                 f"({result.memory_headroom:.0%} headroom); calibration: {result.calibration}", style="bold")

@@ -84,7 +84,8 @@ def plan_columns(result: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"status": "ok" if best is not None else "no_plan", "message": "",
                            "calibration": result.calibration}
     if best is None:
-        out["message"] = "no plan in the search space fits in memory and passes the scenario validator"
+        why = [n for n in result.notes if n.startswith(("no layout fits in memory", "no screened layout fits"))]
+        out["message"] = why[0] if why else "no plan in the search space fits in memory and passes the scenario validator"
     else:
         out |= {"step_time_s": best.step_time_s, "tokens_per_s_per_gpu": best.tokens_per_s_per_gpu}
         out |= _term_columns(best.breakdown_s.items())
