@@ -87,6 +87,25 @@ def did_you_mean(name: str, valid: Iterable[str]) -> str | None:
     return close[0] if close else None
 
 
+def likely_misspelling(name: str, valid: Iterable[str]) -> str | None:
+    """The valid name that ``name`` is almost surely a misspelling of, or None: stricter than
+    :func:`did_you_mean`, for refusing input rather than hinting. ``-``/``_`` swapped, the initials of a
+    ``snake_case`` name (``mbs`` -> ``micro_batch_size``), or a spelling at least 0.8 alike (``ppp`` -> ``pp``,
+    ``seq_lenght`` -> ``seq_length``); not a name that merely begins a valid one or shares most of its letters
+    (``tokens``, ``source_url`` and ``precision_mode`` are columns of their own, not ``tokens_per_s_per_gpu``,
+    ``source`` and ``precision``)."""
+    names = sorted(set(valid))
+    for variant in (name.replace("-", "_"), name.replace("_", "-")):
+        if variant != name and variant in names:
+            return variant
+    key = name.lower().replace("-", "_")
+    initials = [v for v in names if "_" in v and "".join(part[:1] for part in v.split("_")) == key]
+    if len(initials) == 1:
+        return initials[0]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
 def unknown_name_hint(name: str, valid: Iterable[str], max_listed: int = 60) -> str:
     """``; did you mean 'X'?`` when ``name`` resembles one valid name, else `` (valid: a, b, ...)`` (or nothing
     when there are more than ``max_listed``)."""

@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from topologies.hardware import load_system
-from topologies.inputs import UserInputError, did_you_mean, load_yaml_file
+from topologies.inputs import UserInputError, likely_misspelling, load_yaml_file
 from workloads.measured import MeasuredRun
 from workloads.models import load_model
 from workloads.recipe_columns import COLUMNS as RECIPE_COLUMNS
@@ -91,7 +91,7 @@ def _check_misspelt(names: Iterable[str], where: Any) -> None:
     for name in given:
         if name in RUN_FIELDS or name in _STRUCTURED or is_recipe_column(name):
             continue
-        guess = did_you_mean(name, absent)
+        guess = likely_misspelling(name, absent)
         if guess is not None:
             raise UserInputError(f"{where(name)}: not a column of the measured-run schema; did you mean '{guess}'? "
                                  "(rename it: a column the schema does not know is kept as extra data and not read)")
