@@ -28,3 +28,18 @@ def run_cli():
         return runner.invoke(app, [str(a) for a in args])
 
     return _run
+
+
+@pytest.fixture()
+def one_line_error():
+    """Check that a CLI Result (``run_cli``'s) is a refused command: exit code 2, nothing on stdout, one
+    stderr line starting ``error: ``; the check returns that line."""
+
+    def check(result) -> str:  # noqa: ANN001 - click Result
+        assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
+        err = result.stderr.strip()
+        assert err.startswith("error: ") and "\n" not in err, err
+        assert result.stdout == ""
+        return err
+
+    return check

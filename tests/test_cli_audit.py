@@ -8,17 +8,8 @@ import json
 import pytest
 
 
-def one_line_error(result) -> str:  # noqa: ANN001
-    """The single stderr line of a refused command (exit code 2, nothing on stdout)."""
-    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
-    err = result.stderr.strip()
-    assert err.startswith("error: ") and "\n" not in err, err
-    assert result.stdout == ""
-    return err
-
-
 @pytest.mark.parametrize("version", ["9.9.9", "0.2.0", "0.5.0"])
-def test_unknown_eo_version_is_refused_naming_the_known_releases(run_cli, version: str) -> None:
+def test_unknown_eo_version_is_refused_naming_the_known_releases(one_line_error, run_cli, version: str) -> None:
     """The model has rules for Emerging-Optimizers 0.3.0 (Megatron-Core's pin), 0.3.1 and 0.4.0 (SYRK on the
     TP path, cubic5); any other version was accepted silently and modelled as one of them."""
     err = one_line_error(run_cli("predict", "--eo-version", version))
@@ -148,7 +139,7 @@ def test_job_rails_agree_with_the_rail_of_each_used_slot(system: str, gpus: int,
     (["--tp", "2", "--seq", "4097"], ["sequence parallelism with tp 2", "seq_length = 4097 tokens"]),
     (["--model", "llama3-8b", "--cp", "2", "--seq", "4098", "--gpus", "64"], ["cp 2", "2·cp = 4"]),
 ])
-def test_seq_that_megatron_cannot_split_is_refused(run_cli, argv: list[str], words: list[str]) -> None:
+def test_seq_that_megatron_cannot_split_is_refused(one_line_error, run_cli, argv: list[str], words: list[str]) -> None:
     """Sequence parallelism scatters each micro-batch's seq_length / cp tokens over the tp ranks (Megatron's
     _split_along_first_dim asserts divisibility); --tp 4 --seq 4098 was predicted as if it ran."""
     err = one_line_error(run_cli("predict", *argv))
@@ -173,7 +164,7 @@ def _model_file(tmp_path, position: str, rows: int):  # noqa: ANN001, ANN202
     return path
 
 
-def test_seq_beyond_a_learned_position_table_is_refused(run_cli, tmp_path) -> None:
+def test_seq_beyond_a_learned_position_table_is_refused(one_line_error, run_cli, tmp_path) -> None:
     """A learned_absolute table has max_position_embeddings rows: position 2048 has none (Megatron asserts
     max_position_embeddings >= seq_length for it)."""
     model = _model_file(tmp_path, "learned_absolute", 2048)

@@ -8,16 +8,6 @@ import re
 
 import pytest
 
-
-def one_line_error(result) -> str:  # noqa: ANN001
-    """The single stderr line of a refused command (exit code 2, nothing on stdout)."""
-    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
-    err = result.stderr.strip()
-    assert err.startswith("error: ") and "\n" not in err, err
-    assert result.stdout == ""
-    return err
-
-
 # (scenario file text, the unknown key's path, the suggestion)
 MISSPELT_KEYS = [
     ("model: llama3-8b\ngpus: 8\nparalelism: {tp: 2}\n", "paralelism", "parallelism"),
@@ -28,7 +18,7 @@ MISSPELT_KEYS = [
 
 
 @pytest.mark.parametrize(("text", "path", "suggestion"), MISSPELT_KEYS, ids=[k[1] for k in MISSPELT_KEYS])
-def test_misspelt_scenario_key_names_the_key_it_resembles(run_cli, tmp_path, text: str, path: str,
+def test_misspelt_scenario_key_names_the_key_it_resembles(one_line_error, run_cli, tmp_path, text: str, path: str,
                                                           suggestion: str) -> None:
     """'paralelism: Extra inputs are not permitted' named neither the key meant nor the valid ones (a flag name
     such as mbs in a scenario file got the same words). The error now says which key it resembles."""
@@ -39,14 +29,14 @@ def test_misspelt_scenario_key_names_the_key_it_resembles(run_cli, tmp_path, tex
     assert "Extra inputs" not in err, err
 
 
-def test_unknown_scenario_key_with_no_close_match_lists_the_valid_keys(run_cli, tmp_path) -> None:
+def test_unknown_scenario_key_with_no_close_match_lists_the_valid_keys(one_line_error, run_cli, tmp_path) -> None:
     scenario = tmp_path / "s.yaml"
     scenario.write_text("model: llama3-8b\nplacement: {zzz: 1}\n", encoding="utf-8")
     err = one_line_error(run_cli("predict", str(scenario)))
     assert "placement.zzz: unknown key (valid: gpus_per_domain, " in err, err
 
 
-def test_misspelt_grid_setting_names_the_setting_it_resembles(run_cli, tmp_path) -> None:
+def test_misspelt_grid_setting_names_the_setting_it_resembles(one_line_error, run_cli, tmp_path) -> None:
     """'grid.gpu: unknown setting' listed only the families of valid names."""
     grid = tmp_path / "grid.yaml"
     grid.write_text("grid:\n  model: [llama3-8b]\n  gpu: [8, 16]\n", encoding="utf-8")
@@ -67,7 +57,7 @@ MISSPELT_NAMES = [
 
 
 @pytest.mark.parametrize(("argv", "typed", "suggestion"), MISSPELT_NAMES, ids=[" ".join(c[0][:3]) for c in MISSPELT_NAMES])
-def test_misspelt_catalogue_name_names_the_one_it_resembles(run_cli, argv: list[str], typed: str,
+def test_misspelt_catalogue_name_names_the_one_it_resembles(one_line_error, run_cli, argv: list[str], typed: str,
                                                             suggestion: str) -> None:
     """'unknown model 'kimi'; known: ...' left the user to find 'kimi-k2' in a list of nine; the snake_case
     spelling of a dashed name (llama3_70b) and an abbreviated system (gb300) the same."""
@@ -75,7 +65,7 @@ def test_misspelt_catalogue_name_names_the_one_it_resembles(run_cli, argv: list[
     assert f"unknown {typed} (did you mean '{suggestion}'?); " in err, err
 
 
-def test_unrelated_catalogue_name_still_lists_the_known_ones(run_cli) -> None:
+def test_unrelated_catalogue_name_still_lists_the_known_ones(one_line_error, run_cli) -> None:
     err = one_line_error(run_cli("predict", "--model", "gpt-zzz"))
     assert err.startswith("error: unknown model 'gpt-zzz'; known: deepseek-v3, ") and "did you mean" not in err, err
 
@@ -149,7 +139,7 @@ RUNS_ROW = "r2,llama3-70b,gb300-nvl72,64,bf16,256,1,8192,2,4,1,5.0"
     ("seq_length", "seq_lenght", "seq_length"),  # required: was 'missing column' with no word on the typo
     ("micro_batch_size", "mbs", "micro_batch_size"),  # the flag's name
 ])
-def test_misspelt_runs_csv_column_is_refused_naming_the_column_meant(run_cli, tmp_path, old: str, new: str,
+def test_misspelt_runs_csv_column_is_refused_naming_the_column_meant(one_line_error, run_cli, tmp_path, old: str, new: str,
                                                                      suggestion: str) -> None:
     """A runs CSV whose 'pp' column was typed 'ppp' was read without a word: the column went to the run's
     extra data and the run was predicted with pp 1 (9.455 s instead of 10.559 s, against a measured 5.0 s).
@@ -171,7 +161,7 @@ def test_runs_csv_with_extra_columns_unlike_the_schema_still_loads(run_cli, tmp_
     assert result.exit_code == 0, result.stderr
 
 
-def test_misspelt_runs_json_key_is_refused(run_cli, tmp_path) -> None:
+def test_misspelt_runs_json_key_is_refused(one_line_error, run_cli, tmp_path) -> None:
     import json
 
     run = dict(zip(RUNS_HEADER.split(","), RUNS_ROW.split(","), strict=True)) | {"tp": 2}
@@ -188,7 +178,7 @@ def test_misspelt_runs_json_key_is_refused(run_cli, tmp_path) -> None:
     ("model: llama3-8b\nparallelism: [1, 2]\n", "parallelism: expected a mapping of its settings (keys: tp, pp, vpp, "),
     ("model: llama3-8b\nplacement: 8\n", "placement: expected a mapping of its settings (keys: gpus_per_domain, "),
 ])
-def test_scenario_section_that_is_not_a_mapping_says_how_to_write_it(run_cli, tmp_path, text: str,
+def test_scenario_section_that_is_not_a_mapping_says_how_to_write_it(one_line_error, run_cli, tmp_path, text: str,
                                                                      expected: str) -> None:
     """'optimizer: muon' (as --optimizer muon and a grid's optimizer axis take it) got pydantic's 'Input should
     be a valid dictionary or instance of OptimizerSpec': a class name the user never sees. The error now shows
@@ -230,7 +220,7 @@ def test_plan_with_no_fitting_layout_says_how_close_the_smallest_came(run_cli) -
         "more GPUs (--gpus) or --recompute full may fit")
 
 
-def test_trace_and_html_to_the_same_file_is_refused(run_cli, tmp_path) -> None:
+def test_trace_and_html_to_the_same_file_is_refused(one_line_error, run_cli, tmp_path) -> None:
     """'predict --engine des --trace out.html --html out.html' said 'wrote out.html' twice: the page replaced
     the trace without a word. Two outputs to one file are now refused before any work, and nothing is written."""
     out = tmp_path / "out.html"
@@ -239,7 +229,7 @@ def test_trace_and_html_to_the_same_file_is_refused(run_cli, tmp_path) -> None:
     assert not out.exists()
 
 
-def test_collective_size_range_error_names_its_unit(run_cli) -> None:
+def test_collective_size_range_error_names_its_unit(one_line_error, run_cli) -> None:
     """'need 0 < --min-size <= --max-size, got 8e+09 and 1e+06': two bare numbers in exponent notation, after
     the user typed 8GB and 1MB. The sizes are now bytes, written out and named."""
     err = one_line_error(run_cli("collective", "all_reduce", "--gpus", "8", "--min-size", "8GB", "--max-size", "1MB"))
@@ -252,13 +242,13 @@ def test_collective_size_range_error_names_its_unit(run_cli) -> None:
     (["--mbs", "two"], "error: --mbs: must be a valid integer, unable to parse string as an integer (got two)"),
     (["--optimizer", "sgd"], "error: --optimizer: must be 'adamw' or 'muon' (got sgd)"),
 ])
-def test_bad_flag_value_names_the_flag_not_the_yaml_path(run_cli, argv: list[str], expected: str) -> None:
+def test_bad_flag_value_names_the_flag_not_the_yaml_path(one_line_error, run_cli, argv: list[str], expected: str) -> None:
     """'predict --tp 0' said 'scenario: parallelism.tp: Input should be greater than 0 (got '0')': a YAML path the
     user never typed and the number shown as a string. The error now names the flag and the value as typed."""
     assert one_line_error(run_cli("predict", *argv)) == expected
 
 
-def test_bad_file_value_keeps_its_yaml_path(run_cli, tmp_path) -> None:
+def test_bad_file_value_keeps_its_yaml_path(one_line_error, run_cli, tmp_path) -> None:
     scenario = tmp_path / "s.yaml"
     scenario.write_text("model: llama3-8b\nparallelism: {tp: 0}\n", encoding="utf-8")
     err = one_line_error(run_cli("predict", str(scenario)))
@@ -365,7 +355,7 @@ def test_calibration_label_of_one_factor_is_singular() -> None:
 
 
 @pytest.mark.parametrize("extra", [[], ["--json"]])
-def test_inventory_stage_without_tensors_is_refused(run_cli, extra: list[str]) -> None:
+def test_inventory_stage_without_tensors_is_refused(one_line_error, run_cli, extra: list[str]) -> None:
     """'inventory --stage 3' printed the per-stage tables of every stage, the --stage silently ignored (it picks
     the stage whose tensors --tensors lists). It now says so, before any work."""
     err = one_line_error(run_cli("inventory", "--stage", "3", *extra))
@@ -403,7 +393,7 @@ def test_inline_model_mapping_is_accepted_as_a_model_spec(run_cli, tmp_path) -> 
     assert "my-8b (inline) on 8 x gb300-nvl72" in text and "'hidden_size'" not in text, text
 
 
-def test_inline_model_mapping_with_a_missing_field_names_it(run_cli, tmp_path) -> None:
+def test_inline_model_mapping_with_a_missing_field_names_it(one_line_error, run_cli, tmp_path) -> None:
     scenario = tmp_path / "s.yaml"
     scenario.write_text("model: {name: tiny, num_layers: 2}\ngpus: 8\n", encoding="utf-8")
     err = one_line_error(run_cli("predict", str(scenario)))
