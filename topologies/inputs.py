@@ -70,13 +70,9 @@ def did_you_mean(name: str, valid: Iterable[str]) -> str | None:
     nearly the same (``gpu`` -> ``gpus``, but no guess for ``llama3``).
     """
     names = sorted(set(valid))
-    for variant in (name.replace("-", "_"), name.replace("_", "-")):
-        if variant != name and variant in names:
-            return variant
-    key = name.lower().replace("-", "_")
-    initials = [v for v in names if "_" in v and "".join(part[:1] for part in v.split("_")) == key]
-    if len(initials) == 1:
-        return initials[0]
+    same = _same_name(name, names)
+    if same is not None:
+        return same
     prefixed = [v for v in names if v.startswith(name) and len(name) >= 3]
     if len(prefixed) == 1:
         return prefixed[0]
@@ -95,15 +91,19 @@ def likely_misspelling(name: str, valid: Iterable[str]) -> str | None:
     (``tokens``, ``source_url`` and ``precision_mode`` are columns of their own, not ``tokens_per_s_per_gpu``,
     ``source`` and ``precision``)."""
     names = sorted(set(valid))
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
+    return _same_name(name, names) or (close[0] if close else None)
+
+
+def _same_name(name: str, names: list[str]) -> str | None:
+    """The one of ``names`` that ``name`` writes another way: ``-`` and ``_`` swapped, or the initials of a
+    ``snake_case`` name (``mbs`` -> ``micro_batch_size``); None when there is no such name or several."""
     for variant in (name.replace("-", "_"), name.replace("_", "-")):
         if variant != name and variant in names:
             return variant
     key = name.lower().replace("-", "_")
     initials = [v for v in names if "_" in v and "".join(part[:1] for part in v.split("_")) == key]
-    if len(initials) == 1:
-        return initials[0]
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
-    return close[0] if close else None
+    return initials[0] if len(initials) == 1 else None
 
 
 def unknown_name_hint(name: str, valid: Iterable[str], max_listed: int = 60) -> str:
