@@ -36,7 +36,7 @@ from cli.common import (
     with_release_note,
     with_scenario_flags,
 )
-from cli.compare_render import breakdown
+from cli.compare_render import breakdown_delta
 from cli.memory_advice import with_memory_advice
 
 MAX_VARIANTS = 24
@@ -77,12 +77,10 @@ def expand_variants(flags: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
 def comparison_data(labels: list[str], reports: list[Any]) -> dict[str, Any]:
     """The ``--json`` document: every variant's report and its deltas to the first."""
     base = reports[0]
-    base_rows = breakdown(base)
+    base_parts = base.breakdown_s.model_dump()
     variants = []
     for label, rep in zip(labels, reports, strict=True):
-        rows = breakdown(rep)
-        keys = list(dict.fromkeys([*base_rows, *rows]))
-        delta = {k: rows.get(k, 0.0) - base_rows.get(k, 0.0) for k in keys}
+        delta = breakdown_delta(rep.breakdown_s.model_dump(), base_parts)
         variants.append({
             "label": label,
             "step_time_s": rep.step_time_s,

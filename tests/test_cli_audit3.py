@@ -3,6 +3,8 @@ compare, --json keys): each test runs the command as a user would and asserts th
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 # (argv after 'reference run', the line the error must hold)
@@ -47,3 +49,21 @@ def test_plan_explain_bad_setting_is_blamed_on_explain(one_line_error, run_cli, 
     'tp=2,pp=8,tp=4' silently explained tp=4."""
     err = one_line_error(run_cli("plan", "--model", "llama3-8b", "--gpus", "8", "--explain", query))
     assert err == expect, err
+
+
+def test_compare_json_breakdown_deltas_have_the_reports_keys(run_cli) -> None:
+    """compare --json keyed its breakdown deltas by table labels ('exposed comm: dp_grad', 'optimizer step',
+    'pipeline bubble') beside reports whose breakdown_s says exposed_comm.dp_grad, optimizer, pipeline_bubble:
+    the same quantity under two names in one document. Each delta is now keyed as in breakdown_s and equals
+    the variant's term minus the baseline's."""
+    res = run_cli("compare", "--model", "llama3-8b", "--gpus", "8", "--tp", "1,2", "--json")
+    assert res.exit_code == 0, res.output
+    base, other = json.loads(res.stdout)["variants"]
+    b, o, d = base["report"]["breakdown_s"], other["report"]["breakdown_s"], other["delta_breakdown_s"]
+    assert set(d) == set(b) | set(o) == {"compute", "pipeline_bubble", "exposed_comm", "optimizer", "other"}
+    assert set(d["exposed_comm"]) == set(b["exposed_comm"]) | set(o["exposed_comm"])
+    for key in ("compute", "pipeline_bubble", "optimizer", "other"):
+        assert d[key] == pytest.approx(o[key] - b[key], abs=1e-12)
+    for kind, value in d["exposed_comm"].items():
+        assert value == pytest.approx(o["exposed_comm"].get(kind, 0.0) - b["exposed_comm"].get(kind, 0.0), abs=1e-12)
+    assert o["exposed_comm"]["tp"] > 0 and d["exposed_comm"]["tp"] == pytest.approx(o["exposed_comm"]["tp"])
