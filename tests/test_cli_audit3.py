@@ -67,3 +67,30 @@ def test_compare_json_breakdown_deltas_have_the_reports_keys(run_cli) -> None:
     for kind, value in d["exposed_comm"].items():
         assert value == pytest.approx(o["exposed_comm"].get(kind, 0.0) - b["exposed_comm"].get(kind, 0.0), abs=1e-12)
     assert o["exposed_comm"]["tp"] > 0 and d["exposed_comm"]["tp"] == pytest.approx(o["exposed_comm"]["tp"])
+
+
+ITERATION = (" [2026-03-04 10:{i:02d}:00] iteration {i:>8d}/      30 | consumed samples: {s:>12d} | elapsed time per "
+             "iteration (ms): 2050.0 | learning rate: 1.5E-05 | global batch size:   128 | lm loss: 8.2E+00 | "
+             "number of skipped iterations:   0 | number of nan iterations:   0 |")
+
+
+NAMED = ["--model", "llama3-8b", "--system", "dgx-h100"]
+
+
+@pytest.mark.parametrize(("given", "missing", "flag"), [
+    ([], "model", "--model"),
+    (NAMED, "num_gpus", "--gpus"),
+    ([*NAMED, "--gpus", "8", "--precision", "bf16"], "micro_batch_size", "--mbs"),
+    ([*NAMED, "--gpus", "8", "--precision", "bf16", "--mbs", "1"], "seq_length", "--seq"),
+])
+def test_log_without_a_required_field_names_the_flag_to_pass(one_line_error, run_cli, tmp_path, given: list[str],
+                                                             missing: str, flag: str) -> None:
+    """A log without Megatron's argument dump said 'the log does not say num_gpus; ... pass it as a flag', and
+    no flag is called --num-gpus (it is --gpus; micro_batch_size is --mbs, seq_length --seq)."""
+    log = tmp_path / "run.log"
+    log.write_text("\n".join(ITERATION.format(i=i, s=128 * i) for i in range(1, 21)) + "\n", encoding="utf-8")
+    err = one_line_error(run_cli("validate", log, *given))
+    assert err.endswith(f"the log does not say {missing}; add '{missing}: ...' to run.yaml next to the log "
+                        f"or pass {flag}"), err
+    from cli.common import SCENARIO_FLAGS  # the named flag is a scenario flag of validate
+    assert flag.removeprefix("--") in SCENARIO_FLAGS

@@ -53,6 +53,10 @@ SCENARIO_KEY_TO_RUN_FIELD = {
     "tp_mode": "muon_tp_mode", "ns_steps": "muon_ns_steps", "hide_param_gather": "overlap_param_gather",
 }
 
+# the command-line flag of a run field a log may lack, where its name differs from the field's
+_FLAG_OF_FIELD = {"num_gpus": "--gpus", "global_batch_size": "--gbs", "micro_batch_size": "--mbs",
+                  "seq_length": "--seq"}
+
 
 def is_recipe_column(name: str) -> bool:
     """Whether ``name`` is a recipe-settings column (kept in ``MeasuredRun.recipe_settings``)."""
@@ -416,7 +420,8 @@ def load_megatron_log(path: str | Path, overrides: Mapping[str, Any] | None = No
     data.update(measured)
     for name in REQUIRED_COLUMNS:
         if name not in data:
-            hint = f"add it to {p.with_suffix('.yaml').name} next to the log or pass it as a flag"
+            hint = (f"add '{name}: ...' to {p.with_suffix('.yaml').name} next to the log "
+                    f"or pass {_FLAG_OF_FIELD.get(name, '--' + name.replace('_', '-'))}")
             raise UserInputError(f"{_where(p, column=name)}: the log does not say {name}; {hint}")
     return _validate_run(data, p, None)
 
