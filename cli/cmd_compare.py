@@ -64,7 +64,9 @@ def expand_variants(flags: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
     for k in varying:
         count *= len(options[k])
     if count > MAX_VARIANTS:
-        raise CliError(f"{count} variants requested; compare runs at most {MAX_VARIANTS}")
+        product = " × ".join(f"{_FLAG_OF.get(k, k)} {len(options[k])}" for k in varying)
+        raise CliError(f"{count} variants requested ({product} values); compare runs at most {MAX_VARIANTS}: "
+                       "give fewer values, or write the grid for muonsim sweep")
     fixed = {k: vs[0] for k, vs in options.items() if len(vs) == 1}
     out = []
     for combo in itertools.product(*(options[k] for k in varying)):

@@ -94,3 +94,11 @@ def test_log_without_a_required_field_names_the_flag_to_pass(one_line_error, run
                         f"or pass {flag}"), err
     from cli.common import SCENARIO_FLAGS  # the named flag is a scenario flag of validate
     assert flag.removeprefix("--") in SCENARIO_FLAGS
+
+
+def test_compare_too_many_variants_says_which_flags_multiply_and_what_to_use(one_line_error, run_cli) -> None:
+    """'32 variants requested; compare runs at most 24' said neither where 32 came from nor what to do."""
+    err = one_line_error(run_cli("compare", "--model", "llama3-8b", "--gpus", "64", "--tp", "1,2,4,8",
+                                 "--pp", "1,2,4,8", "--mbs", "1,2"))
+    assert err == ("error: 32 variants requested (--tp 4 × --pp 4 × --mbs 2 values); compare runs at most 24: "
+                   "give fewer values, or write the grid for muonsim sweep"), err
