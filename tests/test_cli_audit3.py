@@ -102,3 +102,40 @@ def test_compare_too_many_variants_says_which_flags_multiply_and_what_to_use(one
                                  "--pp", "1,2,4,8", "--mbs", "1,2"))
     assert err == ("error: 32 variants requested (--tp 4 × --pp 4 × --mbs 2 values); compare runs at most 24: "
                    "give fewer values, or write the grid for muonsim sweep"), err
+
+
+def _log(tmp_path, lines: list[str]):  # noqa: ANN202 - a Path
+    log = tmp_path / "run.log"
+    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return log
+
+
+def test_log_with_misspelt_iteration_lines_says_which_line_it_could_not_read(one_line_error, run_cli,
+                                                                          tmp_path) -> None:
+    """Every line said 'iteraton 11/ 30 | ... elapsed time per iteration (ms): 2050.0' and the error was
+    "no usable iteration lines ('elapsed time per iteration (ms)') ... (0 found ...)": the lines do hold
+    that phrase, so the user looked in the wrong place."""
+    lines = [ITERATION.format(i=i, s=128 * i).replace("iteration ", "iteraton ", 1) for i in range(1, 21)]
+    err = one_line_error(run_cli("validate", _log(tmp_path, lines), *NAMED, "--gpus", "8"))
+    assert "0 found" in err and ("20 lines look like iteration lines but lack 'iteration N/M' or "
+                                 "'elapsed time per iteration (ms): X' (the first is line 1)") in err, err
+
+
+def test_log_shorter_than_the_warmup_says_to_lower_warmup(one_line_error, run_cli, tmp_path) -> None:
+    """A 6-iteration log said '(6 found: 6 warm-up, 0 skipped, 0 nan)' without naming --warmup."""
+    lines = [ITERATION.format(i=i, s=128 * i) for i in range(1, 7)]
+    err = one_line_error(run_cli("validate", _log(tmp_path, lines), *NAMED, "--gpus", "8"))
+    assert err.endswith("(6 found: 6 warm-up, 0 skipped, 0 nan); the log ends at iteration 6: "
+                        "give --warmup below 6"), err
+
+
+def test_warmup_hint_counts_the_iterations_a_line_averages(one_line_error, run_cli, tmp_path) -> None:
+    """Logged every 5 iterations up to 20: the last line averages iterations 16-20, so it is used only with a
+    warm-up below 16 (a warm-up of 19 would still drop it)."""
+    lines = [ITERATION.format(i=i, s=128 * i) for i in (5, 10, 15, 20)]
+    err = one_line_error(run_cli("validate", _log(tmp_path, lines), *NAMED, "--gpus", "8", "--warmup", "16"))
+    assert err.endswith("the log ends at iteration 20: give --warmup below 16"), err
+    ok = run_cli("validate", _log(tmp_path, lines), *NAMED, "--gpus", "8", "--precision", "bf16", "--mbs", "1",
+                 "--seq", "4096", "--warmup", "15", "--json")
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["rows"][0]["measured_step_time_s"] == pytest.approx(2.05)

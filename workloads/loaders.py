@@ -312,10 +312,13 @@ def parse_megatron_log(text: str, warmup_iterations: int = DEFAULT_WARMUP_ITERAT
     dropped = {"warmup": 0, "skipped": 0, "nan": 0}
     previous_iteration = 0
     n_lines = 0
-    for line in text.splitlines():
+    unread: list[int] = []  # line numbers holding one of the two parts of an iteration line, not both
+    for number, line in enumerate(text.splitlines(), start=1):
         elapsed = _ELAPSED_RE.search(line)
         it = _ITER_RE.search(line)
         if not elapsed or not it:
+            if elapsed or it or "elapsed time per" in line.lower():
+                unread.append(number)
             continue
         n_lines += 1
         iteration = int(it.group(1))
@@ -340,10 +343,19 @@ def parse_megatron_log(text: str, warmup_iterations: int = DEFAULT_WARMUP_ITERAT
             if g:
                 gbs.add(int(g.group(1)))
     if not kept_ms:
+        why = ""
+        if unread and not n_lines:
+            many = len(unread) > 1
+            look = "lines look like iteration lines but lack" if many else "line looks like an iteration line but lacks"
+            why = (f"; {len(unread)} {look} 'iteration N/M' or 'elapsed time per iteration (ms): X' "
+                   f"(the first is line {unread[0]})")
+        elif n_lines and dropped["warmup"] == n_lines:
+            # the last line keeps iterations window_start..last: it is used when --warmup < window_start
+            why = f"; the log ends at iteration {previous_iteration}: give --warmup below {window_start}"
         raise UserInputError(
             f"{source}: no usable iteration lines ('elapsed time per iteration (ms)') after skipping "
             f"{warmup_iterations} warm-up iterations ({n_lines} found: {dropped['warmup']} warm-up, "
-            f"{dropped['skipped']} skipped, {dropped['nan']} nan)")
+            f"{dropped['skipped']} skipped, {dropped['nan']} nan){why}")
     out: dict[str, Any] = {
         "step_time_s": statistics.median(kept_ms) / 1e3,
         "extra": {"log_lines_used": len(kept_ms), "log_lines_dropped": dropped,
