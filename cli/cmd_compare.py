@@ -36,7 +36,7 @@ from cli.common import (
     with_release_note,
     with_scenario_flags,
 )
-from cli.compare_render import breakdown
+from cli.compare_render import breakdown_delta
 from cli.memory_advice import with_memory_advice
 
 MAX_VARIANTS = 24
@@ -64,7 +64,9 @@ def expand_variants(flags: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
     for k in varying:
         count *= len(options[k])
     if count > MAX_VARIANTS:
-        raise CliError(f"{count} variants requested; compare runs at most {MAX_VARIANTS}")
+        product = " × ".join(f"{_FLAG_OF.get(k, k)} {len(options[k])}" for k in varying)
+        raise CliError(f"{count} variants requested ({product} values); compare runs at most {MAX_VARIANTS}: "
+                       "give fewer values, or write the grid for muonsim sweep")
     fixed = {k: vs[0] for k, vs in options.items() if len(vs) == 1}
     out = []
     for combo in itertools.product(*(options[k] for k in varying)):
@@ -77,12 +79,10 @@ def expand_variants(flags: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
 def comparison_data(labels: list[str], reports: list[Any]) -> dict[str, Any]:
     """The ``--json`` document: every variant's report and its deltas to the first."""
     base = reports[0]
-    base_rows = breakdown(base)
+    base_parts = base.breakdown_s.model_dump()
     variants = []
     for label, rep in zip(labels, reports, strict=True):
-        rows = breakdown(rep)
-        keys = list(dict.fromkeys([*base_rows, *rows]))
-        delta = {k: rows.get(k, 0.0) - base_rows.get(k, 0.0) for k in keys}
+        delta = breakdown_delta(rep.breakdown_s.model_dump(), base_parts)
         variants.append({
             "label": label,
             "step_time_s": rep.step_time_s,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -61,7 +62,10 @@ class _OneLineErrors(TyperCommand):
         try:
             return super().make_context(*args, **kwargs)
         except typer.BadParameter as err:
-            fail(err.format_message().replace("Value error, ", ""))  # pydantic's prefix on choices
+            # '--flag: must be ...' as the other verbs word a bad flag value (not click's "Invalid value for")
+            msg = re.sub(r"^Input should be\b", "must be", err.message.removeprefix("Value error, "))
+            opts = getattr(err.param, "opts", None)
+            fail(f"{opts[0]}: {msg}" if opts else err.format_message().replace("Value error, ", ""))
 
 
 def _run_command() -> Any:

@@ -25,9 +25,34 @@ def breakdown(report: Any) -> dict[str, float]:
     return dict(breakdown_rows(report))
 
 
+def breakdown_delta(parts: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """``parts - base`` of two breakdowns in the report's JSON form (seconds; ``exposed_comm`` nested by
+    kind), with the same keys as the reports' ``breakdown_s``."""
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys([*base, *parts]):
+        a, b = parts.get(key), base.get(key)
+        if isinstance(a, dict) or isinstance(b, dict):
+            out[key] = breakdown_delta(a or {}, b or {})
+        else:
+            out[key] = float(a or 0.0) - float(b or 0.0)
+    return out
+
+
+def labelled_delta(delta: dict[str, Any]) -> dict[str, float]:
+    """(row label -> seconds) of a ``delta_breakdown_s``, labelled as the breakdown rows are."""
+    names = {"pipeline_bubble": "pipeline bubble", "optimizer": "optimizer step"}
+    out: dict[str, float] = {}
+    for key, value in delta.items():
+        if isinstance(value, dict):
+            out |= {f"exposed comm: {kind}": v for kind, v in value.items()}
+        else:
+            out[names.get(key, key)] = value
+    return out
+
+
 def where_it_comes_from(entry: dict[str, Any], top: int = 4) -> str:
     """One line naming the largest breakdown deltas of a variant, e.g. 'optimizer step +210.0 ms'."""
-    deltas = sorted(entry["delta_breakdown_s"].items(), key=lambda kv: -abs(kv[1]))
+    deltas = sorted(labelled_delta(entry["delta_breakdown_s"]).items(), key=lambda kv: -abs(kv[1]))
     parts = [f"{k} {v * 1e3:+.1f} ms" for k, v in deltas[:top] if abs(v) >= 5e-5]
     return ", ".join(parts) if parts else "no measurable difference"
 
@@ -163,7 +188,8 @@ def render_wide(data: dict[str, Any], reports: list[Any]) -> Any:
                           for i, v in enumerate(variants)])
     row("tokens/s/GPU", [f"{r.tokens_per_s_per_gpu:,.0f}" for r in reports])
     row("MFU", [f"{r.mfu * 100:.1f} %" for r in reports])
-    keys = list(dict.fromkeys(k for v in variants for k in v["delta_breakdown_s"]))
+    label_deltas = [labelled_delta(v["delta_breakdown_s"]) for v in variants]
+    keys = list(dict.fromkeys(k for d in label_deltas for k in d))
     parts = [breakdown(r) for r in reports]
     t.add_section()
     for k in keys:
@@ -171,7 +197,7 @@ def render_wide(data: dict[str, Any], reports: list[Any]) -> Any:
             continue
         cells = []
         for i, p in enumerate(parts):
-            d = variants[i]["delta_breakdown_s"].get(k, 0.0)
+            d = label_deltas[i].get(k, 0.0)
             cells.append(f"{p.get(k, 0.0) * 1e3:.1f} ms" + ("" if i == 0 or abs(d) < 5e-5 else f" ({d * 1e3:+.1f})"))
         row(k, cells)
     t.add_section()

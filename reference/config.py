@@ -7,6 +7,7 @@ through :func:`make_config`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
@@ -205,9 +206,24 @@ def make_config(**values: Any) -> RunConfig:
     try:
         cfg = RunConfig.model_validate(values)
     except ValidationError as err:
-        raise UserInputError(describe_validation_error(err, "reference run")) from None
+        raise UserInputError(_flag_error(err) or describe_validation_error(err, "reference run")) from None
     check_shapes(cfg)
     return cfg
+
+
+def _flag_error(err: ValidationError) -> str | None:
+    """``--flag: must be ... (got VALUE)`` when pydantic's first error is about one field's value (the
+    words of the other verbs' flag errors), else None."""
+    first = err.errors()[0]
+    loc = first.get("loc", ())
+    if len(loc) != 1 or loc[0] not in RunConfig.model_fields or first.get("type") == "missing":
+        return None
+    name = str(loc[0])
+    flag = FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    msg = re.sub(r"^Input should be\b", "must be", msg)
+    value = first.get("input")
+    return f"{flag}: {msg}" + ("" if isinstance(value, dict | list) else f" (got {value})")
 
 
 def check_shapes(cfg: RunConfig) -> None:

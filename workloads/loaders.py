@@ -53,6 +53,10 @@ SCENARIO_KEY_TO_RUN_FIELD = {
     "tp_mode": "muon_tp_mode", "ns_steps": "muon_ns_steps", "hide_param_gather": "overlap_param_gather",
 }
 
+# the command-line flag of a run field a log may lack, where its name differs from the field's
+_FLAG_OF_FIELD = {"num_gpus": "--gpus", "global_batch_size": "--gbs", "micro_batch_size": "--mbs",
+                  "seq_length": "--seq"}
+
 
 def is_recipe_column(name: str) -> bool:
     """Whether ``name`` is a recipe-settings column (kept in ``MeasuredRun.recipe_settings``)."""
@@ -308,10 +312,13 @@ def parse_megatron_log(text: str, warmup_iterations: int = DEFAULT_WARMUP_ITERAT
     dropped = {"warmup": 0, "skipped": 0, "nan": 0}
     previous_iteration = 0
     n_lines = 0
-    for line in text.splitlines():
+    unread: list[int] = []  # line numbers holding one of the two parts of an iteration line, not both
+    for number, line in enumerate(text.splitlines(), start=1):
         elapsed = _ELAPSED_RE.search(line)
         it = _ITER_RE.search(line)
         if not elapsed or not it:
+            if elapsed or it or "elapsed time per" in line.lower():
+                unread.append(number)
             continue
         n_lines += 1
         iteration = int(it.group(1))
@@ -336,10 +343,19 @@ def parse_megatron_log(text: str, warmup_iterations: int = DEFAULT_WARMUP_ITERAT
             if g:
                 gbs.add(int(g.group(1)))
     if not kept_ms:
+        why = ""
+        if unread and not n_lines:
+            many = len(unread) > 1
+            look = "lines look like iteration lines but lack" if many else "line looks like an iteration line but lacks"
+            why = (f"; {len(unread)} {look} 'iteration N/M' or 'elapsed time per iteration (ms): X' "
+                   f"(the first is line {unread[0]})")
+        elif n_lines and dropped["warmup"] == n_lines:
+            # the last line keeps iterations window_start..last: it is used when --warmup < window_start
+            why = f"; the log ends at iteration {previous_iteration}: give --warmup below {window_start}"
         raise UserInputError(
             f"{source}: no usable iteration lines ('elapsed time per iteration (ms)') after skipping "
             f"{warmup_iterations} warm-up iterations ({n_lines} found: {dropped['warmup']} warm-up, "
-            f"{dropped['skipped']} skipped, {dropped['nan']} nan)")
+            f"{dropped['skipped']} skipped, {dropped['nan']} nan){why}")
     out: dict[str, Any] = {
         "step_time_s": statistics.median(kept_ms) / 1e3,
         "extra": {"log_lines_used": len(kept_ms), "log_lines_dropped": dropped,
@@ -416,7 +432,8 @@ def load_megatron_log(path: str | Path, overrides: Mapping[str, Any] | None = No
     data.update(measured)
     for name in REQUIRED_COLUMNS:
         if name not in data:
-            hint = f"add it to {p.with_suffix('.yaml').name} next to the log or pass it as a flag"
+            hint = (f"add '{name}: ...' to {p.with_suffix('.yaml').name} next to the log "
+                    f"or pass {_FLAG_OF_FIELD.get(name, '--' + name.replace('_', '-'))}")
             raise UserInputError(f"{_where(p, column=name)}: the log does not say {name}; {hint}")
     return _validate_run(data, p, None)
 

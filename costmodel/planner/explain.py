@@ -51,15 +51,25 @@ class Explanation:
 def parse_query(query: str) -> dict[str, Any]:
     """``"tp=2,pp=8,optimizer=adamw"`` -> scenario-key settings (UserInputError on bad input)."""
     wanted: dict[str, Any] = {}
-    for part in query.split(","):
-        if not part.strip():
+    given: dict[str, str] = {}  # key -> the part that set it
+    for raw in query.split(","):
+        part = raw.strip()
+        if not part:
             continue
         name, sep, value = part.partition("=")
         key = _ALIASES.get(name.strip().replace("-", "_"))
         if not sep or key is None:
             valid = ", ".join(sorted(set(NUMERIC_KEYS.values()) | set(CATEGORICAL_FLAGS.values())))
-            raise UserInputError(f"--explain: '{part.strip()}' is not SETTING=VALUE with SETTING one of {valid}")
-        wanted[key] = parse_value(key, value)
+            raise UserInputError(f"--explain: '{part}' is not SETTING=VALUE with SETTING one of {valid}")
+        if key in given:
+            raise UserInputError(f"--explain: {name.strip()} is given twice ({given[key]}, {part})")
+        given[key] = part
+        try:
+            wanted[key] = parse_value(key, value)
+        except UserInputError as err:  # parse_value names the flag (--tp); the user typed it in --explain
+            why = str(err).partition(": ")[2] or str(err)
+            hint = "; separate settings with commas, e.g. \"tp=2,pp=8\"" if "=" in value else ""
+            raise UserInputError(f"--explain: {part}: {why}{hint}") from None
     if not wanted:
         raise UserInputError("--explain: give settings such as \"tp=2,pp=8\"")
     return wanted
