@@ -40,13 +40,14 @@ def breakdown_delta(parts: dict[str, Any], base: dict[str, Any]) -> dict[str, An
 
 def labelled_delta(delta: dict[str, Any]) -> dict[str, float]:
     """(row label -> seconds) of a ``delta_breakdown_s``, labelled as the breakdown rows are."""
-    names = {"pipeline_bubble": "pipeline bubble", "optimizer": "optimizer step"}
+    from costmodel.report import breakdown_label
+
     out: dict[str, float] = {}
     for key, value in delta.items():
         if isinstance(value, dict):
-            out |= {f"exposed comm: {kind}": v for kind, v in value.items()}
+            out |= {breakdown_label(key, kind): v for kind, v in value.items()}
         else:
-            out[names.get(key, key)] = value
+            out[breakdown_label(key)] = value
     return out
 
 

@@ -35,12 +35,19 @@ class Breakdown(_Out):
         return self.compute + self.pipeline_bubble + sum(self.exposed_comm.values()) + self.optimizer + self.other
 
 
+def breakdown_label(key: str, kind: str | None = None) -> str:
+    """The display label of a ``breakdown_s`` term (``kind``: the collective kind of an ``exposed_comm`` term)."""
+    if kind is not None:
+        return f"exposed comm: {kind}"
+    return {"pipeline_bubble": "pipeline bubble", "optimizer": "optimizer step"}.get(key, key)
+
+
 def breakdown_rows(report: StepReport) -> list[tuple[str, float]]:
     """(label, seconds) rows of a report's additive breakdown, in display order."""
     b = report.breakdown_s
-    rows = [("compute", b.compute), ("pipeline bubble", b.pipeline_bubble)]
-    rows += [(f"exposed comm: {k}", v) for k, v in b.exposed_comm.items()]
-    rows += [("optimizer step", b.optimizer), ("other", b.other)]
+    rows = [(breakdown_label("compute"), b.compute), (breakdown_label("pipeline_bubble"), b.pipeline_bubble)]
+    rows += [(breakdown_label("exposed_comm", k), v) for k, v in b.exposed_comm.items()]
+    rows += [(breakdown_label("optimizer"), b.optimizer), (breakdown_label("other"), b.other)]
     return rows
 
 
