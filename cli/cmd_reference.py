@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -63,7 +62,9 @@ class _OneLineErrors(TyperCommand):
             return super().make_context(*args, **kwargs)
         except typer.BadParameter as err:
             # '--flag: must be ...' as the other verbs word a bad flag value (not click's "Invalid value for")
-            msg = re.sub(r"^Input should be\b", "must be", err.message.removeprefix("Value error, "))
+            from topologies.inputs import flag_words
+
+            msg = flag_words(err.message)
             opts = getattr(err.param, "opts", None)
             fail(f"{opts[0]}: {msg}" if opts else err.format_message().replace("Value error, ", ""))
 

@@ -7,14 +7,13 @@ through :func:`make_config`.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from topologies.inputs import UserInputError, describe_validation_error
+from topologies.inputs import UserInputError, describe_validation_error, flag_words
 from workloads.optimizer_spec import default_distribution, default_load_balance
 
 Optimizer = Literal["adamw", "muon"]
@@ -220,10 +219,9 @@ def _flag_error(err: ValidationError) -> str | None:
         return None
     name = str(loc[0])
     flag = FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
-    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    msg = re.sub(r"^Input should be\b", "must be", msg)
     value = first.get("input")
-    return f"{flag}: {msg}" + ("" if isinstance(value, dict | list) else f" (got {value})")
+    return f"{flag}: {flag_words(str(first.get('msg', 'invalid value')))}" + \
+        ("" if isinstance(value, dict | list) else f" (got {value})")
 
 
 def check_shapes(cfg: RunConfig) -> None:

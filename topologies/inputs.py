@@ -10,6 +10,7 @@ YAML is always read with the safe loader (libyaml's ``CSafeLoader`` when PyYAML 
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from collections.abc import Iterable
@@ -53,6 +54,12 @@ def load_yaml_file(path: str | Path, what: str = "file") -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserInputError(f"{what} '{p}' must contain a YAML mapping at the top level")
     return data
+
+
+def flag_words(message: str) -> str:
+    """A pydantic error message in the words of muonsim's flag errors (``--tp: must be greater than 0``):
+    without pydantic's ``Value error, `` prefix and with ``must be`` for ``Input should be``."""
+    return re.sub(r"^Input should be\b", "must be", message.removeprefix("Value error, "))
 
 
 def plural(count: int, noun: str, many: str | None = None) -> str:

@@ -11,7 +11,6 @@ field and what would be valid. ``dp`` is derived, never given.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from topologies.hardware import Precision, SystemSpec, load_system
-from topologies.inputs import UserInputError, describe_validation_error, load_yaml_file
+from topologies.inputs import UserInputError, describe_validation_error, flag_words, load_yaml_file
 from workloads.models import ModelSpec, resolve_model
 from workloads.optimizer_spec import (
     EO_MIN_SYRK_CUBIC5,
@@ -197,9 +196,7 @@ def _flag_value_error(err: ValidationError, overrides: dict[str, Any], flag_name
     for key, flag in flag_names.items():
         path = _override_path(key)
         if key in overrides and loc[:len(path)] == path:
-            msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-            msg = re.sub(r"^Input should be\b", "must be", msg)
-            return f"{flag}: {msg} (got {overrides[key]})"
+            return f"{flag}: {flag_words(str(first.get('msg', 'invalid value')))} (got {overrides[key]})"
     return None
 
 
