@@ -60,9 +60,9 @@ def _gather_runs(paths: list[Path] | None, datasets: list[str] | None, flags: di
                        "no log file was given (CSV and JSON runs carry their own scenario)")
     loaded = {f"dataset '{d}'": load_dataset_rows(d) for d in datasets}
     # a Megatron CI runs CSV (e.g. a newer harvest than the shipped copy) goes through its own loader
-    loaded |= {f"file '{p}'": load_megatron_ci(p) for p in paths if is_megatron_ci_csv(p)}
-    others = [p for p in paths if f"file '{p}'" not in loaded]
-    runs = load_many(others, flags, warmup, preloaded={name: rows[0] for name, rows in loaded.items()})
+    ci_files = [p for p in paths if is_megatron_ci_csv(p)]
+    loaded |= {f"file '{p}'": load_megatron_ci(p) for p in ci_files}
+    runs = load_many([p for p in paths if p not in ci_files], flags, warmup, preloaded={name: rows[0] for name, rows in loaded.items()})
     where = ", ".join([f"dataset {d}" for d in datasets] + [p.name for p in paths])
     return runs, where, [s for rows in loaded.values() for s in rows[1]]
 

@@ -208,10 +208,9 @@ def _no_fit_note(screen: Screen, budget_bytes: float, hbm_bytes: float, recomput
             f"{remedies[-1]} may fit")
 
 
-def _empty_space_error(base: Scenario, pins: Pins, grid_rows: int, lb: np.ndarray, budget: float) -> UserInputError:
-    if grid_rows:
-        return UserInputError(f"no layout fits in memory: the weights and gradients alone need at least "
-                              f"{lb.min() / 1e9:.1f} GB per GPU of a {budget / 1e9:.1f} GB budget")
+def _empty_space_error(base: Scenario, pins: Pins) -> UserInputError:
+    """Why the pins and bounds leave no candidate at all (a search whose layouts merely do not fit in
+    memory is an empty answer with a note, not this error)."""
     vals = default_values(base, pins)
     empty = [k for k, v in vals.items() if not v]
     if empty:
@@ -273,7 +272,7 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
     recomputes = default_values(base, options.pins)["recompute"]
     first = first_candidates(options.pins, grid_ok, recomputes[0]) if recomputes else []
     if not first and (len(grid_ok) or not len(grid) or not recomputes):  # no group at all: the pins leave nothing
-        raise _empty_space_error(base, options.pins, len(grid), lb, budget)
+        raise _empty_space_error(base, options.pins)
     if not len(grid_ok):  # a search with an empty answer, as when every screened layout is out of memory
         notes.append(f"no layout fits in memory: the weights and gradients alone need at least {lb.min() / 1e9:,.1f} "
                      f"GB per GPU, over the {budget / 1e9:,.1f} GB budget; more GPUs (--gpus) may fit")
