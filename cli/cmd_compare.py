@@ -55,6 +55,9 @@ def expand_variants(flags: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
         values = [v.strip() for v in str(raw).split(",")]
         if any(not v for v in values):
             raise CliError(f"{_FLAG_OF.get(key, key)} has an empty value in '{raw}'")
+        repeated = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if repeated is not None:  # two identical variants compare nothing
+            raise CliError(f"{_FLAG_OF.get(key, key)} gives '{repeated}' twice in '{raw}'; give each value once")
         options[key] = values
     varying = [k for k, vs in options.items() if len(vs) > 1]
     if not varying:
