@@ -129,6 +129,8 @@ def test_compare_refuses_a_repeated_value(one_line_error, run_cli) -> None:
     """'compare --tp 2,2' compared two identical variants (A tp=2, B tp=2: +0.00 %)."""
     err = one_line_error(run_cli("compare", "--model", "llama3-8b", "--gpus", "8", "--tp", "2,2"))
     assert err == "error: --tp gives '2' twice in '2,2'; give each value once", err
+    err = one_line_error(run_cli("compare", "--model", "llama3-8b", "--gpus", "8", "--tp", "2,02"))
+    assert err == "error: --tp gives '2' twice in '2,02'; give each value once", err
     err = one_line_error(run_cli("compare", "--model", "llama3-8b", "--gpus", "8", "--optimizer", "adamw, muon,adamw"))
     assert err == "error: --optimizer gives 'adamw' twice in 'adamw, muon,adamw'; give each value once", err
 
@@ -221,3 +223,42 @@ def test_plan_zero_size_says_what_predict_says(one_line_error, run_cli, argv: li
     assert err == f"error: {argv[0]}: must be greater than 0 (got 0)", err
     if argv[0] == "--tp" and argv[1] == "0":
         assert err == one_line_error(run_cli("predict", "--model", "llama3-8b", "--gpus", "8", *argv))
+
+
+# A short fresh audit of predict/compare/plan/validate (and the verbs sharing their flag checks)
+
+FLAG_VALUE_ERRORS = [
+    (["plan", "--seed", "x"], "--seed: must be a valid integer, unable to parse string as an integer (got 'x'); "
+                              "see 'muonsim plan --help'"),
+    (["validate", "--dataset", "megatron-ci", "--warmup", "-1"],
+     "--warmup: must be greater than or equal to 0 (got '-1'); see 'muonsim validate --help'"),
+    (["plan", "--memory-headroom", "1.5"], "--memory-headroom: must be in [0, 1), the fraction of HBM kept free "
+                                           "(got 1.5)"),
+    (["plan", "--top-k", "-1"], "--top-k: must be at least 0 (got -1)"),
+    (["plan", "--sensitivity-sigma", "2"], "--sensitivity-sigma: must be in (0, 1) (got 2.0)"),
+    (["predict", "--engine", "foo"], "--engine: must be one of analytic, des (got 'foo')"),
+    (["compare", "--engine", "foo", "--tp", "1,2"], "--engine: must be one of analytic, des (got 'foo')"),
+    (["collective", "all_reduce", "--step-factor", "1"], "--step-factor: must be a number greater than 1 (got 1.0)"),
+]
+
+
+@pytest.mark.parametrize(("argv", "expect"), FLAG_VALUE_ERRORS, ids=[" ".join(a) for a, _ in FLAG_VALUE_ERRORS])
+def test_bad_flag_values_are_worded_like_predicts(one_line_error, run_cli, argv: list[str], expect: str) -> None:
+    """Three wordings of one mistake: predict says '--tp: must be greater than 0 (got 0)'; plan said
+    '--top-k must be at least 0 (got -1)' and '--memory-headroom 1.5 must be in [0, 1) (...)', and a flag
+    of a typed option (--seed x, --warmup -1) got click's "Invalid value for '--seed': Input should be ..."."""
+    err = one_line_error(run_cli(*argv))
+    assert err == f"error: {expect}", err
+
+
+def test_plan_help_says_searched_flags_take_comma_lists(run_cli) -> None:
+    """plan --help listed '--tp INT  tensor parallel size' and said nowhere that a searched setting given
+    as a flag pins the search and takes a comma list (only the module docstring did)."""
+    from costmodel.planner.pins import CATEGORICAL_FLAGS, NUMERIC_KEYS
+
+    res = run_cli("plan", "--help")
+    assert res.exit_code == 0
+    text = " ".join(res.stdout.replace("│", " ").split())
+    assert "pins the search: a comma list restricts it (--pp 4,8)" in text, text
+    searched = text.split("Searched:", 1)[1].split(".", 1)[0]
+    assert {s.strip() for s in searched.split(",")} == {*NUMERIC_KEYS.values(), *CATEGORICAL_FLAGS.values()}

@@ -97,7 +97,7 @@ class PlanOutcome:
 def memory_budget_bytes(base: Scenario, headroom: float) -> float:
     """Usable memory per GPU for a plan: (1 - headroom) x the GPU's HBM, in bytes."""
     if not 0 <= headroom < 1:
-        raise UserInputError(f"--memory-headroom {headroom} must be in [0, 1) (fraction of HBM kept free)")
+        raise UserInputError(f"--memory-headroom: must be in [0, 1), the fraction of HBM kept free (got {headroom})")
     return (1.0 - headroom) * base.system.gpu.hbm_bytes
 
 
