@@ -262,3 +262,15 @@ def test_plan_help_says_searched_flags_take_comma_lists(run_cli) -> None:
     assert "pins the search: a comma list restricts it (--pp 4,8)" in text, text
     searched = text.split("Searched:", 1)[1].split(".", 1)[0]
     assert {s.strip() for s in searched.split(",")} == {*NUMERIC_KEYS.values(), *CATEGORICAL_FLAGS.values()}
+
+
+def test_predict_release_run_layout_uses_the_scenarios_keys_and_numbers(run_cli) -> None:
+    """predict --json --release gave the recipe run's layout as summary-file columns with text values
+    ({"num_gpus": "16", "pp": "2", ...}) beside a scenario saying gpus: 16, pp: 2 in the same document."""
+    res = run_cli("predict", "--json", "--model", "qwen3-30b-a3b", "--system", "dgx-h100", "--release", "25.11")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    layout, scenario = data["recipe_settings"]["run_layout"], data["scenario"]
+    assert set(layout) <= {"gpus", "precision", *scenario["parallelism"]}
+    assert (layout["gpus"], layout["pp"], layout["vpp"], layout["ep"]) == (16, 2, 24, 8)  # the 25.11 H100 run
+    assert all(type(v) is int for k, v in layout.items() if k != "precision")
