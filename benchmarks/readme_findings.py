@@ -84,7 +84,7 @@ def load_balance() -> None:
     for layout in ("current", "legacy"):
         cmd = f"compare {LLAMA70_DP16} --layout {layout} --load-balance lpt,ping_pong,none"
         v = variants(muonsim_json(cmd, None))
-        text = " / ".join(f"{v[f'load-balance={m}']['report']['optimizer']['imbalance']:.2f}"
+        text = " / ".join(f"{v[f'load-balance={m}']['report']['optimizer']['imbalance_ratio']:.2f}"
                           for m in ("lpt", "ping_pong", "none"))
         show(f"Llama 3 70B dp16 {layout}: imbalance lpt/ping-pong/none", text, cmd)
 

@@ -52,6 +52,11 @@ def one_line_usage_error(err: click_exceptions.ClickException, argv: list[str]) 
     param = getattr(err, "param", None)
     if isinstance(err, click_exceptions.BadParameter) and param is not None:
         opts = getattr(param, "opts", [])
+        flags = [o for o in opts if o.startswith("--")]
+        if flags:  # '--seed: must be ...' as every other bad flag value is worded, not "Invalid value for '--seed'"
+            from topologies.inputs import flag_words
+
+            message = f"{max(flags, key=len)}: {flag_words(' '.join(err.message.split())).rstrip('.')}"
         given = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in opts]
         given += [a.split("=", 1)[1] for a in argv if "=" in a and a.split("=", 1)[0] in opts]
         if given:

@@ -38,7 +38,7 @@ def size_sweep(min_bytes: float, max_bytes: float, factor: float) -> list[float]
     max itself as its last size rather than stopping short of it.
     """
     if not math.isfinite(factor) or factor <= 1:
-        raise CliError(f"--step-factor must be a number > 1, got {factor}")
+        raise CliError(f"--step-factor: must be a number greater than 1 (got {factor})")
     if min_bytes <= 0 or max_bytes < min_bytes:
         raise CliError(f"need 0 < --min-size <= --max-size, got {min_bytes:,.0f} B and {max_bytes:,.0f} B")
     sizes: list[float] = []

@@ -146,7 +146,12 @@ def plan(
     scheduler: SchedulerOpt = None,
     *, scenario_flags: dict[str, str], bounds: dict[str, int | None],
 ) -> None:
-    """Search parallel layouts and optimizer choices: the fastest plans that fit in memory."""
+    """Search parallel layouts and optimizer choices: the fastest plans that fit in memory.
+
+    A searched setting given as a flag pins the search: a comma list restricts it (--pp 4,8), one value fixes
+    it; --min-X / --max-X bound the numeric ones. Searched: tp, pp, vpp, cp, ep, etp, mbs, recompute,
+    optimizer, distribution, layout, tp-mode, load-balance, hide-param-gather.
+    """
     from cli.common import load_calibration
     from costmodel.planner.explain import parse_query
     from costmodel.planner.pins import parse_pins
@@ -154,9 +159,9 @@ def plan(
 
     for name, value, low in (("--top-k", top_k, 0), ("--limit", limit, 1), ("--jobs", jobs, 0), ("--samples", samples, 0)):
         if value < low:
-            raise CliError(f"{name} must be at least {low} (got {value})")
+            raise CliError(f"{name}: must be at least {low} (got {value})")
     if sensitivity_sigma is not None and not 0 < sensitivity_sigma < 1:
-        raise CliError(f"--sensitivity-sigma must be in (0, 1) (got {sensitivity_sigma})")
+        raise CliError(f"--sensitivity-sigma: must be in (0, 1) (got {sensitivity_sigma})")
     check_output_paths(html)
     queries = tuple(explain or ())
     for q in queries:

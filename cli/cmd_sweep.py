@@ -137,7 +137,7 @@ def _sweep(grid_file: Path, out: Path | None, jobs: int, scheduler: str | None, 
     from costmodel.sweep.run import SweepAborted, run_sweep
 
     if jobs < 0:
-        raise CliError(f"--jobs must be at least 0 (got {jobs})")
+        raise CliError(f"--jobs: must be at least 0 (got {jobs})")
     if scheduler is not None:
         dask_client_class()  # the extra is installed (one-line error otherwise), before anything is written
     grid_path = Path(grid_file)

@@ -387,7 +387,7 @@ ENGINES = ("analytic", "des")
 def check_engine(engine: str) -> None:
     """Raise CliError unless ``engine`` is a step engine name."""
     if engine not in ENGINES:
-        raise CliError(f"--engine must be one of {', '.join(ENGINES)} (got '{engine}')")
+        raise CliError(f"--engine: must be one of {', '.join(ENGINES)} (got '{engine}')")
 
 
 def check_output_paths(*paths: Path | None, flags: tuple[str, ...] = ()) -> None:

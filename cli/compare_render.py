@@ -107,7 +107,7 @@ def _rows(data: dict[str, Any], reports: list[Any]) -> list[tuple[str, list[str]
         ("step time s", [f"{v['step_time_s']:.3f}" for v in variants]),
         ("vs baseline", ["-" if i == 0 else f"{v['delta_step_time_pct']:+.2f} %" for i, v in enumerate(variants)]),
         ("tokens/s/GPU", [f"{r.tokens_per_s_per_gpu:,.0f}" for r in reports]),
-        ("MFU %", [f"{r.mfu * 100:.1f}" for r in reports]),
+        ("MFU %", [f"{r.mfu_fraction * 100:.1f}" for r in reports]),
         None,
     ]
     parts = [breakdown(r) for r in reports]
@@ -125,7 +125,7 @@ def _rows(data: dict[str, Any], reports: list[Any]) -> list[tuple[str, list[str]
         ("load balance", [(o.load_balance or "-") + ("*" if o.hypothetical else "") if o else "-" for o in opt]),
         ("NS TFLOP/GPU max", [f"{o.newton_schulz_flops.get('per_rank_max', 0.0) / 1e12:,.1f}" if o else "-" for o in opt]),
         ("optimizer/GPU max ms", [f"{o.per_rank_compute_s.max * 1e3:,.1f}" if o else "-" for o in opt]),
-        ("imbalance", [f"{o.imbalance:.3f}" if o else "-" for o in opt]),
+        ("imbalance", [f"{o.imbalance_ratio:.3f}" if o else "-" for o in opt]),
         ("imbalance lost ms", [f"{o.imbalance_lost_s * 1e3:,.1f}" if o else "-" for o in opt]),
         ("opt. exposed ms", [f"{o.exposed_s * 1e3:,.1f}" if o else "-" for o in opt]),
         ("opt. hidden ms", [f"{o.hidden_s * 1e3:,.1f}" if o else "-" for o in opt]),
@@ -188,7 +188,7 @@ def render_wide(data: dict[str, Any], reports: list[Any]) -> Any:
     row("Δ vs baseline", ["-" if i == 0 else f"{v['delta_step_time_s'] * 1e3:+.1f} ms ({v['delta_step_time_pct']:+.2f} %)"
                           for i, v in enumerate(variants)])
     row("tokens/s/GPU", [f"{r.tokens_per_s_per_gpu:,.0f}" for r in reports])
-    row("MFU", [f"{r.mfu * 100:.1f} %" for r in reports])
+    row("MFU", [f"{r.mfu_fraction * 100:.1f} %" for r in reports])
     label_deltas = [labelled_delta(v["delta_breakdown_s"]) for v in variants]
     keys = list(dict.fromkeys(k for d in label_deltas for k in d))
     parts = [breakdown(r) for r in reports]
@@ -208,7 +208,7 @@ def render_wide(data: dict[str, Any], reports: list[Any]) -> Any:
                               if o else "-" for o in opt])
     row("NS TFLOP/GPU (max)", [f"{o.newton_schulz_flops.get('per_rank_max', 0.0) / 1e12:,.1f}" if o else "-" for o in opt])
     row("optimizer/GPU max", [f"{o.per_rank_compute_s.max * 1e3:.1f} ms" if o else "-" for o in opt])
-    row("imbalance (lost)", [f"{o.imbalance:.3f} ({o.imbalance_lost_s * 1e3:.1f} ms)" if o else "-" for o in opt])
+    row("imbalance (lost)", [f"{o.imbalance_ratio:.3f} ({o.imbalance_lost_s * 1e3:.1f} ms)" if o else "-" for o in opt])
     row("opt. exposed / hidden", [f"{o.exposed_s * 1e3:.1f} / {o.hidden_s * 1e3:.1f} ms" if o else "-" for o in opt])
     row("opt. kernels (crit. GPU)", [f"{o.kernels.launches:,.0f}" if o and o.kernels else "-" for o in opt])
     row("  per Muon tensor", [f"{o.kernels.launches_per_muon_tensor:.0f} x {o.kernels.muon_tensors}"

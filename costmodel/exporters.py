@@ -47,7 +47,7 @@ def render_table(report: StepReport, layout: str | None = None) -> Any:
         head.add_row("[yellow]hypothetical[/yellow]", reason.removeprefix("hypothetical: "))
     head.add_row("step time", f"{report.step_time_s:.3f} s")
     head.add_row("tokens/s/GPU", f"{report.tokens_per_s_per_gpu:,.0f}")
-    head.add_row("model TFLOP/s/GPU", f"{report.model_tflops_per_gpu:,.0f}  (MFU {report.mfu * 100:.1f} %)")
+    head.add_row("model TFLOP/s/GPU", f"{report.model_tflops_per_gpu:,.0f}  (MFU {report.mfu_fraction * 100:.1f} %)")
     mem = report.memory
     if mem is not None:
         head.add_row("memory/GPU", f"{mem.total_bytes / 1e9:,.1f} GB of {mem.capacity_bytes / 1e9:,.0f} GB"

@@ -44,7 +44,11 @@ def breakdown_label(key: str, kind: str | None = None) -> str:
 
 def breakdown_rows(report: StepReport) -> list[tuple[str, float]]:
     """(label, seconds) rows of a report's additive breakdown, in display order."""
-    b = report.breakdown_s
+    return breakdown_term_rows(report.breakdown_s)
+
+
+def breakdown_term_rows(b: Breakdown) -> list[tuple[str, float]]:
+    """(label, seconds) rows of an additive breakdown (a report's, a plan row's), in display order."""
     rows = [(breakdown_label("compute"), b.compute), (breakdown_label("pipeline_bubble"), b.pipeline_bubble)]
     rows += [(breakdown_label("exposed_comm", k), v) for k, v in b.exposed_comm.items()]
     rows += [(breakdown_label("optimizer"), b.optimizer), (breakdown_label("other"), b.other)]
@@ -75,8 +79,8 @@ class CollectiveOut(_Out):
 class OptimizerKernelsOut(_Out):
     """The kernels of the optimizer step on the critical GPU (launches, seconds)."""
 
-    launches: float = Field(description="kernel launches of the step on the critical GPU")
-    by_part: dict[str, float] = Field(default_factory=dict, description="launches by part: newton_schulz_gemm, "
+    launches: int = Field(description="kernel launches of the step on the critical GPU")
+    by_part: dict[str, int] = Field(default_factory=dict, description="launches by part: newton_schulz_gemm, "
                                       "muon_elementwise, adam_multi_tensor, adam_param_copy, grad_norm, gather_copy")
     muon_tensors: int = Field(0, description="Muon tensors (expert copies counted) the critical GPU steps")
     launches_per_muon_tensor: float | None = Field(None, description="mean Newton-Schulz and element-wise launches per Muon tensor")
@@ -98,7 +102,7 @@ class OptimizerReport(_Out):
     hypothetical: bool = Field(False, description="a layout / load-balance pair Megatron-Core does not have (a what-if; "
                                "the reason is in notes)")
     per_rank_compute_s: Stats
-    imbalance: float = Field(description="max / mean per-rank optimizer compute")
+    imbalance_ratio: float = Field(description="max / mean per-rank optimizer compute")
     imbalance_lost_s: float = Field(0.0, description="(max - mean) per-rank optimizer compute")
     exposed_s: float = Field(description="optimizer-related time on the critical path (compute + unhidden comm)")
     hidden_s: float = Field(description="optimizer-related communication hidden behind compute")
@@ -139,7 +143,7 @@ class StepReport(_Out):
     step_time_s: float
     tokens_per_s_per_gpu: float
     model_tflops_per_gpu: float
-    mfu: float = Field(description="model TFLOP/s per GPU / dense peak at the training precision")
+    mfu_fraction: float = Field(description="model TFLOP/s per GPU / dense peak at the training precision")
     breakdown_s: Breakdown
     memory_per_gpu_bytes: float
     memory: MemoryReport | None = None

@@ -83,12 +83,12 @@ def sanity_warnings(report: StepReport) -> list[str]:
     """Warnings for results no real training run would accept (MFU under 5 %, the layer-wise
     optimizer's buckets padded by more than their parameters), naming the likely cause."""
     out = []
-    if report.step_time_s > 0 and report.mfu < MFU_FLOOR:
+    if report.step_time_s > 0 and report.mfu_fraction < MFU_FLOOR:
         parts = [("compute", report.breakdown_s.compute), ("pipeline bubble", report.breakdown_s.pipeline_bubble),
                  *((f"exposed {k}", v) for k, v in report.breakdown_s.exposed_comm.items()),
                  ("optimizer step", report.breakdown_s.optimizer)]
         name, worst = max(parts, key=lambda kv: kv[1])
-        out.append(f"MFU {report.mfu * 100:.1f} % is under {MFU_FLOOR * 100:.0f} %: {name} takes {worst:.3g} s of the "
+        out.append(f"MFU {report.mfu_fraction * 100:.1f} % is under {MFU_FLOOR * 100:.0f} %: {name} takes {worst:.3g} s of the "
                    f"{report.step_time_s:.3g} s step; check the layout (too little work per data-parallel rank?)")
     opt = report.optimizer
     if opt is not None and opt.padding_overhead_pct is not None and opt.padding_overhead_pct > PADDING_CEILING_PCT:
@@ -119,7 +119,7 @@ def build_report(scenario: Scenario, engine: str, step_time_s: float, breakdown:
         step_time_s=step_time_s,
         tokens_per_s_per_gpu=tokens / step_time_s / gpus,
         model_tflops_per_gpu=tflops,
-        mfu=tflops * 1e12 / peak,
+        mfu_fraction=tflops * 1e12 / peak,
         breakdown_s=breakdown,
         memory_per_gpu_bytes=mem.total_bytes if mem else 0.0,
         memory=mem,

@@ -119,7 +119,7 @@ def predict_html(report: StepReport, timeline: StepReport | None = None) -> str:
     source = timeline if timeline is not None and timeline.events else report
     has_events = bool(source.events)
     head = (f"muonsim predict: {report.step_time_s:.3f} s/step ({report.engine} engine), "
-            f"{report.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {report.mfu * 100:.1f} %")
+            f"{report.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {report.mfu_fraction * 100:.1f} %")
     sub = scenario_title(report)
     if not has_events:
         fig = go.Figure()

@@ -254,10 +254,33 @@ def compare(expected: Any, actual: Any, path: str = "") -> list[str]:
     return [] if expected == actual else [f"{path}: expected {expected!r}, got {actual!r}"]
 
 
+# JSON keys renamed since pins were first written (old -> new; the figures are the same): units in every
+# name (fractions say _fraction, the max/mean imbalance says _ratio)
+RENAMED_KEYS = {"mfu": "mfu_fraction", "imbalance": "imbalance_ratio", "memory_headroom": "memory_headroom_fraction",
+                "top1_stability": "top1_stability_fraction"}
+
+
+def upgrade(record: Any) -> Any:
+    """``record`` with today's key names: :data:`RENAMED_KEYS`, and a plan row's flat ``breakdown_s``
+    (``comm:<kind>`` keys) nested as a StepReport's (``exposed_comm: {<kind>: ...}``). Pins written by older
+    code (a pins file, another checkout's ``--against`` run) compare with this checkout's figure by figure."""
+    if isinstance(record, list):
+        return [upgrade(x) for x in record]
+    if not isinstance(record, dict):
+        return record
+    out = {RENAMED_KEYS.get(k, k): upgrade(v) for k, v in record.items()}
+    flat = out.get("breakdown_s")
+    if isinstance(flat, dict) and any(k.startswith("comm:") for k in flat):
+        nested = {k: v for k, v in flat.items() if not k.startswith("comm:")}
+        nested["exposed_comm"] = {k.removeprefix("comm:"): v for k, v in flat.items() if k.startswith("comm:")}
+        out["breakdown_s"] = nested
+    return out
+
+
 def load(path: str | Path) -> dict[str, Any]:
-    """Read a pins file (gzip JSON)."""
+    """Read a pins file (gzip JSON), with today's key names (:func:`upgrade`)."""
     with gzip.open(path, "rt") as f:
-        return json.load(f)
+        return {label: upgrade(record) for label, record in json.load(f).items()}
 
 
 def write(pins: dict[str, Any], path: str | Path) -> None:

@@ -135,8 +135,8 @@ def test_predict_release_names_the_recipe_runs_layout_when_it_is_not_the_predict
     assert "that run's layout: --pp 2 --vpp 24 --ep 8 --mbs 2 --gbs 512" in text
     same = run_cli("predict", "--json", *model, "--pp", "2", "--vpp", "24", "--ep", "8", "--mbs", "2", "--gbs", "512")
     assert json.loads(same.stdout)["recipe_settings"]["run_layout"] == {
-        "num_gpus": "16", "precision": "fp8-cs", "tp": "1", "pp": "2", "vpp": "24", "cp": "1", "ep": "8", "etp": "1",
-        "fsdp": "0", "micro_batch_size": "2", "global_batch_size": "512", "seq_length": "4096"}
+        "gpus": 16, "precision": "fp8-cs", "tp": 1, "pp": 2, "vpp": 24, "cp": 1, "ep": 8, "etp": 1,
+        "fsdp": 0, "micro_batch_size": 2, "global_batch_size": 512, "seq_length": 4096}
     assert "layout: not the recipe run's" not in run_cli("predict", *model, "--pp", "2", "--vpp", "24", "--ep", "8",
                                                        "--mbs", "2", "--gbs", "512").stdout
 

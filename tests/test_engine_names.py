@@ -71,15 +71,15 @@ def test_gradient_prescaling_has_one_name_in_both_engines(huge_prescaled) -> Non
 
 def test_absurd_mfu_is_flagged_by_both_engines(huge) -> None:
     for report in huge:
-        assert report.mfu < 0.05
+        assert report.mfu_fraction < 0.05
         assert any(w.startswith("MFU ") and "under 5 %" in w for w in report.warnings), report.warnings
 
 
 def _report(mfu: float, padding_pct: float | None) -> StepReport:
     opt = OptimizerReport(kind="muon", distribution="layer_wise", per_rank_compute_s=Stats(min=0, mean=0, max=0),
-                          imbalance=1.0, exposed_s=0.0, hidden_s=0.0, padding_overhead_pct=padding_pct)
+                          imbalance_ratio=1.0, exposed_s=0.0, hidden_s=0.0, padding_overhead_pct=padding_pct)
     return StepReport(engine="analytic", scenario={}, step_time_s=10.0, tokens_per_s_per_gpu=1.0,
-                      model_tflops_per_gpu=1.0, mfu=mfu, memory_per_gpu_bytes=0.0, optimizer=opt,
+                      model_tflops_per_gpu=1.0, mfu_fraction=mfu, memory_per_gpu_bytes=0.0, optimizer=opt,
                       breakdown_s=Breakdown(compute=0.3, exposed_comm={"dp_grad": 9.5}, other=0.2))
 
 

@@ -80,7 +80,7 @@ def test_report_section(base) -> None:
     assert (rep.kind, rep.distribution, rep.layout, rep.tp_mode, rep.load_balance) == (
         "muon", "layer_wise", "current", "blockwise", "lpt")
     assert rep.per_rank_compute_s.max == pytest.approx(plan.max_rank_s)
-    assert rep.imbalance == pytest.approx(rep.per_rank_compute_s.max / rep.per_rank_compute_s.mean)
+    assert rep.imbalance_ratio == pytest.approx(rep.per_rank_compute_s.max / rep.per_rank_compute_s.mean)
     assert rep.imbalance_lost_s == pytest.approx(rep.per_rank_compute_s.max - rep.per_rank_compute_s.mean)
     assert rep.newton_schulz_flops["total"] > rep.newton_schulz_flops["per_rank_max"] >= rep.newton_schulz_flops["per_rank_mean"] > 0
     assert rep.padding_overhead_pct is not None and rep.padding_overhead_pct >= 0

@@ -221,4 +221,4 @@ def test_plan_with_megatron_fsdp_keeps_fsdp_layouts(run_cli) -> None:
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert data["ranking"] and data["reference"]["status"] in ("ok", "oom")  # rc none: 357 GB > 279 GB
-    assert all("comm:dp_fsdp" in row["breakdown_s"] for row in data["ranking"])
+    assert all("dp_fsdp" in row["breakdown_s"]["exposed_comm"] for row in data["ranking"])

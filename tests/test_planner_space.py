@@ -37,7 +37,7 @@ def test_pins_parse_lists_bounds_and_reject_bad_values() -> None:
     assert pins.max == {"tp": 8} and pins.min == {"pp": 2}
     assert pins.allows("tp", 2) and not pins.allows("tp", 4) and not pins.allows("pp", 1)
     for raw, bounds, fragment in (({"tp": "x"}, {}, "--tp: 'x' is not an integer"),
-                                  ({"tp": "0"}, {}, "positive"),
+                                  ({"tp": "0"}, {}, "--tp: must be greater than 0 (got 0)"),
                                   ({"tp": "2,,4"}, {}, "empty value"),
                                   ({"tp_mode": "fast"}, {}, "--tp-mode: 'fast' is not one of"),
                                   ({"hide_param_gather": "maybe"}, {}, "not on/off"),

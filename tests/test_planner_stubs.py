@@ -66,7 +66,7 @@ class StubEngine:
         d = dict(terms)
         exposed = {k.removeprefix("comm:"): v for k, v in d.items() if k.startswith("comm:")}
         return StepReport(engine=engine, scenario=sc.config.model_dump(mode="json"), step_time_s=t,
-                          tokens_per_s_per_gpu=sc.tokens_per_step / t / sc.gpus, model_tflops_per_gpu=0.0, mfu=0.0,
+                          tokens_per_s_per_gpu=sc.tokens_per_step / t / sc.gpus, model_tflops_per_gpu=0.0, mfu_fraction=0.0,
                           breakdown_s=Breakdown(compute=d["compute"], pipeline_bubble=d["pipeline_bubble"],
                                                 exposed_comm=exposed, optimizer=d["optimizer"], other=d["other"]),
                           memory_per_gpu_bytes=0.0)

@@ -17,9 +17,14 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from topologies.inputs import UserInputError, describe_validation_error, resolve_catalog_entry
+from topologies.inputs import (
+    NoBoolNumbers,
+    UserInputError,
+    describe_validation_error,
+    resolve_catalog_entry,
+)
 
 SYSTEMS_DIR = Path(__file__).parent / "data" / "systems"
 
@@ -46,7 +51,7 @@ TENSOR_CORE_CLASS = {"bf16": "bf16", "fp16": "bf16", "fp8-cs": "fp8", "fp8-delay
                      "mxfp8": "fp8", "nvfp4": "fp4"}
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, model_validator
 
 FAST_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """libyaml's parser with PyYAML's safe constructor and resolver (the objects ``yaml.safe_load`` gives)."""
@@ -29,6 +29,39 @@ class UserInputError(ValueError):
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(message.split()))
+
+
+def _number_word(annotation: Any) -> str | None:
+    """'an integer' / 'a number' when a field of this annotation takes numbers but not booleans, else None."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    args = typing.get_args(annotation) if union else (annotation,)
+    if bool in args:
+        return None
+    return "an integer" if int in args else "a number" if float in args else None
+
+
+class NoBoolNumbers(BaseModel):
+    """A model whose integer and float fields refuse booleans: pydantic's lax mode reads ``gpus: true``
+    in a YAML file as 1 (a bool is an int in Python), a silent wrong value instead of an error."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_bool_for_number(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, value in data.items():
+                field = cls.model_fields.get(key) if isinstance(value, bool) else None
+                word = _number_word(field.annotation) if field is not None else None
+                if word is not None:
+                    raise BoolForNumberError(key, value, f"Input should be {word}, not a boolean")
+        return data
+
+
+class BoolForNumberError(ValueError):
+    """A boolean given for the number field ``key`` (its location for :func:`describe_validation_error`)."""
+
+    def __init__(self, key: str, value: bool, message: str) -> None:
+        super().__init__(f"{key}: {message} (got {value!r})")
+        self.key, self.value, self.message = key, value, message
 
 
 def load_yaml_file(path: str | Path, what: str = "file") -> dict[str, Any]:
@@ -152,6 +185,10 @@ def describe_validation_error(err: ValidationError, source: str, model: type[Bas
     errors = err.errors()
     first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
     parts = tuple(part for part in first.get("loc", ()) if part != "__root__")
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, BoolForNumberError):  # raised for the model: locate it at its key
+        first = {**first, "msg": cause.message, "input": cause.value}
+        parts = (*parts, cause.key)
     loc = ".".join(str(part) for part in parts)
     if first.get("type") == "extra_forbidden" and model is not None and parts:
         valid = _model_fields_at(model, parts[:-1])

@@ -16,7 +16,9 @@ Every loader returns :class:`workloads.measured.MeasuredRun` objects or raises o
   step time is the median of the remaining lines (robust to checkpoint or GC stalls). The scenario
   (model, system, GPUs, precision, batch and parallel sizes) comes from, in increasing priority:
   the Megatron-LM argument dump in the log, a YAML file next to the log (``run.yaml`` for
-  ``run.log``, or ``run.log.yaml``), and explicit overrides (the CLI's scenario flags). Recipe
+  ``run.log``, or ``run.log.yaml``), and explicit overrides (the CLI's scenario flags); the dump's
+  precision is its ``fp4`` / ``fp8`` + ``fp8_recipe`` / ``fp16`` / ``bf16`` arguments
+  (:func:`log_precision`: ``fp8 hybrid`` with ``tensorwise`` is ``fp8-cs``). Recipe
   settings come from the argument dump (Megatron prints most under the same names) and the YAML.
   The log's text is read by :mod:`workloads.megatron_log`.
 """
@@ -261,12 +263,43 @@ def load_json(path: str | Path) -> list[MeasuredRun]:
 
 
 # ----------------------------------------------------------------------------- Megatron logs
+# Megatron-LM's --fp8-recipe -> the scenario precision of an FP8 run (--fp8 e4m3 or hybrid: E4M3
+# forward, E5M2 gradients; the recipe says how the tensors are scaled). Megatron-LM's default recipe
+# (and its only one before --fp8-recipe existed) is 'delayed'; Megatron-Bridge's is 'tensorwise'
+# and it prints the recipe (the settings file's fp8_recipe column: hybrid + tensorwise = fp8-cs).
+FP8_RECIPE_PRECISION = {"tensorwise": "fp8-cs", "delayed": "fp8-delayed", "mxfp8": "mxfp8",
+                        "blockwise": "fp8-blockwise"}
+_NOT_SET = ("None", "none", "False", "false", "")
+
+
+def log_precision(args: Mapping[str, str]) -> str | None:
+    """The scenario precision a Megatron-LM argument dump states (``fp4``, ``fp8`` / ``fp8_recipe``,
+    ``fp16``, ``bf16``), or None when it states none. An FP8 run without ``fp8_recipe`` used Megatron-LM's
+    default, delayed scaling. Raises UserInputError for an FP8 recipe muonsim has no precision for."""
+    if args.get("fp4", "None") not in _NOT_SET:
+        return "nvfp4"  # --fp4 e2m1 with the nvfp4 recipe (the only FP4 recipe)
+    if args.get("fp8", "None") not in _NOT_SET:
+        recipe = args.get("fp8_recipe", "delayed")
+        if recipe not in FP8_RECIPE_PRECISION:
+            raise UserInputError(f"the log's fp8_recipe '{recipe}' is not one of {', '.join(FP8_RECIPE_PRECISION)}; "
+                                 "pass --precision")
+        return FP8_RECIPE_PRECISION[recipe]
+    for name in ("fp16", "bf16"):
+        if args.get(name) == "True":
+            return name
+    return None
+
+
 def _log_arguments(lines: list[str]) -> dict[str, Any]:
-    """Scenario fields from Megatron-LM's printed argument block (``name ..... value``), recipe
-    settings (same names as the settings file's columns) in ``recipe_settings``."""
+    """Scenario fields from Megatron-LM's printed argument block (``name ..... value``), the precision
+    (:func:`log_precision`), recipe settings (same names as the settings file's columns) in ``recipe_settings``."""
     out: dict[str, Any] = {}
     recipe: dict[str, str] = {}
-    for name, value in log_argument_values(lines):
+    values = dict(log_argument_values(lines))
+    precision = log_precision(values)
+    if precision is not None:
+        out["precision"] = precision
+    for name, value in values.items():
         if name in MEGATRON_ARGS:
             if value not in ("None", "none"):
                 out[MEGATRON_ARGS[name]] = value
@@ -313,7 +346,10 @@ def load_megatron_log(path: str | Path, overrides: Mapping[str, Any] | None = No
     text = _read_text(p, "training log")
     measured = parse_megatron_log(text, warmup_iterations, source=_where(p))
     data: dict[str, Any] = {"run_id": p.stem, "source": f"megatron log {p.name}"}
-    data.update(_log_arguments(text.splitlines()))
+    try:
+        data.update(_log_arguments(text.splitlines()))
+    except UserInputError as err:
+        raise UserInputError(f"{_where(p, column='fp8_recipe')}: {err}") from None
     side = sidecar_yaml(p)
     if side is not None:
         side_data = load_yaml_file(side, "run description")

@@ -18,9 +18,10 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from topologies.hardware import Precision
+from topologies.inputs import NoBoolNumbers
 from workloads.models import ModelSpec
 from workloads.recipe_columns import PartialLayout
 from workloads.recipe_settings import RecipeResolution, normalise_cell, resolve_recipe_cells
@@ -42,7 +43,7 @@ def _convention(value: Any) -> Any:
     return text
 
 
-class MeasuredRun(BaseModel):
+class MeasuredRun(NoBoolNumbers):
     """A measured run. Required: the scenario columns and ``step_time_s``."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # inf/NaN measurements are rejected

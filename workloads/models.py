@@ -27,9 +27,14 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from topologies.inputs import UserInputError, describe_validation_error, resolve_catalog_entry
+from topologies.inputs import (
+    NoBoolNumbers,
+    UserInputError,
+    describe_validation_error,
+    resolve_catalog_entry,
+)
 
 MODELS_DIR = Path(__file__).parent / "data" / "models"
 
@@ -37,7 +42,7 @@ PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
+
+from topologies.inputs import NoBoolNumbers
 
 OptimizerKind = Literal["adamw", "muon"]
 Distribution = Literal["replicated", "element_wise", "layer_wise"]
@@ -50,7 +52,7 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in version.split("."))
 
 
-class OptimizerSpec(BaseModel):
+class OptimizerSpec(NoBoolNumbers):
     """The optimizer and how Megatron distributes it over data-parallel ranks."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -222,6 +222,13 @@ def run_layout(run_id: str) -> dict[str, str]:
     return {} if run is None else {col: run[col] for col, _ in RUN_LAYOUT_FLAGS}
 
 
+def run_layout_json(run_id: str) -> dict[str, Any]:
+    """The published run's layout under the scenario's keys (``gpus``, ``tp`` ... ``seq_length``), sizes as
+    integers: what ``--json`` shows (the summary file's ``num_gpus`` column is the scenario's ``gpus``)."""
+    return {("gpus" if col == "num_gpus" else col): (int(v) if v.isdigit() else v)
+            for col, v in run_layout(run_id).items()}
+
+
 def scenario_layout(scenario: Any) -> dict[str, str]:
     """``scenario``'s layout in the summary columns of :data:`RUN_LAYOUT_FLAGS` (as text)."""
     p = scenario.par
@@ -346,7 +353,7 @@ class ReleaseSettings:
 
         return {"source": self.choice.source, "run_id": self.choice.run_id, "release": self.choice.release,
                 "applied": {k: plain(v) for k, v in self.applied.items()}, "kept_from_user": list(self.kept),
-                "skipped": self.skipped, "run_layout": run_layout(self.choice.run_id)}
+                "skipped": self.skipped, "run_layout": run_layout_json(self.choice.run_id)}
 
 
 def _completed(layout: PartialLayout, sizes: dict[str, int]) -> str | None:

@@ -20,7 +20,9 @@ import ast
 import re
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
+
+from topologies.inputs import NoBoolNumbers
 
 CudaGraphImpl = Literal["none", "local", "transformer_engine", "full_iteration"]
 CudaGraphScope = Literal["full", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba", "full_iteration"]
@@ -38,7 +40,7 @@ TP_OVERLAP_GEMMS: tuple[str, ...] = get_args(TpOverlapGemm)
 LIST_SEPARATORS = re.compile(r"[|+,\s]+")
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -19,7 +19,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from topologies.hardware import Precision, SystemSpec, load_system
-from topologies.inputs import UserInputError, describe_validation_error, flag_words, load_yaml_file
+from topologies.inputs import (
+    NoBoolNumbers,
+    UserInputError,
+    describe_validation_error,
+    flag_words,
+    load_yaml_file,
+)
 from workloads.models import ModelSpec, resolve_model
 from workloads.optimizer_spec import (
     EO_MIN_SYRK_CUBIC5,
@@ -46,7 +52,7 @@ __all__ = ["DEFAULT_SCENARIO", "MEGATRON_LOAD_BALANCE", "Distribution", "LayerWi
            "read_scenario_file", "scenario_keys", "section_of", "setting_default"]
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -151,7 +151,7 @@ class RunResult:
         """The ``--json`` row: identity, measured and predicted step time (s), ``error_pct``, training-set flag."""
         return {
             "run_id": self.run_id, "model": self.model, "system": self.system, "release": self.release,
-            "num_gpus": self.num_gpus, "measured_step_time_s": self.measured_step_time_s,
+            "gpus": self.num_gpus, "measured_step_time_s": self.measured_step_time_s,
             "predicted_step_time_s": self.predicted_step_time_s, "error_pct": self.error_pct,
             "in_training_set": self.in_training_set, "settings": self.settings,
             "settings_source": self.settings_source,

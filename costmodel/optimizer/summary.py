@@ -32,10 +32,10 @@ def imbalance_of(stage: StageOptimizerPlan) -> float:
 
 def kernels_out(rank: RankWork, stage: StageOptimizerPlan) -> OptimizerKernelsOut:
     """The kernel section of one GPU's optimizer step (``stage``: its pipeline stage's plan)."""
-    parts = dict(rank.kernel_counts)
-    per_tensor = parts.get("newton_schulz_gemm", 0.0) + parts.get("muon_elementwise", 0.0)
+    parts = {k: round(v) for k, v in rank.kernel_counts.items()}  # launch counts: whole numbers held as floats
+    per_tensor = parts.get("newton_schulz_gemm", 0) + parts.get("muon_elementwise", 0)
     return OptimizerKernelsOut(
-        launches=rank.kernels, by_part=parts, muon_tensors=rank.muon_tensors,
+        launches=round(rank.kernels), by_part=parts, muon_tensors=rank.muon_tensors,
         launches_per_muon_tensor=per_tensor / rank.muon_tensors if rank.muon_tensors else None,
         gpu_s=rank.gpu_s, issue_s=rank.issue_s, host_idle_s=rank.host_idle_s,
         grad_prescale_launches=sum(1 for b in stage.buckets if b.prescaled))
@@ -79,7 +79,7 @@ def optimizer_report(plan: OptimizerPlan, exposed_s: float, hidden_s: float) -> 
         kind=plan.kind, distribution=plan.distribution, layout=plan.layout, tp_mode=plan.tp_mode,
         load_balance=plan.load_balance, hypothetical=plan.hypothetical,
         per_rank_compute_s=Stats(min=min(loads), mean=mean, max=max(loads)),
-        imbalance=imbalance_of(crit), imbalance_lost_s=max(loads) - mean,
+        imbalance_ratio=imbalance_of(crit), imbalance_lost_s=max(loads) - mean,
         exposed_s=exposed_s, hidden_s=hidden_s,
         newton_schulz_flops={"total": flops_total, "per_rank_max": flops_max,
                              "per_rank_mean": flops_total / gpus if gpus else 0.0},

@@ -19,7 +19,7 @@ from costmodel.planner.space import Candidate, build_scenario
 from topologies.inputs import UserInputError
 
 if TYPE_CHECKING:
-    from costmodel.report import StepReport
+    from costmodel.report import Breakdown, StepReport
     from workloads.scenario import Scenario
 
 Terms = tuple[tuple[str, float], ...]
@@ -93,7 +93,12 @@ class Evaluation:
 
 def report_terms(report: StepReport) -> Terms:
     """Flatten a StepReport breakdown into named terms (seconds)."""
-    b = report.breakdown_s
+    return breakdown_terms(report.breakdown_s)
+
+
+def breakdown_terms(b: Breakdown) -> Terms:
+    """Flatten a breakdown (a report's, a plan row's) into named terms (seconds): compute,
+    pipeline_bubble, comm:<kind>, optimizer, other."""
     terms = [("compute", b.compute), ("pipeline_bubble", b.pipeline_bubble)]
     terms += [(f"comm:{k}", v) for k, v in sorted(b.exposed_comm.items())]
     terms += [("optimizer", b.optimizer), ("other", b.other)]

@@ -75,6 +75,18 @@ def parse_query(query: str) -> dict[str, Any]:
     return wanted
 
 
+def explanation_json(ex: Explanation) -> dict[str, Any]:
+    """The ``--json`` form of an explanation: its breakdown deltas (this plan - the best, seconds) nested
+    as a StepReport's ``breakdown_s`` and compare's ``delta_breakdown_s`` are, memory per GPU in bytes."""
+    from costmodel.planner.result import terms_breakdown
+
+    data = dataclasses.asdict(ex)
+    deltas = data.pop("deltas_s")
+    data["memory_per_gpu_bytes"] = data.pop("memory_bytes")
+    data["delta_breakdown_s"] = terms_breakdown(dict(deltas)).model_dump() if deltas else None
+    return data
+
+
 def _describe(wanted: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in wanted.items())
 

@@ -45,15 +45,18 @@ def breakdown_figure(outcome: PlanOutcome) -> Any:
     """Stacked step-time breakdown of the top plans (and the reference scenario)."""
     import plotly.graph_objects as go
 
+    from costmodel.report import breakdown_term_rows
+
     res = outcome.result
     rows = list(res.ranking[:MAX_BREAKDOWNS])
     if res.reference.row is not None and not any(r.reference for r in rows):
         rows.append(res.reference.row)
     names = [f"#{r.rank or '?'} {'(reference) ' if r.reference else ''}{r.label}" for r in rows]
-    terms = list(dict.fromkeys(k for r in rows for k in r.breakdown_s))
+    by_row = [dict(breakdown_term_rows(r.breakdown_s)) for r in rows]
+    terms = list(dict.fromkeys(k for row in by_row for k in row))
     fig = go.Figure()
     for term in terms:
-        fig.add_trace(go.Bar(y=names, x=[r.breakdown_s.get(term, 0.0) for r in rows], name=term, orientation="h"))
+        fig.add_trace(go.Bar(y=names, x=[row.get(term, 0.0) for row in by_row], name=term, orientation="h"))
     fig.update_layout(barmode="stack", title="where the step time goes (analytic, s)", xaxis_title="seconds",
                       yaxis={"autorange": "reversed"}, height=160 + 45 * len(rows))
     return fig

@@ -102,7 +102,7 @@ def parse_value(key: str, text: str) -> Any:
         except ValueError:
             raise UserInputError(f"--{flag}: '{text}' is not an integer") from None
         if value <= 0:
-            raise UserInputError(f"--{flag}: {value} must be a positive integer")
+            raise UserInputError(f"--{flag}: must be greater than 0 (got {value})")
         return value
     flag = CATEGORICAL_FLAGS[key]
     if key == "hide_param_gather":
@@ -140,7 +140,7 @@ def parse_pins(raw: Mapping[str, Any], bounds: Mapping[str, int | None] | None =
         if side not in ("min", "max") or flag not in flag_to_key:
             raise UserInputError(f"unknown bound '{name}'; valid: min-/max- with {', '.join(BOUND_FLAGS)}")
         if int(value) <= 0:
-            raise UserInputError(f"--{side}-{flag}: {value} must be a positive integer")
+            raise UserInputError(f"--{side}-{flag}: must be greater than 0 (got {value})")
         (lo if side == "min" else hi)[flag_to_key[flag]] = int(value)
     for key in set(lo) & set(hi):
         if lo[key] > hi[key]:

@@ -35,7 +35,7 @@ from costmodel.planner.evaluate import (
     default_memory_fn,
     report_terms,
 )
-from costmodel.planner.explain import explain
+from costmodel.planner.explain import explain, explanation_json
 from costmodel.planner.memory_bound import weights_and_grads_bytes
 from costmodel.planner.pins import Pins
 from costmodel.planner.pool import default_jobs, evaluator, relaxed_gc, set_evaluators
@@ -97,7 +97,7 @@ class PlanOutcome:
 def memory_budget_bytes(base: Scenario, headroom: float) -> float:
     """Usable memory per GPU for a plan: (1 - headroom) x the GPU's HBM, in bytes."""
     if not 0 <= headroom < 1:
-        raise UserInputError(f"--memory-headroom {headroom} must be in [0, 1) (fraction of HBM kept free)")
+        raise UserInputError(f"--memory-headroom: must be in [0, 1), the fraction of HBM kept free (got {headroom})")
     return (1.0 - headroom) * base.system.gpu.hbm_bytes
 
 
@@ -337,7 +337,7 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
                 t_sens += time.perf_counter() - t0
     explanations = []
     try:
-        explanations = [dataclasses.asdict(explain(q, screen, screen_ev, ranked)) for q in options.explain]
+        explanations = [explanation_json(explain(q, screen, screen_ev, ranked)) for q in options.explain]
     except KeyboardInterrupt:
         interrupted = True
     if not ranked and not interrupted:
@@ -380,7 +380,7 @@ def run_plan(base: Scenario, options: PlanOptions, reference_error: str | None =
         notes.append("interrupted: the ranking holds what was found before the interruption")
     result = PlanResult(
         scenario=base.config.model_dump(mode="json"), calibration=calibration_label, pins=options.pins.describe(),
-        memory_headroom=options.headroom, memory_budget_bytes=budget, ranking=rows, reference=reference,
+        memory_headroom_fraction=options.headroom, memory_budget_bytes=budget, ranking=rows, reference=reference,
         pareto_front=front, best=rows[0] if rows else None,
         best_report=best_report.to_json_dict() if best_report is not None else None,
         sensitivity=dataclasses.asdict(sensitivity) if sensitivity is not None else None,

@@ -106,7 +106,7 @@ def sensitivity_text(result: PlanResult) -> str:
     if not s.get("samples"):
         return f"sensitivity: {s.get('note') or 'skipped'}"
     return (f"sensitivity ({s['samples']} draws; {s['source']}): the best plan stays best in "
-            f"{s['top1_stability']:.0%} of draws; Kendall τ of the top {len(s['plans'])} vs nominal: mean "
+            f"{s['top1_stability_fraction']:.0%} of draws; Kendall τ of the top {len(s['plans'])} vs nominal: mean "
             f"{s['kendall_tau_mean']:.2f}, worst {s['kendall_tau_min']:.2f}")
 
 
@@ -138,7 +138,7 @@ def render(result: PlanResult, best_report: StepReport | None = None) -> Any:
     head = Text(f"muonsim plan: {model_label(sc.get('model'))} on {sc.get('gpus')} × {sc.get('system')}, "
                 f"gbs {par.get('global_batch_size')} × seq {par.get('seq_length')}, {sc.get('precision')}; "
                 f"pins: {result.pins}; memory budget {_gb(result.memory_budget_bytes)} GB per GPU "
-                f"({result.memory_headroom:.0%} headroom); calibration: {result.calibration}", style="bold")
+                f"({result.memory_headroom_fraction:.0%} headroom); calibration: {result.calibration}", style="bold")
     parts: list[Any] = [head]
     if result.scenario_source:
         parts.append(Text(f"base scenario {result.scenario_source}", style="dim"))

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.planner.evaluate import Evaluation
+from costmodel.report import Breakdown
 
 
 class _Out(BaseModel):
@@ -27,7 +28,7 @@ class PlanRow(_Out):
     memory_per_gpu_bytes: float
     memory_fraction_of_budget: float
     limiter: str = Field(description="memory when near the budget, else the largest breakdown terms")
-    breakdown_s: dict[str, float]
+    breakdown_s: Breakdown = Field(description="the analytic step time's additive terms, as predict --json nests them")
     reference: bool = False
     pareto: bool = False
     hypothetical: bool = Field(False, description="a layout / load-balance pair Megatron-Core does not have")
@@ -77,7 +78,7 @@ class PlanResult(_Out):
     scenario_source: str = Field("", description="where the base scenario's layout came from (one line)")
     calibration: str
     pins: str
-    memory_headroom: float
+    memory_headroom_fraction: float = Field(description="fraction of HBM kept free")
     memory_budget_bytes: float
     ranking: list[PlanRow]
     reference: ReferenceOut
@@ -99,5 +100,13 @@ def plan_row(e: Evaluation, rank: int | None = None, des_step_time_s: float | No
         settings={k: v for k, v in e.candidate.settings().items() if v is not None},
         step_time_s=e.step_time_s, des_step_time_s=des_step_time_s, tokens_per_s_per_gpu=e.tokens_per_s_per_gpu,
         memory_per_gpu_bytes=e.memory_bytes, memory_fraction_of_budget=e.memory_fraction, limiter=e.limiter(),
-        breakdown_s=dict(e.terms_s), reference=reference, pareto=pareto, hypothetical=e.candidate.hypothetical,
+        breakdown_s=terms_breakdown(e.terms), reference=reference, pareto=pareto, hypothetical=e.candidate.hypothetical,
     )
+
+
+def terms_breakdown(terms_s: dict[str, float]) -> Breakdown:
+    """The :class:`Breakdown` (seconds) of an evaluation's flat terms (``comm:<kind>`` nested under
+    ``exposed_comm``), so a plan row's ``breakdown_s`` has the shape and names of a StepReport's."""
+    exposed = {k.removeprefix("comm:"): v for k, v in terms_s.items() if k.startswith("comm:")}
+    return Breakdown(compute=terms_s.get("compute", 0.0), pipeline_bubble=terms_s.get("pipeline_bubble", 0.0),
+                     exposed_comm=exposed, optimizer=terms_s.get("optimizer", 0.0), other=terms_s.get("other", 0.0))

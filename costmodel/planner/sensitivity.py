@@ -36,7 +36,7 @@ class SensitivityResult:
     plans: list[str]  # labels, nominal order
     sigmas: dict[str, float]  # absolute 1-sigma per factor
     source: str
-    top1_stability: float = math.nan  # fraction of draws where the nominal best stays best
+    top1_stability_fraction: float = math.nan  # fraction of draws where the nominal best stays best
     kendall_tau_mean: float = math.nan
     kendall_tau_min: float = math.nan
     mean_rank: list[float] = field(default_factory=list)  # per plan (1 = best), nominal order
@@ -137,7 +137,7 @@ def summarise(plans: list[Candidate], nominal_s: list[float], sigmas: dict[str, 
     n = len(taus)
     return SensitivityResult(
         samples=n, plans=labels, sigmas=sigmas, source=source,
-        top1_stability=best[labels[int(np.argmin(nominal))]] / n,
+        top1_stability_fraction=best[labels[int(np.argmin(nominal))]] / n,
         kendall_tau_mean=float(np.mean(taus)), kendall_tau_min=float(np.min(taus)),
         mean_rank=[float(r) for r in np.mean(np.array(ranks), axis=0)], top1_counts=dict(best.most_common()),
     )

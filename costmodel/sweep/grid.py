@@ -31,9 +31,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from topologies.inputs import (
+    NoBoolNumbers,
     UserInputError,
     describe_validation_error,
     load_yaml_file,
@@ -61,7 +62,7 @@ def _check_axes(value: Any, what: str) -> Any:
     return value
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

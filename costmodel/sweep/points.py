@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from costmodel.planner.pins import Pins
     from workloads.scenario import Scenario, ScenarioConfig
 
-RESULT_VERSION = 1
+RESULT_VERSION = 2  # 2: mfu_fraction, optimizer_imbalance_ratio, one model column for an inline model
 
 
 @dataclass(frozen=True)

@@ -57,12 +57,18 @@ class SweepOutcome:
 
 
 def scenario_columns(config: ScenarioConfig | None) -> dict[str, Any]:
-    """The scenario as flat columns: top-level fields, then each section's fields by name
-    (``optimizer`` is the optimizer kind; tuples are comma-joined), then the derived ``dp``."""
+    """The scenario as flat columns: top-level fields (``model`` as :func:`workloads.models.model_label` names
+    it, also for an inline model), then each section's fields by name (``optimizer`` is the optimizer kind;
+    tuples are comma-joined), then the derived ``dp``."""
     if config is None:
         return {}
+    from workloads.models import model_label
+
     out: dict[str, Any] = {}
     for key, value in config.model_dump(mode="json").items():
+        if key == "model":  # a catalogue name or path, or an inline model's name: one column either way
+            out[key] = model_label(value)
+            continue
         if not isinstance(value, dict):
             out[key] = cell(value)
             continue

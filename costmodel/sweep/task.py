@@ -5,12 +5,12 @@ Result columns (``None`` where a point has no value):
 - ``status``: ok, invalid (the scenario breaks a rule), unsupported, error (an unexpected failure,
   with its type and message), no_plan (a plan point whose search found no valid plan that fits);
   ``message``: the one-line reason; ``calibration``: the profile label;
-- ``step_time_s``, ``tokens_per_s_per_gpu``, ``model_tflops_per_gpu``, ``mfu`` (predict);
+- ``step_time_s``, ``tokens_per_s_per_gpu``, ``model_tflops_per_gpu``, ``mfu_fraction`` (predict);
 - the breakdown in seconds: ``compute_s``, ``pipeline_bubble_s``, ``comm_<kind>_s``, ``optimizer_s``,
   ``other_s`` (a plan point: its best plan's analytic breakdown);
 - memory per GPU in bytes: ``memory_per_gpu_bytes``, ``memory_<component>_bytes``,
   ``memory_capacity_bytes``, ``fits_in_memory`` (predict), ``memory_budget_bytes`` (plan);
-- optimizer: ``optimizer_exposed_s``, ``optimizer_hidden_s``, ``optimizer_imbalance`` (predict);
+- optimizer: ``optimizer_exposed_s``, ``optimizer_hidden_s``, ``optimizer_imbalance_ratio`` (predict);
 - plan points: ``best_label``, ``best_<setting>`` (tp ... hide_param_gather), ``des_step_time_s``
   (the best plan's discrete-event time when the head was re-ranked), ``limiter``,
   ``reference_status``, ``reference_rank``, ``plan_candidates``, ``plan_candidates_evaluated``.
@@ -62,7 +62,7 @@ def predict_columns(report: StepReport) -> dict[str, Any]:
     out: dict[str, Any] = {
         "status": "ok", "message": "; ".join(report.warnings), "calibration": report.calibration,
         "step_time_s": report.step_time_s, "tokens_per_s_per_gpu": report.tokens_per_s_per_gpu,
-        "model_tflops_per_gpu": report.model_tflops_per_gpu, "mfu": report.mfu,
+        "model_tflops_per_gpu": report.model_tflops_per_gpu, "mfu_fraction": report.mfu_fraction,
     }
     out |= _term_columns(report_terms(report))
     out["memory_per_gpu_bytes"] = report.memory_per_gpu_bytes
@@ -73,12 +73,14 @@ def predict_columns(report: StepReport) -> dict[str, Any]:
     if report.optimizer is not None:
         opt = report.optimizer
         out |= {"optimizer_exposed_s": opt.exposed_s, "optimizer_hidden_s": opt.hidden_s,
-                "optimizer_imbalance": opt.imbalance}
+                "optimizer_imbalance_ratio": opt.imbalance_ratio}
     return out
 
 
 def plan_columns(result: Any) -> dict[str, Any]:
     """Result columns of a plan (a :class:`~costmodel.planner.result.PlanResult`)."""
+    from costmodel.planner.evaluate import breakdown_terms
+
     best = result.best
     ref = result.reference
     out: dict[str, Any] = {"status": "ok" if best is not None else "no_plan", "message": "",
@@ -88,7 +90,7 @@ def plan_columns(result: Any) -> dict[str, Any]:
         out["message"] = why[0] if why else "no plan in the search space fits in memory and passes the scenario validator"
     else:
         out |= {"step_time_s": best.step_time_s, "tokens_per_s_per_gpu": best.tokens_per_s_per_gpu}
-        out |= _term_columns(best.breakdown_s.items())
+        out |= _term_columns(breakdown_terms(best.breakdown_s))
         out |= {"memory_per_gpu_bytes": best.memory_per_gpu_bytes, "memory_budget_bytes": result.memory_budget_bytes,
                 "best_label": best.label}
         out |= {f"best_{k}": v for k, v in best.settings.items()}
