@@ -199,11 +199,12 @@ def _print_summary(grid_path: Path, outcome: Any, written: list[Path], wall_s: f
     from topologies.inputs import plural
 
     rate = outcome.computed / wall_s if wall_s > 0 and outcome.computed else 0.0
-    if json_out:
+    if json_out:  # 'workers', not 'jobs': --jobs 0 means every core, and 0 workers here means none ran
         print_json({"grid": str(grid_path), "points": outcome.total, "invalid": outcome.invalid,
                     "reused": outcome.reused, "computed": outcome.computed, "pending": outcome.pending,
-                    "statuses": outcome.statuses, "interrupted": outcome.interrupted, "jobs": outcome.jobs,
-                    "wall_s": wall_s, "points_per_s": rate, "files": [str(p) for p in written]})
+                    "statuses": outcome.statuses, "interrupted": outcome.interrupted, "workers": outcome.jobs,
+                    "wall_s": wall_s, "points_per_s": rate if outcome.computed else None,
+                    "files": [str(p) for p in written]})
         return
     from rich.console import Console
 
