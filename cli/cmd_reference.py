@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -66,6 +67,9 @@ class _OneLineErrors(TyperCommand):
 
             msg = flag_words(err.message)
             opts = getattr(err.param, "opts", None)
+            choice = re.fullmatch(r"'(.*)' is not one of (.*?)\.?", " ".join(msg.split()))
+            if choice:  # click's "'sgd' is not one of 'adamw', 'muon'." in the other verbs' words
+                msg = f"must be one of {choice.group(2).replace(chr(39), '')} (got '{choice.group(1)}')"
             fail(f"{opts[0]}: {msg}" if opts else err.format_message().replace("Value error, ", ""))
 
 
