@@ -119,7 +119,7 @@ def report(op: str, run: NcclTestsRun, checks: list[SizeCheck], shape: GroupShap
                 "algbw_Bps": c.predicted.algbw_Bps, "busbw_Bps": c.predicted.busbw_Bps,
                 "algorithm": c.predicted.algorithm, "detail": c.predicted.detail,
                 "measured_time_s": c.measured_time_s, "measured_busbw_Bps": c.measured_busbw_Bps,
-                "error_pct": c.error_pct} for c in checks],
+                "busbw_error_pct": c.error_pct} for c in checks],
         })
         return
     ranks = plural(run.ranks, "rank") if run.ranks is not None else "ranks not listed"

@@ -220,3 +220,26 @@ def test_reference_run_flag_errors(one_line_error, run_cli, tmp_path, args, expe
     out = tmp_path / "r.json"
     assert one_line_error(run_cli("reference", "run", *args, "--out", out)) == expect
     assert not out.exists()
+
+
+NCCL_TESTS = """\
+#  Rank  0 Group  0 Pid  41021 on  dgx-h100-01 device  0 [0x18] NVIDIA H100 80GB HBM3
+#  Rank  1 Group  0 Pid  41022 on  dgx-h100-01 device  1 [0x2a] NVIDIA H100 80GB HBM3
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+     1048576        262144     float     sum      -1    41.99   24.97   24.97      0    41.80   25.09   25.09      0
+"""
+
+
+def test_collective_measured_error_is_named_for_busbw(run_cli, tmp_path) -> None:
+    """collective --measured wrote 'error_pct' for (predicted - measured) busbw / measured busbw, positive when
+    the model is faster; validate's 'error_pct' is of step time, positive when the model is slower."""
+    path = tmp_path / "all_reduce.txt"
+    path.write_text(NCCL_TESTS, encoding="utf-8")
+    res = run_cli("collective", "all_reduce", "--system", "dgx-h100", "--measured", path, "--json")
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)["results"]
+    assert "error_pct" not in row and row["size_bytes"] == 1048576
+    assert row["measured_busbw_Bps"] == 24.97e9 and row["measured_time_s"] == pytest.approx(41.99e-6)
+    # one size: busbw ratio = inverse time ratio (the file's busbw column has two decimals only)
+    assert row["busbw_error_pct"] == pytest.approx(100 * (41.99e-6 / row["time_s"] - 1)) and row["busbw_error_pct"] > 0
