@@ -194,7 +194,8 @@ def topology(
         f"  switches (radix {s['switch_radix']}, {plural(s['tiers'], 'tier')}, oversubscription {s['oversubscription']:g}:1): "
         f"{s['leaves']} leaf, {s['spines']} spine, {s['cores']} core; a leaf reaches {plural(s['domains_per_leaf'], 'domain')} "
         f"of its rail, a pod {s['domains_per_pod']}",
-        f"  scale-out bisection: {s['network_bisection_Bps'] / 1e12:.2f} TB/s/dir",
+        f"  scale-out bisection: {s['network_bisection_Bps'] / 1e12:.2f} TB/s/dir"
+        + (" (none crossed: the job is in one NVLink domain)" if s["domains"] == 1 else ""),
     ]
     if html is not None:
         lines.append(f"  wrote {html}")

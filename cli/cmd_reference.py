@@ -125,6 +125,9 @@ def _run(out: Path | None, as_json: bool, values: dict[str, Any]) -> None:
     if out is not None and not Path(out).parent.exists():
         raise CliError(f"directory '{Path(out).parent}' does not exist")
     cfg = config_from_strings(values)
+    if cfg.steps == 1:  # the timings then include the warm-up step's one-off costs (allocation, first calls)
+        typer.echo("warning: --steps 1 times the warm-up step (allocation and first-call costs included); "
+                   "give --steps 2 or more for steady-state timings", err=True)
     try:
         result = run_reference(cfg)
     except ReferenceRunError as err:

@@ -243,3 +243,20 @@ def test_collective_measured_error_is_named_for_busbw(run_cli, tmp_path) -> None
     assert row["measured_busbw_Bps"] == 24.97e9 and row["measured_time_s"] == pytest.approx(41.99e-6)
     # one size: busbw ratio = inverse time ratio (the file's busbw column has two decimals only)
     assert row["busbw_error_pct"] == pytest.approx(100 * (41.99e-6 / row["time_s"] - 1)) and row["busbw_error_pct"] > 0
+
+
+def test_topology_says_why_a_one_domain_job_has_no_scale_out_bisection(run_cli) -> None:
+    """'scale-out bisection: 0.00 TB/s/dir' for 72 GPUs in one rack read as a network without bandwidth."""
+    text = " ".join(run_cli("topology", "--gpus", "72").stdout.split())
+    assert "scale-out bisection: 0.00 TB/s/dir (none crossed: the job is in one NVLink domain)" in text
+    text = " ".join(run_cli("topology", "--gpus", "144").stdout.split())
+    assert "scale-out bisection: 7.20 TB/s/dir" in text and "none crossed" not in text  # 144 x 100 GB/s / 2
+
+
+def test_reference_run_of_one_step_warns_that_it_times_the_warm_up(run_cli, tmp_path) -> None:
+    """'the first is warm-up for timings', but with --steps 1 the warm-up step was the timing, without a word."""
+    res = run_cli("reference", "run", "--steps", "1", "--check", "off", "--out", tmp_path / "r.json")
+    assert res.exit_code == 0, res.output
+    assert "warning: --steps 1 times the warm-up step" in res.stderr
+    res = run_cli("reference", "run", "--steps", "2", "--check", "off", "--out", tmp_path / "r2.json")
+    assert res.exit_code == 0 and "warning" not in res.stderr, res.output
