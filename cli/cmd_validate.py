@@ -260,6 +260,13 @@ def calibrate(
     if microbench:
         if runs_files or dataset:
             raise CliError("--microbench measures this machine; do not give runs with it")
+        fit_flags = {"--factors": factors, "--release-factors": release_factors, "--host-prior-sigma": host_prior_sigma,
+                     "--no-cv": no_cv or None, "--fit-excluded": fit_excluded or None,
+                     "--skip-reconstructed": skip_reconstructed or None, "--release-residuals": release_residuals or None}
+        given = [flag for flag, value in fit_flags.items() if value is not None]
+        given += [f"scenario flags ({', '.join(sorted(scenario_flags))})"] if scenario_flags else []
+        if given:  # they shape a fit of runs; the microbenchmarks would ignore them
+            raise CliError(f"--microbench measures this machine and fits no runs; drop {', '.join(given)}")
         _microbench(out, name, json_out)
         return
     from costmodel.calibrate.fit import DEFAULT_FACTORS, DEFAULT_RELEASE_FACTORS, FitSettings
@@ -389,8 +396,10 @@ def _print_calibration(report: Any, wide: bool = False) -> None:
         refined.append(f"{system}: {', '.join(cal.releases) or '-'}")
     console.print(fac)
     console.print("releases refined: " + "; ".join(refined), highlight=False)
-    table = Table(title=f"step-time error, %: held-out ({report.result.settings.heldout_scheme}) MAPE, bias, "
-                        "median and worst APE, Kendall τ; training and datasheet MAPE",
+    heldout = (f"held-out ({report.result.settings.heldout_scheme})" if any(
+        kinds.get("heldout") for kinds in report.metrics_table().values()) else "held-out (not evaluated: --no-cv)")
+    table = Table(title=f"step-time error, %: {heldout} MAPE, bias, median and worst APE, Kendall τ; training and "
+                        "datasheet MAPE",
                   box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     headers = ("scope", "n", "held-out", "bias", "median", "worst", "τ", "train", "datasheet")
     for col in headers:

@@ -260,3 +260,24 @@ def test_reference_run_of_one_step_warns_that_it_times_the_warm_up(run_cli, tmp_
     assert "warning: --steps 1 times the warm-up step" in res.stderr
     res = run_cli("reference", "run", "--steps", "2", "--check", "off", "--out", tmp_path / "r2.json")
     assert res.exit_code == 0 and "warning" not in res.stderr, res.output
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (["--factors", "gemm_bf16"], "error: --microbench measures this machine and fits no runs; drop --factors"),
+    (["--no-cv", "--model", "llama3-8b"],
+     "error: --microbench measures this machine and fits no runs; drop --no-cv, scenario flags (model)"),
+])
+def test_calibrate_microbench_refuses_fit_flags(one_line_error, run_cli, tmp_path, args, expect) -> None:
+    """'calibrate --microbench --factors gemm_bf16' measured the machine and ignored the factors without a word."""
+    out = tmp_path / "local.yaml"
+    assert one_line_error(run_cli("calibrate", "--microbench", "--out", out, *args)) == expect
+    assert not out.exists()
+
+
+def test_calibrate_without_cv_does_not_title_a_held_out_scheme(run_cli, runs_csv, tmp_path) -> None:
+    """--no-cv printed 'held-out (leave one configuration out, per system) MAPE' over columns of '-'."""
+    res = run_cli("calibrate", runs_csv, "--out", tmp_path / "p.yaml", "--factors", "gemm_bf16", "--release-factors",
+                  "", "--no-cv")
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stdout.split())
+    assert "held-out (not evaluated: --no-cv)" in text and "leave one configuration out" not in text
