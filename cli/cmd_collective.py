@@ -107,7 +107,7 @@ def collective(
 ) -> None:
     """Predicted cost of a collective over a size sweep, as nccl-tests prints it (algbw, busbw).
 
-    With ``--measured FILE`` (nccl-tests stdout) the sizes come from the file and each prediction
+    With --measured FILE (nccl-tests stdout) the sizes come from the file and each prediction
     is compared with the measured busbw (error %, MAPE).
     """
     from topologies.collectives import OPS, collective_cost

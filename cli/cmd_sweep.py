@@ -211,9 +211,9 @@ def _print_summary(grid_path: Path, outcome: Any, written: list[Path], wall_s: f
     console = Console()
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(outcome.statuses.items()))
     console.print(f"sweep {grid_path}: {plural(outcome.total, 'point')} ({statuses or 'none finished'})")
-    workers = plural(outcome.jobs, 'worker') if outcome.jobs else '- workers'
-    console.print(f"  computed now: {outcome.computed} on {workers} in {wall_s:.1f} s "
-                  f"({rate:.1f} points/s); finished by earlier runs: {outcome.reused}")
+    workers = f" on {plural(outcome.jobs, 'worker')}" if outcome.jobs else ""
+    ran = f"{workers} in {wall_s:.1f} s ({rate:.1f} points/s)" if outcome.computed else ""
+    console.print(f"  computed now: {outcome.computed}{ran}; finished by earlier runs: {outcome.reused}")
     if not parquet_available():
         console.print(f"  no Parquet file: it needs pyarrow ({PARQUET_HINT}); the CSV has the same rows")
     console.print("  wrote " + ", ".join(str(p) for p in written))

@@ -178,6 +178,12 @@ def test_sweep_json_names_workers_and_has_no_rate_when_nothing_ran(run_cli, tmp_
     first, again = (json.loads(run_cli(*args).stdout) for _ in range(2))
     assert "jobs" not in first and first["workers"] == 1 and first["points_per_s"] > 0
     assert again["computed"] == 0 and again["workers"] == 0 and again["points_per_s"] is None
+    text = " ".join(run_cli(*args[:-1]).stdout.split())  # the table said 'computed now: 0 on - workers in 0.0 s'
+    assert "computed now: 0; finished by earlier runs: 1" in text, text
+
+
+def test_collective_help_has_no_rst_markup(run_cli) -> None:
+    assert "``" not in run_cli("collective", "--help").stdout
 
 
 def test_sweep_mode_gets_a_did_you_mean(one_line_error, run_cli, tmp_path) -> None:
