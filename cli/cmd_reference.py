@@ -144,18 +144,19 @@ def _run(out: Path | None, as_json: bool, values: dict[str, Any]) -> None:
 
 def _print_summary(result, out: Path | None) -> None:  # noqa: ANN001 - RunResult (lazy import)
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
     cfg = result.config
     console = Console()
     console.print(f"[bold]reference run[/bold] {cfg.optimizer} {cfg.resolved_distribution} "
                   f"world {cfg.world_size} (dp {cfg.dp} × tp {cfg.tp}), shapes {cfg.shapes}: "
                   f"step {result.step_time_s * 1e3:.2f} ms")
-    phases = Table("phase", "ms/step (max over ranks)")
+    phases = Table("phase", Column("ms/step (max over ranks)", justify="right"))
     for name, secs in result.phase_times_s.items():
         phases.add_row(name, f"{secs * 1e3:.3f}")
     console.print(phases)
-    calls = Table("op", "group", "size", "dtype", "bytes", "count", "phase", title="collectives per step (rank 0)")
+    calls = Table("op", "group", Column("ranks", justify="right"), "dtype", Column("bytes", justify="right"),
+                  Column("count", justify="right"), "phase", title="collectives per step (rank 0)")
     for c in result.collectives:
         calls.add_row(c.op, c.group, str(c.group_size), c.dtype, f"{c.bytes:,}", str(c.count), c.phase)
     console.print(calls)

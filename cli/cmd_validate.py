@@ -193,7 +193,7 @@ def _print_validation(report: Any, where: str, wide: bool = False) -> None:
         mark = " *" if r.in_training_set else ""
         table.add_row(short[r.run_id] + mark, f"{r.measured_step_time_s:.3f}", f"{r.predicted_step_time_s:.3f}",
                       no_negative_zero(f"{r.error_pct:+.1f}"))
-    console.print(table)
+    console.print(table if rows else f"no run could be predicted ({plural(len(report.unsupported), 'unsupported run')}, below)", highlight=False)
     if report.n_in_training_set:
         in_set = report.n_in_training_set
         console.print(f"* {plural(in_set, 'run')} {'is' if in_set == 1 else 'are'} in the profile's training set: their error is "

@@ -287,3 +287,22 @@ def test_calibrate_without_cv_does_not_title_a_held_out_scheme(run_cli, runs_csv
     assert res.exit_code == 0, res.output
     text = " ".join(res.stdout.split())
     assert "held-out (not evaluated: --no-cv)" in text and "leave one configuration out" not in text
+
+
+def test_validate_with_no_predictable_run_says_so(run_cli, tmp_path) -> None:
+    """Every run unsupported: an empty 'run / measured / predicted' table was printed above the reasons."""
+    path = tmp_path / "h100.csv"
+    path.write_text(RUNS_HEADER + "c,llama3-8b,dgx-h100,8,mxfp8,128,1,8192,1,1,4.0\n", encoding="utf-8")
+    res = run_cli("validate", path)
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stdout.split())
+    assert "no run could be predicted (1 unsupported run, below)" in text and "run (by system)" not in text
+    assert "c: invalid scenario: precision mxfp8 is not supported" in text
+
+
+def test_reference_tables_name_the_group_size_ranks(run_cli, tmp_path) -> None:
+    """The collectives table's 'size' column (the group's ranks) sat beside 'bytes'."""
+    res = run_cli("reference", "run", "--steps", "2", "--check", "off", "--out", tmp_path / "r.json")
+    assert res.exit_code == 0, res.output
+    header = next(line for line in res.stdout.splitlines() if "dtype" in line)
+    assert "ranks" in header and "size" not in header, header
