@@ -306,3 +306,36 @@ def test_reference_tables_name_the_group_size_ranks(run_cli, tmp_path) -> None:
     assert res.exit_code == 0, res.output
     header = next(line for line in res.stdout.splitlines() if "dtype" in line)
     assert "ranks" in header and "size" not in header, header
+
+
+@pytest.mark.parametrize("command", [["describe"], ["inventory", "--gpus", "8", "--model"]])
+def test_a_model_files_misspelt_key_gets_a_did_you_mean(one_line_error, run_cli, tmp_path, command) -> None:
+    """A model YAML's 'hidden_sise' read 'Extra inputs are not permitted (got 64)' (pydantic's words, no guess)."""
+    path = tmp_path / "my.yaml"
+    path.write_text("name: my\nnum_layers: 2\nhidden_sise: 64\n", encoding="utf-8")
+    err = one_line_error(run_cli(*command, path))
+    assert err == f"error: model '{path}': hidden_sise: unknown key; did you mean 'hidden_size'?", err
+
+
+def test_a_system_files_misspelt_key_gets_a_did_you_mean(one_line_error, run_cli, tmp_path) -> None:
+    from topologies.hardware import SYSTEMS_DIR
+
+    text = (SYSTEMS_DIR / "gb300-nvl72.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "sys.yaml"
+    path.write_text(text.replace("  domain_size:", "  domain_sise:", 1), encoding="utf-8")
+    err = one_line_error(run_cli("topology", "--system", path))
+    assert err == f"error: system '{path}': nvlink.domain_sise: unknown key; did you mean 'domain_size'?", err
+
+
+@pytest.mark.parametrize(("shapes", "expect"), [
+    ("tinyy", "unknown shapes 'tinyy' (did you mean 'tiny'?); known presets"),
+    ("{path}", "model '{path}': hidden_sise: unknown key; did you mean 'hidden_size'?"),
+    ("{missing}", "model '{missing}' does not exist"),
+])
+def test_reference_shapes_file_errors_are_the_files_own(one_line_error, run_cli, tmp_path, shapes, expect) -> None:
+    """'--shapes my.yaml' with a bad key (or a missing file) said only "unknown shapes 'my.yaml'; known presets: ..."."""
+    path, missing = tmp_path / "my.yaml", tmp_path / "none.yaml"
+    path.write_text("name: my\nnum_layers: 2\nhidden_sise: 64\n", encoding="utf-8")
+    names = {"path": path, "missing": missing}
+    err = one_line_error(run_cli("reference", "run", "--shapes", shapes.format(**names), "--out", tmp_path / "r.json"))
+    assert expect.format(**names) in err, err
