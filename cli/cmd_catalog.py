@@ -37,12 +37,7 @@ def catalog(json_out: JsonOpt = False) -> None:
     systems = [load_system(n) for n in system_names()]
     models = [load_model(n) for n in model_names()]
     if json_out:
-        print_json({
-            "systems": [{"name": s.name, "display_name": s.display_name, "nvlink_domain": s.nvlink.domain_size,
-                         "bf16_peak_flops_per_s": s.gpu.peak_flops_per_s.bf16, "hbm_bytes": s.gpu.hbm_bytes} for s in systems],
-            "models": [{"name": m.name, "display_name": m.display_name, "layers": m.num_layers,
-                        "attention": m.attention.kind, "moe": m.moe is not None} for m in models],
-        })
+        print_json({"systems": [_system_json(s) for s in systems], "models": [_model_json(m) for m in models]})
         return
     from rich.console import Console
     from rich.table import Table
@@ -62,13 +57,32 @@ def catalog(json_out: JsonOpt = False) -> None:
                   f"{pk.fp4 / 1e15:.1f}" if pk.fp4 else "-", f"{s.gpu.hbm_bytes / 1e9:.0f}")
     m_t = Table(title="Models")
     for col in ("name", "layers", "hidden", "attention", "experts\n(top-k)", "vocab", "MTP"):
-        m_t.add_column(col, no_wrap=True)
+        m_t.add_column(col, no_wrap=True, justify="right" if col in ("layers", "hidden", "vocab", "MTP") else "left")
     for m in models:
         moe = f"{m.moe.num_experts} ({m.moe.topk})" if m.moe else "dense"
         m_t.add_row(m.name, str(m.num_layers), str(m.hidden_size), m.attention.kind, moe, str(m.vocab_size), str(m.mtp_layers))
     console = Console()
     console.print(t)
     console.print(m_t)
+
+
+def _system_json(s: Any) -> dict[str, Any]:
+    """A system's row of ``catalog --json``: what the table shows, under topology --json's names
+    (``domain_size``, ``nvlink_gpu_Bps``, ``nic_Bps``); peaks in FLOP/s per GPU (None: no such tensor
+    cores), HBM in bytes per GPU."""
+    pk = s.gpu.peak_flops_per_s
+    return {"name": s.name, "display_name": s.display_name, "gpu": s.gpu.name, "domain_size": s.nvlink.domain_size,
+            "nvlink_gpu_Bps": s.nvlink.gpu_bandwidth_Bps, "nic_Bps": s.scale_out.nic_bandwidth_Bps,
+            "bf16_peak_flops_per_s": pk.bf16, "fp8_peak_flops_per_s": pk.fp8, "fp4_peak_flops_per_s": pk.fp4,
+            "hbm_bytes": int(s.gpu.hbm_bytes)}
+
+
+def _model_json(m: Any) -> dict[str, Any]:
+    """A model's row of ``catalog --json``: what the table shows (experts and top-k None for a dense model)."""
+    return {"name": m.name, "display_name": m.display_name, "layers": m.num_layers, "hidden_size": m.hidden_size,
+            "attention": m.attention.kind, "moe": m.moe is not None,
+            "num_experts": m.moe.num_experts if m.moe else None, "topk": m.moe.topk if m.moe else None,
+            "vocab_size": m.vocab_size, "mtp_layers": m.mtp_layers}
 
 
 @user_errors
@@ -122,9 +136,9 @@ def _count_flag(flag: str, value: str, minimum: int = 1) -> int:
     try:
         number = int(value)
     except ValueError:
-        raise UserInputError(f"{flag} must be {what} (got {value!r})") from None
+        raise UserInputError(f"{flag}: must be {what} (got {value!r})") from None
     if number < minimum:
-        raise UserInputError(f"{flag} must be {what} (got {number})")
+        raise UserInputError(f"{flag}: must be {what} (got {number})")
     return number
 
 
@@ -148,7 +162,7 @@ def inventory(
     sc = resolve_scenario(scenario_file, scenario_flags)
     stage = _count_flag("--stage", stage_flag or "0", minimum=0)
     if stage >= sc.par.pp:
-        raise UserInputError(f"--stage {stage} is not a pipeline stage; valid: 0..{sc.par.pp - 1}")
+        raise UserInputError(f"--stage: must be a pipeline stage, 0..{sc.par.pp - 1} (got {stage})")
     inv = inventory_for(sc)
     memory = memory_by_stage(sc)
     stages: list[dict[str, Any]] = []

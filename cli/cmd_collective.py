@@ -20,34 +20,39 @@ MAX_SWEEP_SIZES = 200
 ONE_RANK_NOTE = "the group has 1 rank: a collective over one rank moves no data and takes 0 s"
 
 
-def parse_size(text: str, what: str = "size") -> float:
-    """Bytes from '4G', '512MB', '1GiB', '1e9' or '4096' (see :data:`SIZE_CONVENTION`)."""
+def parse_size(text: str, what: str = "--size") -> int:
+    """Whole bytes from '4G', '512MB', '1GiB', '1e9' or '4096' (see :data:`SIZE_CONVENTION`); a one-line
+    CliError naming the flag ``what`` for anything else, a fraction of a byte included."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise CliError(f"{what} '{text}' is not a size; use bytes or a unit, e.g. 4096, 512M, 4GB, 1GiB")
+        raise CliError(f"{what}: must be bytes or a size with a unit, e.g. 4096, 512M, 4GB, 1GiB (got '{text}')")
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if not math.isfinite(value):
-        raise CliError(f"{what} '{text}' is not a finite size")
-    return value
+        raise CliError(f"{what}: must be a finite size (got '{text}')")
+    if value != int(value):  # a buffer holds whole bytes: '1.5' would be shown as 2 B and costed as 1.5
+        raise CliError(f"{what}: must be a whole number of bytes (got '{text}' = {value:g} B)")
+    return int(value)
 
 
-def size_sweep(min_bytes: float, max_bytes: float, factor: float) -> list[float]:
-    """Sizes from min multiplying by ``factor`` (nccl-tests ``-b -e -f``), ending at max.
+def size_sweep(min_bytes: int, max_bytes: int, factor: float) -> list[int]:
+    """Sizes in whole bytes from min multiplying by ``factor`` (nccl-tests ``-b -e -f``), ending at max.
 
-    When max is not on the grid (``--min-size 1KB --max-size 8GB``: 1000·2^23 > 8e9) the sweep adds
-    max itself as its last size rather than stopping short of it.
+    Each step is truncated to whole bytes, as nccl-tests' ``size_t`` arithmetic does (``-f 1.5`` from
+    1000 B: 1000, 1500, 2250, 3375, 5062, ...). When max is not on the grid (``--min-size 1KB
+    --max-size 8GB``: 1000·2^23 > 8e9) the sweep adds max itself as its last size rather than
+    stopping short of it.
     """
     if not math.isfinite(factor) or factor <= 1:
         raise CliError(f"--step-factor: must be a number greater than 1 (got {factor})")
     if min_bytes <= 0 or max_bytes < min_bytes:
         raise CliError(f"need 0 < --min-size <= --max-size, got {min_bytes:,.0f} B and {max_bytes:,.0f} B")
-    sizes: list[float] = []
-    s = min_bytes
+    sizes: list[int] = []
+    s = int(min_bytes)
     while s <= max_bytes * (1 + 1e-9) and len(sizes) < MAX_SWEEP_SIZES:
         sizes.append(s)
-        s *= factor
+        s = max(int(s * factor), s + 1)
     if sizes[-1] < max_bytes * (1 - 1e-9) and len(sizes) < MAX_SWEEP_SIZES:
-        sizes.append(max_bytes)
+        sizes.append(int(max_bytes))
     return sizes
 
 
@@ -62,6 +67,14 @@ def register(app: typer.Typer) -> None:
     """Add the ``collective`` and ``topology`` commands."""
     app.command("collective")(collective)
     app.command("topology")(topology)
+
+
+def check_counts(**flags: int | None) -> None:
+    """Raise CliError ``--flag: must be greater than 0 (got N)`` for a count flag (``gpus_per_domain=0``
+    names ``--gpus-per-domain``) below 1; None (not given) passes."""
+    for name, value in flags.items():
+        if value is not None and value < 1:
+            raise CliError(f"--{name.replace('_', '-')}: must be greater than 0 (got {value})")
 
 
 def _place(system: str, gpus: int, tp: int, pp: int, cp: int, ep: int, etp: int, gpus_per_domain: int | None):  # noqa: ANN202
@@ -80,7 +93,7 @@ def collective(
     size: Annotated[str | None, typer.Option("--size", metavar="BYTES", help="one size: bytes, or 512M, 4GB (decimal), 1GiB (binary)")] = None,
     min_size: Annotated[str | None, typer.Option("--min-size", metavar="BYTES", help="sweep start (default 1KB = 1000 bytes; 1KiB = 1024)")] = None,
     max_size: Annotated[str | None, typer.Option("--max-size", metavar="BYTES", help="sweep end, always included (default 8GB = 8e9 bytes; 8GiB = 2^33)")] = None,
-    step_factor: Annotated[float, typer.Option("--step-factor", metavar="FACTOR", help="sweep multiplier")] = 2.0,
+    step_factor: Annotated[float | None, typer.Option("--step-factor", metavar="FACTOR", help="sweep multiplier (default 2)")] = None,
     group: Annotated[str, typer.Option("--group", metavar="GROUP", help="tp, cp, dp, etp, ep, expert_dp, pp or world")] = "world",
     algorithm: Annotated[str | None, typer.Option("--algorithm", metavar="ALGO", help="force ring, tree, nvls, nvls_tree, pat, direct, or the idealised hierarchical (never chosen by the tuner)")] = None,
     tp: Annotated[int, typer.Option("--tp", metavar="INT", help="tensor parallel size (shapes the groups)")] = 1,
@@ -94,7 +107,7 @@ def collective(
 ) -> None:
     """Predicted cost of a collective over a size sweep, as nccl-tests prints it (algbw, busbw).
 
-    With ``--measured FILE`` (nccl-tests stdout) the sizes come from the file and each prediction
+    With --measured FILE (nccl-tests stdout) the sizes come from the file and each prediction
     is compared with the measured busbw (error %, MAPE).
     """
     from topologies.collectives import OPS, collective_cost
@@ -105,20 +118,22 @@ def collective(
         guess = did_you_mean(op, OPS)
         hint = f" (did you mean '{guess}'?)" if guess else ""
         raise CliError(f"unknown collective '{typed}'{hint}; valid: {', '.join(OPS)}")
-    if size is not None and (min_size is not None or max_size is not None):
-        raise CliError("give either --size or --min-size/--max-size, not both")
+    if size is not None and (min_size is not None or max_size is not None or step_factor is not None):
+        raise CliError("give either --size or --min-size/--max-size/--step-factor, not both")
+    check_counts(gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp)
     if measured is not None:
         from cli.collective_measured import run_measured
 
-        if size is not None or min_size is not None or max_size is not None:
-            raise CliError("--measured takes its sizes from the file; drop --size/--min-size/--max-size")
+        if size is not None or min_size is not None or max_size is not None or step_factor is not None:
+            raise CliError("--measured takes its sizes from the file; drop --size/--min-size/--max-size/--step-factor")
         run_measured(op, str(measured), system, gpus, group, algorithm,
                      {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "etp": etp, "gpus_per_domain": gpus_per_domain}, json_out)
         return
     if gpus is None:
         gpus = 72
     sizes = [parse_size(size)] if size is not None else size_sweep(
-        parse_size(min_size or "1KB", "--min-size"), parse_size(max_size or "8GB", "--max-size"), step_factor)
+        parse_size(min_size or "1KB", "--min-size"), parse_size(max_size or "8GB", "--max-size"),
+        2.0 if step_factor is None else step_factor)
     sys_spec, placement = _place(system, gpus, tp, pp, cp, ep, etp, gpus_per_domain)
     shape = placement.shape(group)
     rows = [collective_cost(op, s, shape, sys_spec, algorithm) for s in sizes]
@@ -127,8 +142,9 @@ def collective(
         print_json({
             "op": op, "system": sys_spec.name, "gpus": gpus, "group": group, "group_size": shape.size,
             "size_convention": SIZE_CONVENTION,
-            "domains": shape.domains, "ranks_per_domain": shape.ranks_per_domain, "tiers": shape.fabric_tiers,
-            "results": [{"size_bytes": r.size_bytes, "time_s": r.time_s, "algbw_Bps": r.algbw_Bps,
+            "domains": shape.domains, "ranks_per_domain": shape.ranks_per_domain,
+            "fabric_tiers_crossed": shape.fabric_tiers,
+            "results": [{"size_bytes": int(r.size_bytes), "time_s": r.time_s, "algbw_Bps": r.algbw_Bps,
                          "busbw_Bps": r.busbw_Bps, "algorithm": r.algorithm, "detail": r.detail} for r in rows],
         } | ({"note": note} if note else {}))
         return
@@ -155,6 +171,7 @@ def topology(
     from topologies.fabric import fabric_summary
     from topologies.inputs import plural
 
+    check_counts(gpus=gpus)
     sys_spec, placement = _place(system, gpus, 1, 1, 1, 1, 1, gpus_per_domain)
     summary = fabric_summary(placement.layout, sys_spec)
     if html is not None:
@@ -177,7 +194,8 @@ def topology(
         f"  switches (radix {s['switch_radix']}, {plural(s['tiers'], 'tier')}, oversubscription {s['oversubscription']:g}:1): "
         f"{s['leaves']} leaf, {s['spines']} spine, {s['cores']} core; a leaf reaches {plural(s['domains_per_leaf'], 'domain')} "
         f"of its rail, a pod {s['domains_per_pod']}",
-        f"  scale-out bisection: {s['network_bisection_Bps'] / 1e12:.2f} TB/s/dir",
+        f"  scale-out bisection: {s['network_bisection_Bps'] / 1e12:.2f} TB/s/dir"
+        + (" (none crossed: the job is in one NVLink domain)" if s["domains"] == 1 else ""),
     ]
     if html is not None:
         lines.append(f"  wrote {html}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -66,6 +67,9 @@ class _OneLineErrors(TyperCommand):
 
             msg = flag_words(err.message)
             opts = getattr(err.param, "opts", None)
+            choice = re.fullmatch(r"'(.*)' is not one of (.*?)\.?", " ".join(msg.split()))
+            if choice:  # click's "'sgd' is not one of 'adamw', 'muon'." in the other verbs' words
+                msg = f"must be one of {choice.group(2).replace(chr(39), '')} (got '{choice.group(1)}')"
             fail(f"{opts[0]}: {msg}" if opts else err.format_message().replace("Value error, ", ""))
 
 
@@ -121,6 +125,9 @@ def _run(out: Path | None, as_json: bool, values: dict[str, Any]) -> None:
     if out is not None and not Path(out).parent.exists():
         raise CliError(f"directory '{Path(out).parent}' does not exist")
     cfg = config_from_strings(values)
+    if cfg.steps == 1:  # the timings then include the warm-up step's one-off costs (allocation, first calls)
+        typer.echo("warning: --steps 1 times the warm-up step (allocation and first-call costs included); "
+                   "give --steps 2 or more for steady-state timings", err=True)
     try:
         result = run_reference(cfg)
     except ReferenceRunError as err:
@@ -137,18 +144,19 @@ def _run(out: Path | None, as_json: bool, values: dict[str, Any]) -> None:
 
 def _print_summary(result, out: Path | None) -> None:  # noqa: ANN001 - RunResult (lazy import)
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
     cfg = result.config
     console = Console()
     console.print(f"[bold]reference run[/bold] {cfg.optimizer} {cfg.resolved_distribution} "
                   f"world {cfg.world_size} (dp {cfg.dp} × tp {cfg.tp}), shapes {cfg.shapes}: "
                   f"step {result.step_time_s * 1e3:.2f} ms")
-    phases = Table("phase", "ms/step (max over ranks)")
+    phases = Table("phase", Column("ms/step (max over ranks)", justify="right"))
     for name, secs in result.phase_times_s.items():
         phases.add_row(name, f"{secs * 1e3:.3f}")
     console.print(phases)
-    calls = Table("op", "group", "size", "dtype", "bytes", "count", "phase", title="collectives per step (rank 0)")
+    calls = Table("op", "group", Column("ranks", justify="right"), "dtype", Column("bytes", justify="right"),
+                  Column("count", justify="right"), "phase", title="collectives per step (rank 0)")
     for c in result.collectives:
         calls.add_row(c.op, c.group, str(c.group_size), c.dtype, f"{c.bytes:,}", str(c.count), c.phase)
     console.print(calls)

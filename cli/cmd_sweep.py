@@ -199,20 +199,21 @@ def _print_summary(grid_path: Path, outcome: Any, written: list[Path], wall_s: f
     from topologies.inputs import plural
 
     rate = outcome.computed / wall_s if wall_s > 0 and outcome.computed else 0.0
-    if json_out:
+    if json_out:  # 'workers', not 'jobs': --jobs 0 means every core, and 0 workers here means none ran
         print_json({"grid": str(grid_path), "points": outcome.total, "invalid": outcome.invalid,
                     "reused": outcome.reused, "computed": outcome.computed, "pending": outcome.pending,
-                    "statuses": outcome.statuses, "interrupted": outcome.interrupted, "jobs": outcome.jobs,
-                    "wall_s": wall_s, "points_per_s": rate, "files": [str(p) for p in written]})
+                    "statuses": outcome.statuses, "interrupted": outcome.interrupted, "workers": outcome.jobs,
+                    "wall_s": wall_s, "points_per_s": rate if outcome.computed else None,
+                    "files": [str(p) for p in written]})
         return
     from rich.console import Console
 
     console = Console()
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(outcome.statuses.items()))
     console.print(f"sweep {grid_path}: {plural(outcome.total, 'point')} ({statuses or 'none finished'})")
-    workers = plural(outcome.jobs, 'worker') if outcome.jobs else '- workers'
-    console.print(f"  computed now: {outcome.computed} on {workers} in {wall_s:.1f} s "
-                  f"({rate:.1f} points/s); finished by earlier runs: {outcome.reused}")
+    workers = f" on {plural(outcome.jobs, 'worker')}" if outcome.jobs else ""
+    ran = f"{workers} in {wall_s:.1f} s ({rate:.1f} points/s)" if outcome.computed else ""
+    console.print(f"  computed now: {outcome.computed}{ran}; finished by earlier runs: {outcome.reused}")
     if not parquet_available():
         console.print(f"  no Parquet file: it needs pyarrow ({PARQUET_HINT}); the CSV has the same rows")
     console.print("  wrote " + ", ".join(str(p) for p in written))

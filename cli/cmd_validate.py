@@ -18,6 +18,7 @@ from cli.common import (
     CliError,
     JsonOpt,
     WideOpt,
+    check_engine,
     check_output_paths,
     print_json,
     user_errors,
@@ -100,6 +101,7 @@ def validate(
     from costmodel.calibrate.validation import validate_runs
     from topologies.inputs import plural
 
+    check_engine(engine)
     runs, where, skipped = _gather_runs(runs_files, dataset, scenario_flags, warmup)
     profile = _calibration(calibration, datasheet)
     reference_runs = [r for r in runs if r.phase_times_s or r.collectives]
@@ -191,7 +193,7 @@ def _print_validation(report: Any, where: str, wide: bool = False) -> None:
         mark = " *" if r.in_training_set else ""
         table.add_row(short[r.run_id] + mark, f"{r.measured_step_time_s:.3f}", f"{r.predicted_step_time_s:.3f}",
                       no_negative_zero(f"{r.error_pct:+.1f}"))
-    console.print(table)
+    console.print(table if rows else f"no run could be predicted ({plural(len(report.unsupported), 'unsupported run')}, below)", highlight=False)
     if report.n_in_training_set:
         in_set = report.n_in_training_set
         console.print(f"* {plural(in_set, 'run')} {'is' if in_set == 1 else 'are'} in the profile's training set: their error is "
@@ -258,14 +260,24 @@ def calibrate(
     if microbench:
         if runs_files or dataset:
             raise CliError("--microbench measures this machine; do not give runs with it")
+        fit_flags = {"--factors": factors, "--release-factors": release_factors, "--host-prior-sigma": host_prior_sigma,
+                     "--no-cv": no_cv or None, "--fit-excluded": fit_excluded or None,
+                     "--skip-reconstructed": skip_reconstructed or None, "--release-residuals": release_residuals or None}
+        given = [flag for flag, value in fit_flags.items() if value is not None]
+        given += [f"scenario flags ({', '.join(sorted(scenario_flags))})"] if scenario_flags else []
+        if given:  # they shape a fit of runs; the microbenchmarks would ignore them
+            raise CliError(f"--microbench measures this machine and fits no runs; drop {', '.join(given)}")
         _microbench(out, name, json_out)
         return
     from costmodel.calibrate.fit import DEFAULT_FACTORS, DEFAULT_RELEASE_FACTORS, FitSettings
     from costmodel.calibrate.fit_runs import calibrate as run_calibration
 
     runs, where, skipped = _gather_runs(runs_files, dataset, scenario_flags, warmup)
-    fitted = _factor_list(factors, DEFAULT_FACTORS)
-    per_release = _factor_list(release_factors, DEFAULT_RELEASE_FACTORS)
+    fitted = _factor_list("--factors", factors, DEFAULT_FACTORS)
+    per_release = _factor_list("--release-factors", release_factors, DEFAULT_RELEASE_FACTORS)
+    if not fitted:  # the fit would fit nothing and write the datasheet as a "calibrated" profile
+        raise CliError(f"--factors: must name at least one factor (got {factors!r})")
+    _check_fit_choices(loss, holdout, folds)
     if release_factors is not None:  # the defaults not fitted are dropped; the ones you name must be fitted
         for name_ in per_release:
             if name_ not in fitted:
@@ -333,10 +345,33 @@ def underdetermined_warnings(profile: Any) -> list[str]:
     return out
 
 
-def _factor_list(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+def _factor_list(flag: str, text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """The factor names of ``flag``'s comma-separated ``text`` (``default`` when not given); CliError for a
+    name given twice or, for ``--factors``, one that is not a fittable factor (with a did-you-mean)."""
+    from costmodel.calibrate.priors import FACTOR_BOUNDS
+    from topologies.inputs import did_you_mean
+
     if text is None:
         return default
-    return tuple(f.strip() for f in text.split(",") if f.strip())
+    names = tuple(f.strip() for f in text.split(",") if f.strip())
+    for k, name in enumerate(names):
+        if name not in FACTOR_BOUNDS and flag == "--factors":  # --release-factors: checked against --factors
+            guess = did_you_mean(name, FACTOR_BOUNDS)
+            hint = f"did you mean '{guess}'?" if guess else f"fittable: {', '.join(FACTOR_BOUNDS)}"
+            raise CliError(f"{flag}: '{name}' is not a fittable factor; {hint}")
+        if name in names[:k]:
+            raise CliError(f"{flag} gives '{name}' twice in '{text}'; give each value once")
+    return names
+
+
+def _check_fit_choices(loss: str, holdout: str, folds: int) -> None:
+    """CliError in the flags' words for a robust loss, held-out grouping or fold count the fit does not have."""
+    for flag, value, valid in (("--loss", loss, ("soft_l1", "huber", "linear")),
+                               ("--holdout", holdout, ("configuration", "model"))):
+        if value not in valid:
+            raise CliError(f"{flag}: must be one of {', '.join(valid)} (got {value!r})")
+    if folds == 1:
+        raise CliError("--folds: must be 0 (leave one configuration out) or at least 2 (got 1)")
 
 
 def _print_calibration(report: Any, wide: bool = False) -> None:
@@ -361,8 +396,10 @@ def _print_calibration(report: Any, wide: bool = False) -> None:
         refined.append(f"{system}: {', '.join(cal.releases) or '-'}")
     console.print(fac)
     console.print("releases refined: " + "; ".join(refined), highlight=False)
-    table = Table(title=f"step-time error, %: held-out ({report.result.settings.heldout_scheme}) MAPE, bias, "
-                        "median and worst APE, Kendall τ; training and datasheet MAPE",
+    heldout = (f"held-out ({report.result.settings.heldout_scheme})" if any(
+        kinds.get("heldout") for kinds in report.metrics_table().values()) else "held-out (not evaluated: --no-cv)")
+    table = Table(title=f"step-time error, %: {heldout} MAPE, bias, median and worst APE, Kendall τ; training and "
+                        "datasheet MAPE",
                   box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     headers = ("scope", "n", "held-out", "bias", "median", "worst", "τ", "train", "datasheet")
     for col in headers:

@@ -110,16 +110,16 @@ def report(op: str, run: NcclTestsRun, checks: list[SizeCheck], shape: GroupShap
     if json_out:
         print_json({
             "op": op, "system": system.name, "gpus": gpus, "group": group, "group_size": shape.size,
-            "domains": shape.domains, "ranks_per_domain": shape.ranks_per_domain, "tiers": shape.fabric_tiers,
+            "domains": shape.domains, "ranks_per_domain": shape.ranks_per_domain, "fabric_tiers_crossed": shape.fabric_tiers,
             "measured": run.source, "measured_program": run.program, "measured_ranks": run.ranks,
             "measured_devices": list(run.devices), "notes": [note] if note else [],
             "mape_pct": mape_all, "mape_pct_from_1MB": mape_large,
             "results": [{
-                "size_bytes": c.predicted.size_bytes, "time_s": c.predicted.time_s,
+                "size_bytes": int(c.predicted.size_bytes), "time_s": c.predicted.time_s,
                 "algbw_Bps": c.predicted.algbw_Bps, "busbw_Bps": c.predicted.busbw_Bps,
                 "algorithm": c.predicted.algorithm, "detail": c.predicted.detail,
                 "measured_time_s": c.measured_time_s, "measured_busbw_Bps": c.measured_busbw_Bps,
-                "error_pct": c.error_pct} for c in checks],
+                "busbw_error_pct": c.error_pct} for c in checks],
         })
         return
     ranks = plural(run.ranks, "rank") if run.ranks is not None else "ranks not listed"

@@ -110,6 +110,9 @@ class RunConfig(BaseModel):
             raise ValueError("distribution element_wise needs optimizer adamw (Muon uses layer_wise or replicated)")
         if self.ns_coefficients == "custom" and not self.custom_coefficients:
             raise ValueError("ns_coefficients custom needs custom_coefficients")
+        if self.custom_coefficients and self.ns_coefficients != "custom":  # else silently unused
+            raise ValueError(f"custom_coefficients needs ns_coefficients custom (the {self.ns_coefficients} schedule "
+                             "would ignore them)")
         if self.ns_coefficients == "cubic5" and self.ns_steps != 5:
             raise ValueError("ns_coefficients cubic5 requires exactly 5 ns_steps")
         if self.inject_failure is not None and self.inject_failure.rank >= self.world_size:
@@ -177,7 +180,7 @@ def on_off(value: object) -> bool:
         return value
     key = str(value).strip().lower()
     if key not in _ON_OFF:
-        raise ValueError(f"'{value}' is not on or off")
+        raise ValueError(f"must be on or off (got '{value}')")
     return _ON_OFF[key]
 
 

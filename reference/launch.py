@@ -43,7 +43,7 @@ def _parse_custom(text: str) -> list[list[float]]:
     except ValueError:
         tuples = []
     if not tuples or any(len(t) != 3 for t in tuples):
-        raise UserInputError(f"custom_coefficients '{text}' must look like 'a,b,c;a,b,c' (three numbers per tuple)")
+        raise UserInputError(f"--custom-coefficients: must look like 'a,b,c;a,b,c', three numbers per tuple (got '{text}')")
     return tuples
 
 

@@ -14,7 +14,7 @@ REFERENCE_FIELD_ERRORS = [
     (["--ns-steps", "0"], "--ns-steps: must be greater than 0 (got 0)"),
     (["--world-size", "0"], "--world-size: must be greater than 0 (got 0)"),
     (["--world-size", "two"], "--world-size: must be a valid integer, unable to parse string as an integer"),
-    (["--tp-mode", "x"], "--tp-mode: 'x' is not one of 'duplicated', 'distributed', 'blockwise'."),
+    (["--tp-mode", "x"], "--tp-mode: must be one of duplicated, distributed, blockwise (got 'x')"),
 ]
 
 

@@ -48,7 +48,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("not_a_number", ["inventory", "--tp", "two"], ["--tp: must be a valid integer", "(got two)"]),
     ("describe_zero_seq", ["describe", "kimi-k2", "--seq", "0"], ["--seq", "positive integer"]),
     ("describe_negative_tp", ["describe", "kimi-k2", "--tp", "-2"], ["--tp", "positive integer"]),
-    ("inventory_stage_out_of_range", ["inventory", "--tensors", "--stage", "4"], ["--stage 4", "0..3"]),
+    ("inventory_stage_out_of_range", ["inventory", "--tensors", "--stage", "4"], ["--stage: must be a pipeline stage", "0..3", "(got 4)"]),
     ("missing_scenario_file", ["inventory", "no-such-scenario.yaml"], ["scenario file 'no-such-scenario.yaml'", "does not exist"]),
     ("missing_model_file", ["inventory", "--model", "models/none.yaml"], ["model 'models/none.yaml'", "does not exist"]),
 ]

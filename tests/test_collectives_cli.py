@@ -43,7 +43,7 @@ def test_forced_algorithm_is_used(run_cli):
 
 @pytest.mark.parametrize(("args", "needle"), [
     (("collective", "allreduce", "--size", "1G"), "unknown collective"),
-    (("collective", "all_reduce", "--size", "lots"), "is not a size"),
+    (("collective", "all_reduce", "--size", "lots"), "--size: must be bytes or a size with a unit"),
     (("collective", "all_reduce", "--size", "1G", "--min-size", "1K"), "either --size"),
     (("collective", "all_reduce", "--gpus", "72", "--size", "1G", "--algorithm", "hierarchical"), "eligible"),
     (("collective", "all_reduce", "--gpus", "72", "--size", "1G", "--group", "rack"), "unknown group"),

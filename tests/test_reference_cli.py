@@ -26,10 +26,10 @@ def test_run_writes_a_measured_run(run_cli, tmp_path):
 def test_bad_arguments_exit_2_with_one_line(run_cli, tmp_path):
     out = tmp_path / "run.json"
     for args, expect in ((("--world-size", "3", "--tp", "2"), "world_size 3 is not divisible by tp 2"),
-                         (("--tp-mode", "sideways"), "--tp-mode: 'sideways' is not one of 'duplicated'"),
+                         (("--tp-mode", "sideways"), "--tp-mode: must be one of duplicated, distributed, blockwise (got 'sideways')"),
                          (("--world-size", "two"), "--world-size: must be a valid integer"),
                          (("--lr", "fast"), "--lr: must be a valid number"),
-                         (("--nesterov", "maybe"), "--nesterov: 'maybe' is not on or off"),
+                         (("--nesterov", "maybe"), "--nesterov: must be on or off (got 'maybe')"),
                          (("--steps", "0"), "--steps: must be greater than 0 (got 0)"),
                          (("--optimizer", "muon", "--distribution", "element_wise"), "element_wise needs optimizer adamw"),
                          (("--shapes", "nope"), "unknown shapes 'nope'"),

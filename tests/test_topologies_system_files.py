@@ -59,7 +59,7 @@ BAD = {
     "missing_nvlink": (_variant(nvlink=None), "nvlink"),
     "misspelt_required_field": (  # name the typo, not only "link_bandwidth_Bps: Field required"
         _variant(**{"nvlink.link_bandwidth_Bps": None, "nvlink.link_bandwidth_bps": 50e9}),
-        "nvlink.link_bandwidth_bps: Extra inputs"),
+        "nvlink.link_bandwidth_bps: unknown key; did you mean 'link_bandwidth_Bps'?"),
     "rails_do_not_divide": (_variant(**{"scale_out.rails": 5}), "scale_out.rails 5 must divide"),
     "tiers_out_of_range": (_variant(**{"scale_out.tiers": 4}), "scale_out.tiers"),
     "not_a_mapping": ("- just\n- a list\n", "mapping"),

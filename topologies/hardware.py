@@ -264,7 +264,7 @@ def _load_system_cached(name_or_path: str) -> SystemSpec:
     try:
         return SystemSpec.model_validate(data)
     except ValidationError as err:
-        raise UserInputError(describe_validation_error(err, f"system '{name_or_path}'")) from None
+        raise UserInputError(describe_validation_error(err, f"system '{name_or_path}'", SystemSpec)) from None
 
 
 def load_system(name_or_path: str) -> SystemSpec:

@@ -310,6 +310,30 @@ def _log_arguments(lines: list[str]) -> dict[str, Any]:
     return out
 
 
+# the run's shape as the argument block prints it: the measured time belongs to these values, so a
+# sidecar or flag saying otherwise describes another run (precision stays overridable: it is muonsim's
+# reading of the fp8 arguments, which a user may correct)
+LOGGED_LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "global_batch_size",
+                        "seq_length", "num_gpus", "mtp")
+
+
+def _check_logged_layout(path: Path, logged: Mapping[str, Any], data: Mapping[str, Any]) -> None:
+    """Raise UserInputError when the sidecar YAML or a scenario flag sets a layout field (tp, pp, world
+    size, ...) to another value than the log's argument block: the prediction would be of a different
+    run than the one measured."""
+    for name in LOGGED_LAYOUT_FIELDS:
+        if name not in logged or name not in data:
+            continue
+        try:
+            said, given = int(str(logged[name])), int(str(data[name]))
+        except ValueError:
+            continue  # not integers: the run's validation reports the bad value
+        if said != given:
+            flag = _FLAG_OF_FIELD.get(name, "--" + name.replace("_", "-"))
+            raise UserInputError(f"{_where(path, column=name)}: the log says {said}, the scenario says {given} "
+                                 f"(drop {flag} or fix the sidecar YAML: the measured time is of the logged run)")
+
+
 def sidecar_yaml(path: Path) -> Path | None:
     """The YAML describing a log's scenario: ``run.yaml``/``run.yml`` or ``run.log.yaml``."""
     for candidate in (path.with_suffix(".yaml"), path.with_suffix(".yml"), path.with_name(path.name + ".yaml")):
@@ -347,9 +371,10 @@ def load_megatron_log(path: str | Path, overrides: Mapping[str, Any] | None = No
     measured = parse_megatron_log(text, warmup_iterations, source=_where(p))
     data: dict[str, Any] = {"run_id": p.stem, "source": f"megatron log {p.name}"}
     try:
-        data.update(_log_arguments(text.splitlines()))
+        logged = _log_arguments(text.splitlines())
     except UserInputError as err:
         raise UserInputError(f"{_where(p, column='fp8_recipe')}: {err}") from None
+    data.update(logged)
     side = sidecar_yaml(p)
     if side is not None:
         side_data = load_yaml_file(side, "run description")
@@ -365,6 +390,7 @@ def load_megatron_log(path: str | Path, overrides: Mapping[str, Any] | None = No
         if side_recipe:
             data["recipe_settings"] = {**data.get("recipe_settings", {}), **side_recipe}
     data.update(runs_fields_from_scenario_keys(overrides or {}))
+    _check_logged_layout(p, logged, data)
     logged_gbs = measured.pop("global_batch_size", None)
     if logged_gbs is not None and "global_batch_size" in data and int(data["global_batch_size"]) != logged_gbs:
         raise UserInputError(f"{_where(p, column='global_batch_size')}: the log says {logged_gbs}, "

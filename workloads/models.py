@@ -193,7 +193,7 @@ def _load_model_cached(name_or_path: str) -> ModelSpec:
     try:
         return ModelSpec.model_validate(data)
     except ValidationError as err:
-        raise UserInputError(describe_validation_error(err, f"model '{name_or_path}'")) from None
+        raise UserInputError(describe_validation_error(err, f"model '{name_or_path}'", ModelSpec)) from None
 
 
 def load_model(name_or_path: str) -> ModelSpec:

@@ -67,6 +67,7 @@ from costmodel.calibrate.priors import (  # noqa: F401 - re-exported: the fit's 
     PRIOR_SIGMA_LOG,
     default_factor_values,
 )
+from topologies.inputs import plural
 
 
 @dataclass(frozen=True)
@@ -436,7 +437,7 @@ def calibrate_runs(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapp
     default_pred = {r.run_id: r.predict_s({}) for r in runs}
     fitted_runs = [r for r in runs if r.trainable]
     if progress:
-        progress(f"fitting {len(fitted_runs)} runs on {len({r.system for r in runs})} systems "
+        progress(f"fitting {plural(len(fitted_runs), 'run')} on {plural(len({r.system for r in runs}), 'system')} "
                  f"({len(runs) - len(fitted_runs)} more predicted only)")
     fits, lins_fit, params, x, calls = fit_factors(fitted_runs, defaults_by_system, settings, progress)
     lin_of = {r.run_id: lin for r, lin in zip(fitted_runs, lins_fit, strict=True)}
@@ -466,5 +467,5 @@ def calibrate_runs(runs: Sequence[FitRun], defaults_by_system: Mapping[str, Mapp
                     point = _effective(r, params, x_fold, settings.factors, defaults_by_system[r.system])
                     heldout[r.run_id] = r.predict_s(point)
             if progress and (folds <= 10 or k + 1 == folds):
-                progress(f"held-out fold {k + 1}/{folds}: {sum(1 for f in fold_of if f == k)} runs")
+                progress(f"held-out fold {k + 1}/{folds}: {plural(sum(1 for f in fold_of if f == k), 'run')}")
     return CalibrationResult(settings, fits, default_pred, train_pred, heldout, calls)

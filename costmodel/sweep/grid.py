@@ -37,6 +37,7 @@ from topologies.inputs import (
     NoBoolNumbers,
     UserInputError,
     describe_validation_error,
+    did_you_mean,
     load_yaml_file,
     unknown_name_hint,
 )
@@ -123,6 +124,9 @@ def normalise_axes(axes: Mapping[str, Any], aliases: Mapping[str, str], where: s
         if key in out:
             raise UserInputError(f"{where}.{raw}: '{key}' is given twice")
         out[key] = list(values) if isinstance(values, list) else [values]
+        for k, value in enumerate(out[key]):
+            if any(value == earlier for earlier in out[key][:k]):  # [8, 8]: the same point twice
+                raise UserInputError(f"{where}.{raw}: gives {value!r} twice; give each value once")
     return out
 
 
@@ -136,11 +140,13 @@ def check_axis_values(axes: dict[str, list[Any]], base_data: dict[str, Any], whe
         for value in values:
             if key == "mode":
                 if value not in MODES:
-                    raise UserInputError(f"{where}.mode: '{value}' is not one of {', '.join(MODES)}")
+                    raise UserInputError(f"{where}.mode: '{value}' is not one of {', '.join(MODES)}"
+                                         f"{_guess(value, MODES)}")
                 continue
             if key == "engine":
                 if value not in ENGINES:
-                    raise UserInputError(f"{where}.engine: '{value}' is not one of {', '.join(ENGINES)}")
+                    raise UserInputError(f"{where}.engine: '{value}' is not one of {', '.join(ENGINES)}"
+                                         f"{_guess(value, ENGINES)}")
                 continue
             try:
                 config = build_config(base_data, {key: value}, source=f"{where}.{key} = {value!r}")
@@ -159,6 +165,12 @@ def check_axis_values(axes: dict[str, list[Any]], base_data: dict[str, Any], whe
                     load_system(config.system)
             except UserInputError as err:
                 raise UserInputError(f"{where}.{key} = {value!r}: {err}") from None
+
+
+def _guess(value: Any, valid: tuple[str, ...]) -> str:
+    """``; did you mean 'plan'?`` when ``value`` is a misspelling of one of ``valid``, else nothing."""
+    guess = did_you_mean(str(value), valid)
+    return f"; did you mean '{guess}'?" if guess else ""
 
 
 def grid_combinations(axes_list: list[dict[str, list[Any]]]) -> list[dict[str, Any]]:

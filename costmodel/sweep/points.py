@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,6 +132,12 @@ def expand_grid(path: Path, aliases: dict[str, str] | None = None, profile: Cali
     context = SweepContext(profile=profile, release=release, plan=grid_file.plan)
     expander = _Expander(base_data, context, search, profile_digest(profile, release))
     points = [expander.point(i, settings) for i, settings in enumerate(grid_combinations(axes_list))]
+    # a union of products: a point two mappings share (the same key: the same inputs) is one point, one row
+    unique: dict[str, SweepPoint] = {}
+    for point in points:
+        unique.setdefault(point.key, point)
+    if len(unique) < len(points):
+        points = [replace(point, index=i) for i, point in enumerate(unique.values())]
     swept = list(dict.fromkeys(k for mapping in axes_list for k in mapping))
     return Grid(path=path, points=points, context=context, axes=swept)
 
