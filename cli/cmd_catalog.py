@@ -87,7 +87,9 @@ def _model_json(m: Any) -> dict[str, Any]:
 
 @user_errors
 def describe(
-    model: Annotated[str, typer.Argument(metavar="MODEL", help="catalogue name or model YAML file")],
+    model: Annotated[str | None, typer.Argument(metavar="MODEL", help="catalogue name or model YAML file")] = None,
+    model_flag: Annotated[str | None, typer.Option("--model", metavar="NAME|FILE",
+                                                   help="the same as MODEL (the flag every other command takes)")] = None,
     seq_flag: Annotated[str, typer.Option("--seq", metavar="INT", help="sequence length for attention FLOPs (tokens)")] = "4096",
     tp_flag: Annotated[str, typer.Option("--tp", metavar="INT", help="tensor parallel size (pads the vocabulary)")] = "1",
     json_out: JsonOpt = False,
@@ -98,7 +100,7 @@ def describe(
     from workloads.models import load_model
 
     seq, tp = _count_flag("--seq", seq_flag), _count_flag("--tp", tp_flag)
-    spec = load_model(model)
+    spec = load_model(_one_model(model, model_flag))
     inv = build_inventory(spec)
     terms = model_flop_terms(spec, seq, tp)
     data: dict[str, Any] = {
@@ -126,6 +128,19 @@ def describe(
     for k, v in vars(terms).items():
         t.add_row(f"  {k.replace('_', ' ')}", f"{v / 1e9:,.3f} GFLOP")
     Console().print(t)
+
+
+def _one_model(model: str | None, model_flag: str | None) -> str:
+    """The model ``describe`` was given, as MODEL or ``--model`` (a one-line UserInputError when neither
+    or two different ones are given)."""
+    from topologies.inputs import UserInputError
+
+    if model is not None and model_flag is not None and model != model_flag:
+        raise UserInputError(f"two models given: MODEL '{model}' and --model '{model_flag}'; give one")
+    chosen = model if model is not None else model_flag
+    if chosen is None:
+        raise UserInputError("give a model: muonsim describe MODEL (or --model MODEL), e.g. muonsim describe kimi-k2")
+    return chosen
 
 
 def _count_flag(flag: str, value: str, minimum: int = 1) -> int:

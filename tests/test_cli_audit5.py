@@ -339,3 +339,13 @@ def test_reference_shapes_file_errors_are_the_files_own(one_line_error, run_cli,
     names = {"path": path, "missing": missing}
     err = one_line_error(run_cli("reference", "run", "--shapes", shapes.format(**names), "--out", tmp_path / "r.json"))
     assert expect.format(**names) in err, err
+
+
+def test_describe_takes_the_model_flag_every_other_command_takes(run_cli, one_line_error) -> None:
+    """``describe --model X`` failed with click's 'No such option: --model (Possible options: --help)'."""
+    by_flag = run_cli("describe", "--model", "llama3-8b", "--json")
+    assert by_flag.exit_code == 0, by_flag.output
+    assert by_flag.stdout == run_cli("describe", "llama3-8b", "--json").stdout
+    assert one_line_error(run_cli("describe", "llama3-8b", "--model", "kimi-k2")) == (
+        "error: two models given: MODEL 'llama3-8b' and --model 'kimi-k2'; give one")
+    assert "give a model" in one_line_error(run_cli("describe"))
