@@ -139,7 +139,7 @@ def _one_model(model: str | None, model_flag: str | None) -> str:
         raise UserInputError(f"two models given: MODEL '{model}' and --model '{model_flag}'; give one")
     chosen = model if model is not None else model_flag
     if chosen is None:
-        raise UserInputError("give a model: muonsim describe MODEL (or --model MODEL), e.g. muonsim describe kimi-k2")
+        raise UserInputError("Missing argument 'MODEL' (or --model NAME|FILE); see 'muonsim describe --help'")
     return chosen
 
 

@@ -348,4 +348,4 @@ def test_describe_takes_the_model_flag_every_other_command_takes(run_cli, one_li
     assert by_flag.stdout == run_cli("describe", "llama3-8b", "--json").stdout
     assert one_line_error(run_cli("describe", "llama3-8b", "--model", "kimi-k2")) == (
         "error: two models given: MODEL 'llama3-8b' and --model 'kimi-k2'; give one")
-    assert "give a model" in one_line_error(run_cli("describe"))
+    assert "Missing argument 'MODEL' (or --model NAME|FILE)" in one_line_error(run_cli("describe"))
