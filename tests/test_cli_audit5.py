@@ -349,3 +349,11 @@ def test_describe_takes_the_model_flag_every_other_command_takes(run_cli, one_li
     assert one_line_error(run_cli("describe", "llama3-8b", "--model", "kimi-k2")) == (
         "error: two models given: MODEL 'llama3-8b' and --model 'kimi-k2'; give one")
     assert "Missing argument 'MODEL' (or --model NAME|FILE)" in one_line_error(run_cli("describe"))
+
+
+def test_des_refuses_a_partial_group_of_interleaved_micro_batches(run_cli, one_line_error) -> None:
+    """5 micro-batches on pp 4 with interleaving: the DES order deadlocked and predict died in a
+    ZeroDivisionError traceback (a 0 s step)."""
+    res = run_cli("predict", "--model", "llama3-70b", "--system", "gb300-nvl72", "--gbs", "80", "--engine", "des")
+    assert res.exit_code == 2
+    assert "cannot run Megatron's interleaved order with 5 micro-batches on pp 4" in one_line_error(res)

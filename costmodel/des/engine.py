@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from costmodel.des.simulation import DesResult, StepSimulation
+from costmodel.errors import UnsupportedScenario
 from costmodel.report import Breakdown, StepReport, TimelineEvent
 from costmodel.step_structure import StepStructure, build_step_structure
 
@@ -104,6 +105,12 @@ def run_des_untimed(scenario: Scenario, contention: bool = True, overlap: bool =
     st = build_step_structure(scenario, overlap=overlap)
     res = simulate(st, contention=contention, record=record)
     step, breakdown = des_breakdown(st, res)
+    if not step > 0.0:  # the order deadlocked: no rank finished the step
+        raise UnsupportedScenario(
+            f"the discrete-event engine cannot run Megatron's interleaved order with {st.microbatches} micro-batches "
+            f"on pp {st.pp} (a last group of 1 to pp-1 micro-batches waits on passes scheduled after it; Megatron-Core "
+            "0.16 refuses it too); use --engine analytic, or a global batch size giving a multiple of pp "
+            "micro-batches per pipeline")
     raw = [(e.rank, e.stream, e.name, e.start_s, e.duration_s, e.category, e.step, e.bytes) for e in res.events]
     b = breakdown
     opt_exposed = b.optimizer + sum(b.exposed_comm.get(k, 0.0) for k in ("optimizer_tp", "dp_grad", "dp_param"))
