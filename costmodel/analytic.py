@@ -4,7 +4,8 @@ Step = parameter-gather head + forward/backward phase (:func:`costmodel.pipeline
 + exposed gradient reduction + optimizer step (+ synchronous parameter gather) + overlap slowdown.
 
 - The forward/backward phase uses the busiest stage's compute-stream time per micro-batch
-  (compute + exposed TP/CP/EP communication) and the schedule's fill/drain.
+  (compute + exposed TP/CP/EP communication) and the schedule's fill/drain; interleaved, the
+  longest path through Megatron's order of the chunks' passes (unequal virtual stages stall it).
 - Drain: stage ``s`` finishes its last backward ``Σ_{j<s}`` (chunk backward + one transfer) before
   stage 0. Gradient buckets become ready during each chunk's last backward (at their position in
   backprop order) and are reduced one after another on the DP stream; what runs past the end of the
@@ -142,7 +143,8 @@ def analytic_timing(st: StepStructure) -> AnalyticTiming:
     work = [s.work_s for s in st.stages]
     cf = [sum(c.fwd.time_s for c in s.chunks) / vpp for s in st.stages]
     cb = [sum(c.bwd.time_s for c in s.chunks) / vpp for s in st.stages]
-    t_base = pipeline_time_s(work, cf, cb, m, vpp, st.p2p_s)
+    passes = [[(c.fwd.time_s, c.bwd.time_s) for c in s.chunks] for s in st.stages]
+    t_base = pipeline_time_s(work, cf, cb, m, vpp, st.p2p_s, passes)
     # overlapped 1/dp pre-scaling delays the drain (booked as dp_grad below, not compute or bubble)
     views = [bucket_views(s.buckets) for s in st.stages]
     delays = _prescale_delays_s(st, views)

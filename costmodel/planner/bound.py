@@ -223,4 +223,5 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
     work = [sums[j][0] for j in stage_of]
     cf = [sums[j][1] for j in stage_of]
     cb = [sums[j][2] for j in stage_of]
-    return float(pipeline_time_s(work, cf, cb, scenario.num_microbatches, vpp, 0.0 if blocking else p2p))
+    chunk_passes = [[passes[i] for i in layout.sequences[j]] for j in stage_of]
+    return float(pipeline_time_s(work, cf, cb, scenario.num_microbatches, vpp, 0.0 if blocking else p2p, chunk_passes))
