@@ -131,3 +131,31 @@ def test_steady_state_extrapolation_equals_the_whole_order(pp: int, vpp: int, m:
     layers = [1 + (v * 7 % 3 == 0) for v in range(pp * vpp)]
     passes = [[(0.5 * layers[c * pp + r], 1.1 * layers[c * pp + r]) for c in range(vpp)] for r in range(pp)]
     assert interleaved_phase_s(passes, m) == pytest.approx(schedule_makespan_s(passes, m), rel=1e-12)
+
+
+def test_lower_bound_by_hand_and_below_the_longest_path() -> None:
+    # the 2x2 case above (18 s): rank 0 works 4 s per micro-batch, rank 1 8 s; the floor is
+    # max(2 x 4, 2 x 8 + rank 0's chunk-0 forward and backward 1 + 1) = 18 s (here the longest path itself);
+    # the closed form: 2 x 8 + fill (rank 0's mean chunk forward 1 + rank 1's mean chunk backward 2) = 19 s
+    from costmodel.pipeline import pipeline_lower_bound_s
+
+    passes = [[(1.0, 1.0), (1.0, 1.0)], [(3.0, 3.0), (1.0, 1.0)]]
+    work, cf, cb = [4.0, 8.0], [1.0, 2.0], [1.0, 2.0]
+    assert pipeline_time_s(work, cf, cb, 2, 2, 0.0) == pytest.approx(19.0, rel=1e-12)  # closed form
+    assert pipeline_lower_bound_s(work, cf, cb, 2, 2, 0.0, passes) == pytest.approx(18.0, rel=1e-12)
+    assert pipeline_lower_bound_s(work, cf, cb, 2, 2, 0.0, passes) <= pipeline_time_s(work, cf, cb, 2, 2, 0.0, passes)
+
+
+@pytest.mark.parametrize(("pp", "vpp", "m"), [(4, 3, 32), (4, 3, 30), (3, 2, 45), (8, 2, 80), (2, 4, 7)])
+def test_lower_bound_never_exceeds_the_phase(pp: int, vpp: int, m: int) -> None:
+    from costmodel.pipeline import pipeline_lower_bound_s
+
+    for seed in range(5):
+        layers = [1 + ((v * 7 + seed) % 3 == 0) + (v == 0) for v in range(pp * vpp)]
+        passes = [[(0.5 * layers[c * pp + r], 1.1 * layers[c * pp + r]) for c in range(vpp)] for r in range(pp)]
+        work = [sum(f + b for f, b in p) for p in passes]
+        cf = [sum(f for f, _ in p) / vpp for p in passes]
+        cb = [sum(b for _, b in p) / vpp for p in passes]
+        for p2p in (0.0, 0.05):
+            phase = pipeline_time_s(work, cf, cb, m, vpp, p2p, passes)
+            assert pipeline_lower_bound_s(work, cf, cb, m, vpp, p2p, passes) <= phase * (1 + 1e-12)
