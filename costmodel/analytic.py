@@ -4,7 +4,8 @@ Step = parameter-gather head + forward/backward phase (:func:`costmodel.pipeline
 + exposed gradient reduction + optimizer step (+ synchronous parameter gather) + overlap slowdown.
 
 - The forward/backward phase uses the busiest stage's compute-stream time per micro-batch
-  (compute + exposed TP/CP/EP communication) and the schedule's fill/drain.
+  (compute + exposed TP/CP/EP communication) and the schedule's fill/drain; interleaved, the
+  longest path through Megatron's order of the chunks' passes (unequal virtual stages stall it).
 - Drain: stage ``s`` finishes its last backward ``Σ_{j<s}`` (chunk backward + one transfer) before
   stage 0. Gradient buckets become ready during each chunk's last backward (at their position in
   backprop order) and are reduced one after another on the DP stream; what runs past the end of the
@@ -37,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from costmodel.pipeline import p2p_exposed_s, pipeline_time_s
+from costmodel.pipeline import p2p_exposed_s, pipeline_lower_bound_s, pipeline_time_s
 from costmodel.report import Breakdown, StepReport
 from costmodel.stage_buckets import BucketViews, bucket_views
 from costmodel.step_structure import StageCost, StepStructure, build_step_structure
@@ -136,13 +137,30 @@ def _gather_head_s(stage: StageCost, view: BucketViews, fill_s: float, pp: int, 
     return delay
 
 
-def analytic_timing(st: StepStructure) -> AnalyticTiming:
-    """Closed-form timing of a :class:`StepStructure`."""
-    m, pp, vpp = st.microbatches, st.pp, st.vpp
+def _pipeline_inputs(st: StepStructure) -> tuple[list[float], list[float], list[float], list[list[tuple[float, float]]]]:
+    """Per stage: work per micro-batch, mean chunk forward and backward, and (forward, backward) per chunk (seconds)."""
+    vpp = st.vpp
     work = [s.work_s for s in st.stages]
     cf = [sum(c.fwd.time_s for c in s.chunks) / vpp for s in st.stages]
     cb = [sum(c.bwd.time_s for c in s.chunks) / vpp for s in st.stages]
-    t_base = pipeline_time_s(work, cf, cb, m, vpp, st.p2p_s)
+    passes = [[(c.fwd.time_s, c.bwd.time_s) for c in s.chunks] for s in st.stages]
+    return work, cf, cb, passes
+
+
+def pipeline_lower_bound_of(st: StepStructure) -> float:
+    """A lower bound (seconds) on ``analytic_timing(st).pipeline_s`` that simulates no interleaved order
+    (:func:`costmodel.pipeline.pipeline_lower_bound_s`; equal to it without interleaving): the planner's
+    pruning bound."""
+    work, cf, cb, passes = _pipeline_inputs(st)
+    delays = _prescale_delays_s(st, [bucket_views(s.buckets) for s in st.stages])
+    return pipeline_lower_bound_s(work, cf, cb, st.microbatches, st.vpp, st.p2p_s, passes) + delays[0][0]
+
+
+def analytic_timing(st: StepStructure) -> AnalyticTiming:
+    """Closed-form timing of a :class:`StepStructure`."""
+    m, pp, vpp = st.microbatches, st.pp, st.vpp
+    work, cf, cb, passes = _pipeline_inputs(st)
+    t_base = pipeline_time_s(work, cf, cb, m, vpp, st.p2p_s, passes)
     # overlapped 1/dp pre-scaling delays the drain (booked as dp_grad below, not compute or bubble)
     views = [bucket_views(s.buckets) for s in st.stages]
     delays = _prescale_delays_s(st, views)

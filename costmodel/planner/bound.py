@@ -1,10 +1,12 @@
-"""The pipeline bound of a layout, fast: the analytic engine's forward/backward phase.
+"""The pipeline bound of a layout, fast: a lower bound on the analytic engine's forward/backward phase.
 
 The analytic step is ``head + gradient barrier + optimizer tail + slowdown`` where the barrier is
 never earlier than the end of the forward/backward phase, ``costmodel.pipeline.pipeline_time_s``
 of the stages' per-micro-batch work. That phase does not depend on any optimizer choice, so it
 bounds the step time of every optimizer choice of a layout from below, and screening needs it for
-tens of thousands of layouts.
+tens of thousands of layouts. With interleaving the phase is the longest path through Megatron's
+order (milliseconds to simulate), so the bound is its simulation-free floor
+(``costmodel.pipeline.pipeline_lower_bound_s``); without, the phase itself.
 
 ``build_step_structure`` computes it too, but merges every layer's collective blocks per chunk
 (about 1 ms a layout). Here the same per-layer-kind costs (the engine's own helpers and caches:
@@ -24,7 +26,7 @@ from costmodel import layer_costs as lc
 from costmodel import step_structure as ss
 from costmodel.comm_exposure import ep_paired_share
 from costmodel.layer_comm import MOE_OPS_KINDS, base_kind
-from costmodel.pipeline import pipeline_time_s
+from costmodel.pipeline import pipeline_lower_bound_s
 from topologies.groups import GroupShape
 from topologies.identity_memo import IdentityMemo
 from topologies.placement import placement_for
@@ -186,14 +188,15 @@ def _rank_shape(scenario: Scenario) -> Any:
 
 
 def fast_pipeline_bound_s(scenario: Scenario) -> float:
-    """Seconds of the forward/backward phase of ``scenario`` (no optimizer work), per the engine."""
+    """A lower bound (seconds) on the forward/backward phase of ``scenario`` (no optimizer work), per the
+    engine: :func:`costmodel.pipeline.pipeline_lower_bound_s` (the phase itself without interleaving)."""
     p, rt = scenario.par, scenario.runtime
     offloading = rt.cpu_offloading or rt.fine_grained_activation_offloading
     if p.fsdp > 0 or offloading:  # per-layer FSDP / offload copies: the engine's own phase (rare in plans)
-        from costmodel.analytic import analytic_timing
+        from costmodel.analytic import pipeline_lower_bound_of
         from costmodel.optimizer.plan_types import EMPTY_PLAN
 
-        return float(analytic_timing(ss.build_step_structure(scenario, plan=EMPTY_PLAN)).pipeline_s)
+        return float(pipeline_lower_bound_of(ss.build_step_structure(scenario, plan=EMPTY_PLAN)))
     shape = _rank_shape(scenario)
     shapes = _layer_shapes(placement_for(scenario))
     pp, vpp = p.pp, p.vpp
@@ -223,4 +226,6 @@ def fast_pipeline_bound_s(scenario: Scenario) -> float:
     work = [sums[j][0] for j in stage_of]
     cf = [sums[j][1] for j in stage_of]
     cb = [sums[j][2] for j in stage_of]
-    return float(pipeline_time_s(work, cf, cb, scenario.num_microbatches, vpp, 0.0 if blocking else p2p))
+    chunk_passes = [[passes[i] for i in layout.sequences[j]] for j in stage_of]
+    return float(pipeline_lower_bound_s(work, cf, cb, scenario.num_microbatches, vpp, 0.0 if blocking else p2p,
+                                        chunk_passes))

@@ -131,7 +131,7 @@ class FastAnalytic:
         return predict(scenario, "analytic")
 
     def pipeline_bound_s(self, scenario: Scenario) -> float:
-        """Seconds of the forward/backward phase alone: a lower bound on every optimizer choice.
+        """A lower bound (seconds) on the forward/backward phase alone, hence on every optimizer choice.
 
         Computed by :func:`costmodel.planner.bound.fast_pipeline_bound_s`; should the engine's
         helpers it relies on change, by the engine itself with an empty optimizer plan.
@@ -146,10 +146,11 @@ class FastAnalytic:
         return self.engine_pipeline_bound_s(scenario)
 
     def engine_pipeline_bound_s(self, scenario: Scenario) -> float:
-        """The forward/backward phase from ``build_step_structure`` + ``analytic_timing``."""
-        from costmodel.analytic import analytic_timing
+        """A lower bound on the forward/backward phase from ``build_step_structure``
+        (:func:`costmodel.analytic.pipeline_lower_bound_of`: the phase itself without interleaving)."""
+        from costmodel.analytic import pipeline_lower_bound_of
         from costmodel.step_structure import build_step_structure
 
         if self.shares_plans:
-            return float(analytic_timing(build_step_structure(scenario, plan=EMPTY_PLAN)).pipeline_s)
-        return float(self._timing(scenario, None).pipeline_s)
+            return float(pipeline_lower_bound_of(build_step_structure(scenario, plan=EMPTY_PLAN)))
+        return float(pipeline_lower_bound_of(build_step_structure(scenario)))
