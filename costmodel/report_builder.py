@@ -77,11 +77,28 @@ def _flops_per_token(scenario: Scenario) -> float:
 
 MFU_FLOOR = 0.05  # below: the step is almost all waiting (published runs reach 20-50 %)
 PADDING_CEILING_PCT = 100.0  # above: the optimizer's collectives move more padding than parameters
+PADDING_MEMORY_FLOOR_BYTES = 1e9  # from: the layer-wise padding's uncounted buffer memory is worth a warning
 
 
-def sanity_warnings(report: StepReport) -> list[str]:
+def layer_wise_padding_bytes(plan: OptimizerPlan, params_in_grad_buffer: bool = False) -> tuple[int, float]:
+    """(stage, bytes) of the largest per-GPU padding in a plan's layer-wise buckets: Megatron-Core's
+    ``_ParamAndGradBuffer`` allocates the gradient buffer, and with the distributed optimizer the parameter
+    buffer, at the padded bucket size (``dp × padded shard``), so the padding takes
+    ``(numel - used numel) × (gradient + parameter bytes per element)`` on every GPU of the stage
+    (gradient bytes only when MXFP8 parameters share the gradient buffer: ``params_in_grad_buffer``)."""
+    worst = (0, 0.0)
+    for st in plan.stages:
+        pad = sum((b.numel - b.used_numel) * (b.grad_bytes + (0.0 if params_in_grad_buffer else b.param_bytes)) / b.numel
+                  for b in st.buckets if b.kind == "layer_wise" and b.numel > 0)
+        if pad > worst[1]:
+            worst = (st.stage, pad)
+    return worst
+
+
+def sanity_warnings(report: StepReport, padding_bytes: tuple[int, float] = (0, 0.0)) -> list[str]:
     """Warnings for results no real training run would accept (MFU under 5 %, the layer-wise
-    optimizer's buckets padded by more than their parameters), naming the likely cause."""
+    optimizer's buckets padded by more than their parameters), naming the likely cause;
+    ``padding_bytes``: :func:`layer_wise_padding_bytes` of the report's plan."""
     out = []
     if report.step_time_s > 0 and report.mfu_fraction < MFU_FLOOR:
         parts = [("compute", report.breakdown_s.compute), ("pipeline bubble", report.breakdown_s.pipeline_bubble),
@@ -95,6 +112,11 @@ def sanity_warnings(report: StepReport) -> list[str]:
         out.append(f"{opt.kind} {opt.distribution} padding {opt.padding_overhead_pct:.0f} %: its reduce-scatter and "
                    "all-gather move more padding than parameters (fewer matrices per bucket than data-parallel "
                    "ranks); the legacy layout or fewer data-parallel ranks avoid it")
+    stage, pad = padding_bytes
+    if pad >= PADDING_MEMORY_FLOOR_BYTES:
+        out.append(f"the layer-wise buckets' padding takes {pad / 1e9:,.1f} GB more per GPU on stage {stage} (Megatron "
+                   "allocates the gradient and parameter buffers at the padded size), which the memory figure does not "
+                   "count yet")
     return out
 
 
@@ -127,5 +149,5 @@ def build_report(scenario: Scenario, engine: str, step_time_s: float, breakdown:
         events=events or [],
         warnings=list(warnings or []) + mem_warn,
     )
-    extra = sanity_warnings(report)
+    extra = sanity_warnings(report, layer_wise_padding_bytes(plan, scenario.optimizer.reuse_grad_buf_for_mxfp8_param_ag))
     return report.model_copy(update={"warnings": report.warnings + extra}) if extra else report

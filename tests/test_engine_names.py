@@ -89,3 +89,28 @@ def test_sanity_warnings_name_the_cause() -> None:
     assert len(low) == 1 and "MFU 3.0 %" in low[0] and "exposed dp_grad" in low[0]
     padded = sanity_warnings(_report(0.3, 232.0))
     assert len(padded) == 1 and "padding 232 %" in padded[0]
+
+
+def test_layer_wise_padding_bytes_by_hand() -> None:
+    """Megatron allocates the gradient (fp32) and parameter (bf16) buffers at the padded bucket size: a
+    layer-wise bucket of 64 x 10 elements holding 100 parameter elements pads 540 elements, 540 x (4 + 2)
+    = 3,240 B per GPU; element-wise buckets are not counted; with MXFP8 parameters in the gradient buffer
+    only the gradient bytes count (2,160 B)."""
+    from costmodel.optimizer.plan_types import Bucket, OptimizerPlan, StageOptimizerPlan
+    from costmodel.report_builder import layer_wise_padding_bytes
+
+    def bucket(kind: str, numel: int, used: int) -> Bucket:
+        return Bucket(stage=1, chunk=0, dp_group="dp", group_size=64, numel=numel, grad_bytes=4 * numel,
+                      param_bytes=2 * numel, reduce_op="reduce_scatter", gather_op="all_gather", used_numel=used,
+                      kind=kind)
+
+    stages = (StageOptimizerPlan(stage=0, buckets=(), ranks=(), collectives=()),
+              StageOptimizerPlan(stage=1, buckets=(bucket("layer_wise", 640, 100), bucket("element_wise", 640, 600)),
+                                 ranks=(), collectives=()))
+    plan = OptimizerPlan(kind="muon", distribution="layer_wise", layout="current", tp_mode=None, load_balance="lpt",
+                         stages=stages)
+    assert layer_wise_padding_bytes(plan) == (1, 3240.0)
+    assert layer_wise_padding_bytes(plan, params_in_grad_buffer=True) == (1, 2160.0)
+    padded = sanity_warnings(_report(0.3, 232.0), (1, 153.7e9))
+    assert len(padded) == 2 and "padding takes 153.7 GB more per GPU on stage 1" in padded[1]
+    assert sanity_warnings(_report(0.3, 20.0), (0, 0.9e9)) == []
