@@ -10,6 +10,8 @@ import json
 import pytest
 import yaml
 
+from tests.conftest import megatron_log_text
+
 BREAKDOWN_KEYS = {"compute", "pipeline_bubble", "exposed_comm", "optimizer", "other"}
 SMALL_PLAN = ("plan", "--model", "llama3-8b", "--gpus", "8", "--samples", "0", "--top-k", "0", "--limit", "3",
               "--jobs", "1", "--json")
@@ -63,16 +65,12 @@ ARGS = """------------------------ arguments ------------------------
   world_size ...................................... 8
 -------------------- end of arguments ---------------------
 """
-ITERATION = (" [2026-03-04 10:{i:02d}:00] iteration {i:>8d}/      30 | consumed samples: {s:>12d} | elapsed time per "
-             "iteration (ms): 2050.0 | learning rate: 1.5E-05 | global batch size:   128 | lm loss: 8.2E+00 | "
-             "number of skipped iterations:   0 | number of nan iterations:   0 |")
 NAMED = ("--model", "llama3-8b", "--system", "dgx-h100")
 
 
 def _log(tmp_path, fp8: str = "", bf16: str = "True", name: str = "run.log"):  # noqa: ANN202 - a Path
     log = tmp_path / name
-    iterations = "\n".join(ITERATION.format(i=i, s=128 * i) for i in range(1, 21))
-    log.write_text(ARGS.format(bf16=bf16, fp8=fp8) + iterations + "\n", encoding="utf-8")
+    log.write_text(megatron_log_text(ARGS.format(bf16=bf16, fp8=fp8)), encoding="utf-8")
     return log
 
 

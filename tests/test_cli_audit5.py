@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from tests.conftest import megatron_log_text
+
 LOG_ARGS = """------------------------ arguments ------------------------
   bf16 ............................................ True
   global_batch_size ............................... 128
@@ -18,15 +20,12 @@ LOG_ARGS = """------------------------ arguments ------------------------
   world_size ...................................... 64
 -------------------- end of arguments ---------------------
 """
-ITERATION = (" [2026-03-04 10:{i:02d}:00] iteration {i:>8d}/      30 | consumed samples: {s:>12d} | elapsed time per "
-             "iteration (ms): 2050.0 | learning rate: 1.5E-05 | global batch size:   128 | lm loss: 8.2E+00 | "
-             "number of skipped iterations:   0 | number of nan iterations:   0 |")
 RUNS_HEADER = "run_id,model,system,num_gpus,precision,global_batch_size,micro_batch_size,seq_length,tp,pp,step_time_s\n"
 
 
 def _log(tmp_path, sidecar: str | None = None):  # noqa: ANN202 - a Path
     log = tmp_path / "run.log"
-    log.write_text(LOG_ARGS + "\n".join(ITERATION.format(i=i, s=128 * i) for i in range(1, 21)) + "\n", encoding="utf-8")
+    log.write_text(megatron_log_text(LOG_ARGS), encoding="utf-8")
     if sidecar is not None:
         (tmp_path / "run.yaml").write_text(sidecar, encoding="utf-8")
     return log
