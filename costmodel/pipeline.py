@@ -107,12 +107,39 @@ def p2p_exposed_s(pp: int, vpp: int, microbatches: int, p2p_s: float) -> float:
     return (2 * (pp - 1) * microbatches / pp + 2 * (pp - 2)) * p2p_s
 
 
+@dataclass(frozen=True)
+class _OrderGraph:
+    """Megatron's interleaved order of one (pp, vpp, m) as flat arrays, per rank: each pass's slot in a
+    table of finish times (forward of virtual stage ``v``, micro-batch ``mb`` at ``v·m + mb``; backward
+    at ``nv·m + v·m + mb``), the slot it waits for (-1: none), and (forward?, chunk) to look its seconds up."""
+
+    own: tuple[tuple[int, ...], ...]
+    dep: tuple[tuple[int, ...], ...]
+    kind: tuple[tuple[tuple[int, int], ...], ...]  # (chunk, 0 forward / 1 backward)
+    slots: int
+
+
 @lru_cache(maxsize=256)
-def _encoded_orders(pp: int, vpp: int, microbatches: int) -> tuple[tuple[tuple[bool, int, int, int], ...], ...]:
-    """Per rank, :func:`schedule_order` as (forward?, virtual stage, micro-batch, chunk) tuples (cached:
-    the order depends on the sizes only, and building it costs more than walking it)."""
-    return tuple(tuple((p.kind == "F", p.chunk * pp + r, p.microbatch, p.chunk) for p in schedule_order(pp, vpp, microbatches, r))
-                 for r in range(pp))
+def _order_graph(pp: int, vpp: int, microbatches: int) -> _OrderGraph:
+    """:class:`_OrderGraph` of :func:`schedule_order` (cached: it depends on the sizes only, and building
+    it costs more than walking it)."""
+    nv, m = pp * vpp, microbatches
+    own, dep, kind = [], [], []
+    for r in range(pp):
+        o, d, k = [], [], []
+        for p in schedule_order(pp, vpp, m, r):
+            v = p.chunk * pp + r
+            if p.kind == "F":
+                o.append(v * m + p.microbatch)
+                d.append((v - 1) * m + p.microbatch if v > 0 else -1)
+            else:
+                o.append(nv * m + v * m + p.microbatch)
+                d.append(nv * m + (v + 1) * m + p.microbatch if v < nv - 1 else v * m + p.microbatch)
+            k.append((p.chunk, 0 if p.kind == "F" else 1))
+        own.append(tuple(o))
+        dep.append(tuple(d))
+        kind.append(tuple(k))
+    return _OrderGraph(tuple(own), tuple(dep), tuple(kind), 2 * nv * m)
 
 
 def schedule_makespan_s(pass_s: Sequence[Sequence[tuple[float, float]]], microbatches: int) -> float | None:
@@ -120,32 +147,29 @@ def schedule_makespan_s(pass_s: Sequence[Sequence[tuple[float, float]]], microba
     ``pass_s[stage][chunk]`` = (forward, backward) seconds of one micro-batch and instant transfers
     (None when the order cannot run to its end: :func:`schedule_order` builds it for whole groups of
     ``pp`` micro-batches; a partial last group can wait on a pass scheduled after it)."""
-    pp, vpp, m = len(pass_s), len(pass_s[0]), microbatches
-    nv = pp * vpp
-    fwd_done = [[-1.0] * m for _ in range(nv)]  # finish times per virtual stage and micro-batch (-1: not yet)
-    bwd_done = [[-1.0] * m for _ in range(nv)]
-    orders = _encoded_orders(pp, vpp, m)
+    pp, vpp = len(pass_s), len(pass_s[0])
+    graph = _order_graph(pp, vpp, microbatches)
+    done = [-1.0] * graph.slots  # finish time per pass (-1: not yet)
+    durations = [[pass_s[r][c][k] for c, k in graph.kind[r]] for r in range(pp)]
     pos, free = [0] * pp, [0.0] * pp
     moved = True
     while moved:
         moved = False
         for r in range(pp):
-            order, i, t, passes = orders[r], pos[r], free[r], pass_s[r]
-            while i < len(order):
-                is_fwd, v, mb, chunk = order[i]
-                dur = passes[chunk][0 if is_fwd else 1]
-                if is_fwd:
-                    ready = fwd_done[v - 1][mb] if v > 0 else 0.0
-                else:
-                    ready = bwd_done[v + 1][mb] if v < nv - 1 else fwd_done[v][mb]
+            own, dep, dur, i, t = graph.own[r], graph.dep[r], durations[r], pos[r], free[r]
+            n = len(own)
+            while i < n:
+                d = dep[i]
+                ready = done[d] if d >= 0 else 0.0
                 if ready < 0.0:
                     break
-                t = max(t, ready) + dur
-                (fwd_done if is_fwd else bwd_done)[v][mb] = t
+                t = (t if t > ready else ready) + dur[i]
+                done[own[i]] = t
                 i += 1
-            moved = moved or i != pos[r]
-            pos[r], free[r] = i, t
-    if pos != [len(o) for o in orders]:
+            if i != pos[r]:
+                moved = True
+                pos[r], free[r] = i, t
+    if any(pos[r] != len(graph.own[r]) for r in range(pp)):
         return None
     return max(free)
 
