@@ -120,6 +120,18 @@ def sanity_warnings(report: StepReport, padding_bytes: tuple[int, float] = (0, 0
     return out
 
 
+def schedule_warnings(pp: int, vpp: int, microbatches: int) -> list[str]:
+    """A warning when the interleaved schedule's last group of micro-batches is partial (``0 < m mod pp``):
+    Megatron-Core 0.16 refuses it with the default group size (``forward_backward_pipelining_with_interleaving``:
+    "The remainder of M ... should be 0, or larger than or equal to the pipeline-parallel size"); the engines
+    price the order as built (or, when it cannot run, the analytic closed form; the DES refuses)."""
+    if vpp <= 1 or microbatches % pp == 0:
+        return []
+    return [f"{microbatches} micro-batches on pp {pp} with interleaving leave a partial last group of "
+            f"{microbatches % pp}: Megatron-Core 0.16 refuses it (with its default group of pp micro-batches); a global "
+            "batch size giving a multiple of pp micro-batches per pipeline avoids it"]
+
+
 def build_report(scenario: Scenario, engine: str, step_time_s: float, breakdown: Breakdown,
                  plan: OptimizerPlan, optimizer_exposed_s: float, optimizer_hidden_s: float,
                  events: list[TimelineEvent] | None = None, warnings: list[str] | None = None) -> StepReport:
@@ -150,4 +162,5 @@ def build_report(scenario: Scenario, engine: str, step_time_s: float, breakdown:
         warnings=list(warnings or []) + mem_warn,
     )
     extra = sanity_warnings(report, layer_wise_padding_bytes(plan, scenario.optimizer.reuse_grad_buf_for_mxfp8_param_ag))
+    extra += schedule_warnings(scenario.par.pp, scenario.par.vpp, scenario.num_microbatches)
     return report.model_copy(update={"warnings": report.warnings + extra}) if extra else report

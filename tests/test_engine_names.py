@@ -114,3 +114,11 @@ def test_layer_wise_padding_bytes_by_hand() -> None:
     padded = sanity_warnings(_report(0.3, 232.0), (1, 153.7e9))
     assert len(padded) == 2 and "padding takes 153.7 GB more per GPU on stage 1" in padded[1]
     assert sanity_warnings(_report(0.3, 20.0), (0, 0.9e9)) == []
+
+
+def test_schedule_warnings_for_a_partial_interleaved_group() -> None:
+    from costmodel.report_builder import schedule_warnings
+
+    assert schedule_warnings(4, 5, 8) == [] and schedule_warnings(4, 1, 5) == []
+    (warning,) = schedule_warnings(4, 5, 5)
+    assert warning.startswith("5 micro-batches on pp 4 with interleaving leave a partial last group of 1")
