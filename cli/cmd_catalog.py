@@ -120,9 +120,9 @@ def describe(
     from rich.table import Table
 
     t = Table(title=f"{spec.display_name or spec.name}", show_header=False)
-    t.add_row("parameters, total", f"{data['params_total'] / 1e9:,.2f} B")
-    t.add_row("parameters, active (incl. embedding + head)", f"{data['params_active'] / 1e9:,.2f} B")
-    t.add_row("parameters, active (excl. embedding + head)", f"{data['params_active_excl_embeddings'] / 1e9:,.2f} B")
+    t.add_row("parameters, total", f"{data['params_total'] / 1e9:,.2f} billion")
+    t.add_row("parameters, active (incl. embedding + head)", f"{data['params_active'] / 1e9:,.2f} billion")
+    t.add_row("parameters, active (excl. embedding + head)", f"{data['params_active_excl_embeddings'] / 1e9:,.2f} billion")
     t.add_row("layers (MoE / MTP)", f"{spec.num_layers} ({spec.num_moe_layers} / {spec.mtp_layers})")
     t.add_row(f"model FLOPs per token @ seq {seq}", f"{terms.total / 1e9:,.3f} GFLOP")
     for k, v in vars(terms).items():
@@ -185,13 +185,13 @@ def inventory(
         ts = inv.stage_tensors(st)
         stages.append({
             "stage": st,
-            "tensors": len(ts),
+            "tensor_count": len(ts),
             "params_per_rank": inv.rank_numel(st),
             "muon_params_per_rank": sum(t.rank_numel for t in ts if t.optimizer == "muon"),
             "adamw_params_per_rank": sum(t.rank_numel for t in ts if t.optimizer == "adamw"),
             "expert_params_per_rank": sum(t.rank_numel for t in ts if t.is_expert),
             "muon_matrices_per_rank": sum(len(t.muon_components) * t.experts_per_rank for t in ts if t.optimizer == "muon"),
-            "memory_per_gpu_bytes": memory[st].components_bytes | {"total": memory[st].total_bytes},
+            "memory": {"total_bytes": memory[st].total_bytes, "components_bytes": memory[st].components_bytes},
         })
     tensors: list[dict[str, Any]] = []
     if per_tensor or json_out:
@@ -216,10 +216,11 @@ def inventory(
                        f"ep {sc.par.ep}, dp {sc.dp}")
     for col in ("stage", "tensors", "params/rank", "Muon", "AdamW", "experts", "Muon matrices/rank"):
         st_t.add_column(col, justify="right")
-    for s in stages:
-        st_t.add_row(str(s["stage"]), str(s["tensors"]), f"{s['params_per_rank'] / 1e9:.3f} B",
-                     f"{s['muon_params_per_rank'] / 1e9:.3f} B", f"{s['adamw_params_per_rank'] / 1e9:.3f} B",
-                     f"{s['expert_params_per_rank'] / 1e9:.3f} B", str(s["muon_matrices_per_rank"]))
+    st_t.caption = "parameters per rank in billions (params/rank, of which Muon, AdamW, experts)"
+    for s in stages:  # parameter counts in billions, not "B" (which reads as bytes beside the memory table)
+        st_t.add_row(str(s["stage"]), str(s["tensor_count"]), f"{s['params_per_rank'] / 1e9:.3f}",
+                     f"{s['muon_params_per_rank'] / 1e9:.3f}", f"{s['adamw_params_per_rank'] / 1e9:.3f}",
+                     f"{s['expert_params_per_rank'] / 1e9:.3f}", str(s["muon_matrices_per_rank"]))
     console = Console()
     console.print(st_t)
     mt = Table(title=f"memory per GPU, GB (capacity {sc.system.gpu.hbm_bytes / 1e9:.0f} GB; "

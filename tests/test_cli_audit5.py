@@ -356,3 +356,14 @@ def test_des_refuses_a_partial_group_of_interleaved_micro_batches(run_cli, one_l
     res = run_cli("predict", "--model", "llama3-70b", "--system", "gb300-nvl72", "--gbs", "80", "--engine", "des")
     assert res.exit_code == 2
     assert "cannot run Megatron's interleaved order with 5 micro-batches on pp 4" in one_line_error(res)
+
+
+def test_inventory_json_names_a_stage_count_apart_from_the_tensor_list(run_cli) -> None:
+    """A stage's 'tensors' was a count while the top-level 'tensors' is the list; a stage's
+    'memory_per_gpu_bytes' was a mapping where every other output has a number under that name."""
+    data = json.loads(run_cli("inventory", "--json").stdout)
+    stage = data["stages"][0]
+    assert isinstance(stage["tensor_count"], int) and "tensors" not in stage and isinstance(data["tensors"], list)
+    memory = stage["memory"]
+    assert memory["total_bytes"] >= max(memory["components_bytes"].values()) > 0
+    assert "memory_per_gpu_bytes" not in stage
