@@ -111,13 +111,11 @@ def collective(
     is compared with the measured busbw (error %, MAPE).
     """
     from topologies.collectives import OPS, collective_cost
-    from topologies.inputs import did_you_mean, plural
+    from topologies.inputs import guess_hint, plural
 
     typed, op = op, op.replace("-", "_")
     if op not in OPS:
-        guess = did_you_mean(op, OPS)
-        hint = f" (did you mean '{guess}'?)" if guess else ""
-        raise CliError(f"unknown collective '{typed}'{hint}; valid: {', '.join(OPS)}")
+        raise CliError(f"unknown collective '{typed}'{guess_hint(op, OPS)}; valid: {', '.join(OPS)}")
     if size is not None and (min_size is not None or max_size is not None or step_factor is not None):
         raise CliError("give either --size or --min-size/--max-size/--step-factor, not both")
     check_counts(gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp)

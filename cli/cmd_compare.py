@@ -50,13 +50,14 @@ def register(app: typer.Typer) -> None:
 
 def expand_variants(flags: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
     """(label, flags) of every variant: the cartesian product of comma-separated flag values."""
+    from topologies.inputs import first_repeat
+
     options: dict[str, list[str]] = {}
     for key, raw in flags.items():
         values = [v.strip() for v in str(raw).split(",")]
         if any(not v for v in values):
             raise CliError(f"{_FLAG_OF.get(key, key)} has an empty value in '{raw}'")
-        same = [str(int(v)) if v.isdigit() else v for v in values]  # 2 and 02 are one value
-        repeated = next((v for i, v in enumerate(same) if v in same[:i]), None)
+        repeated = first_repeat([str(int(v)) if v.isdigit() else v for v in values])  # 2 and 02 are one value
         if repeated is not None:  # two identical variants compare nothing
             raise CliError(f"{_FLAG_OF.get(key, key)} gives '{repeated}' twice in '{raw}'; give each value once")
         options[key] = values

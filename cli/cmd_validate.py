@@ -349,18 +349,19 @@ def _factor_list(flag: str, text: str | None, default: tuple[str, ...]) -> tuple
     """The factor names of ``flag``'s comma-separated ``text`` (``default`` when not given); CliError for a
     name given twice or, for ``--factors``, one that is not a fittable factor (with a did-you-mean)."""
     from costmodel.calibrate.priors import FACTOR_BOUNDS
-    from topologies.inputs import did_you_mean
+    from topologies.inputs import did_you_mean, first_repeat
 
     if text is None:
         return default
     names = tuple(f.strip() for f in text.split(",") if f.strip())
-    for k, name in enumerate(names):
+    for name in names:
         if name not in FACTOR_BOUNDS and flag == "--factors":  # --release-factors: checked against --factors
             guess = did_you_mean(name, FACTOR_BOUNDS)
             hint = f"did you mean '{guess}'?" if guess else f"fittable: {', '.join(FACTOR_BOUNDS)}"
             raise CliError(f"{flag}: '{name}' is not a fittable factor; {hint}")
-        if name in names[:k]:
-            raise CliError(f"{flag} gives '{name}' twice in '{text}'; give each value once")
+    repeated = first_repeat(names)
+    if repeated is not None:
+        raise CliError(f"{flag} gives '{repeated}' twice in '{text}'; give each value once")
     return names
 
 

@@ -157,7 +157,7 @@ def pipeline_lower_bound_of(st: StepStructure) -> float:
 
 
 def analytic_timing(st: StepStructure) -> AnalyticTiming:
-    """Closed-form timing of a :class:`StepStructure`."""
+    """Analytic timing of a :class:`StepStructure` (closed form but for the interleaved order's longest path)."""
     m, pp, vpp = st.microbatches, st.pp, st.vpp
     work, cf, cb, passes = _pipeline_inputs(st)
     t_base = pipeline_time_s(work, cf, cb, m, vpp, st.p2p_s, passes)

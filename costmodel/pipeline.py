@@ -111,11 +111,12 @@ def p2p_exposed_s(pp: int, vpp: int, microbatches: int, p2p_s: float) -> float:
 class _OrderGraph:
     """Megatron's interleaved order of one (pp, vpp, m) as flat arrays, per rank: each pass's slot in a
     table of finish times (forward of virtual stage ``v``, micro-batch ``mb`` at ``v·m + mb``; backward
-    at ``nv·m + v·m + mb``), the slot it waits for (-1: none), and (forward?, chunk) to look its seconds up."""
+    at ``nv·m + v·m + mb``), the slot it waits for (-1: none), and (chunk, 0 forward / 1 backward) to look
+    its seconds up."""
 
     own: tuple[tuple[int, ...], ...]
     dep: tuple[tuple[int, ...], ...]
-    kind: tuple[tuple[tuple[int, int], ...], ...]  # (chunk, 0 forward / 1 backward)
+    kind: tuple[tuple[tuple[int, int], ...], ...]
     slots: int
 
 
@@ -200,7 +201,7 @@ def interleaved_phase_s(pass_s: Sequence[Sequence[tuple[float, float]]], microba
 def pipeline_time_s(stage_work_s: Sequence[float], chunk_fwd_s: Sequence[float], chunk_bwd_s: Sequence[float],
                     microbatches: int, vpp: int, p2p_s: float,
                     pass_s: Sequence[Sequence[tuple[float, float]]] | None = None) -> float:
-    """Closed-form seconds of the forward/backward phase of one step.
+    """Seconds of the forward/backward phase of one step.
 
     ``stage_work_s[s]``: compute-stream seconds per micro-batch of stage ``s`` (all chunks);
     ``chunk_fwd_s`` / ``chunk_bwd_s``: mean seconds of one chunk's forward / backward per stage;

@@ -77,7 +77,7 @@ def _flops_per_token(scenario: Scenario) -> float:
 
 MFU_FLOOR = 0.05  # below: the step is almost all waiting (published runs reach 20-50 %)
 PADDING_CEILING_PCT = 100.0  # above: the optimizer's collectives move more padding than parameters
-PADDING_MEMORY_FLOOR_BYTES = 1e9  # from: the layer-wise padding's uncounted buffer memory is worth a warning
+PADDING_MEMORY_FLOOR_BYTES = 1e9  # at or above: the layer-wise padding's uncounted buffer memory is warned about
 
 
 def layer_wise_padding_bytes(plan: OptimizerPlan, params_in_grad_buffer: bool = False) -> tuple[int, float]:

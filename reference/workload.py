@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from topologies.inputs import UserInputError, did_you_mean
+from topologies.inputs import UserInputError, guess_hint
 from workloads.flops import newton_schulz_cost_proxy
 from workloads.inventory import TensorSpec, build_inventory
 from workloads.models import GqaAttention, ModelSpec, load_model
@@ -64,9 +64,7 @@ def load_shapes(name_or_path: str) -> ModelSpec:
         if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
             raise  # a file: its own error (missing, malformed, a bad key) is the one to fix
         known = ", ".join(SHAPE_PRESETS)
-        guess = did_you_mean(name_or_path, SHAPE_PRESETS)
-        hint = f" (did you mean '{guess}'?)" if guess else ""
-        raise UserInputError(f"unknown shapes '{name_or_path}'{hint}; known presets: {known} "
+        raise UserInputError(f"unknown shapes '{name_or_path}'{guess_hint(name_or_path, SHAPE_PRESETS)}; known presets: {known} "
                              "(or a model YAML file / catalogue model small enough to run)") from None
     total = build_inventory(model).params_total
     if total > MAX_PARAMS:

@@ -37,7 +37,7 @@ from topologies import hierarchical as hier
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from topologies.identity_memo import IdentityMemo
-from topologies.inputs import UserInputError, did_you_mean
+from topologies.inputs import UserInputError, guess_hint
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_gather_v", "broadcast", "all_to_all", "send_recv")
 ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "hierarchical", "pat", "direct")
@@ -152,9 +152,8 @@ def _check(op: str, size_bytes: float, algorithm: str | None) -> None:
     if size_bytes < 0 or size_bytes != size_bytes:
         raise UserInputError(f"collective size must be a non-negative number of bytes, got {size_bytes}")
     if algorithm is not None and algorithm not in ALGORITHMS:
-        guess = did_you_mean(algorithm, ALGORITHMS)
-        hint = f" (did you mean '{guess}'?)" if guess else ""
-        raise UserInputError(f"unknown algorithm '{algorithm}'{hint}; valid: {', '.join(ALGORITHMS)}")
+        raise UserInputError(f"unknown algorithm '{algorithm}'{guess_hint(algorithm, ALGORITHMS)}; "
+                             f"valid: {', '.join(ALGORITHMS)}")
 
 
 _COSTS: IdentityMemo[CollectiveCost] = IdentityMemo(65536)  # the system keyed by identity (hashing it costs more than a hit)

@@ -13,7 +13,7 @@ import difflib
 import re
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,20 @@ def did_you_mean(name: str, valid: Iterable[str]) -> str | None:
     return close[0] if close else None
 
 
+def first_repeat(values: Sequence[Any]) -> Any | None:
+    """The first value of ``values`` equal to an earlier one (None when each is given once): a list of
+    choices (``--tp 2,2``, a grid's ``gpus: [8, 8]``) that would run the same variant twice. Compared with
+    ``==``, so unhashable values (an inline model mapping) work too."""
+    return next((v for k, v in enumerate(values) if any(v == earlier for earlier in values[:k])), None)
+
+
+def guess_hint(name: str, valid: Iterable[str]) -> str:
+    """`` (did you mean 'X'?)`` when :func:`did_you_mean` finds the name ``name`` was meant to be, else nothing:
+    the hint an unknown-name error puts right after the name."""
+    guess = did_you_mean(name, valid)
+    return f" (did you mean '{guess}'?)" if guess else ""
+
+
 def likely_misspelling(name: str, valid: Iterable[str]) -> str | None:
     """The valid name that ``name`` is almost surely a misspelling of, or None: stricter than
     :func:`did_you_mean`, for refusing input rather than hinting. ``-``/``_`` swapped, the initials of a
@@ -218,6 +232,5 @@ def resolve_catalog_entry(name_or_path: str, catalog_dir: Path, what: str) -> di
     if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
         return load_yaml_file(name_or_path, what)
     names = sorted(p.stem for p in catalog_dir.glob("*.yaml"))
-    guess = did_you_mean(name_or_path, names)
-    hint = f" (did you mean '{guess}'?)" if guess else ""
-    raise UserInputError(f"unknown {what} '{name_or_path}'{hint}; known: {', '.join(names)} (or a path to a YAML file)")
+    raise UserInputError(f"unknown {what} '{name_or_path}'{guess_hint(name_or_path, names)}; known: {', '.join(names)} "
+                         "(or a path to a YAML file)")

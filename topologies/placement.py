@@ -60,7 +60,7 @@ from functools import cached_property, lru_cache
 from topologies.groups import GroupShape
 from topologies.hardware import SystemSpec
 from topologies.identity_memo import IdentityMemo
-from topologies.inputs import UserInputError, did_you_mean
+from topologies.inputs import UserInputError, guess_hint
 from topologies.layout import FabricLayout, fabric_layout
 
 GROUP_KINDS = ("tp", "cp", "dp", "etp", "ep", "etp_ep", "expert_dp", "pp", "embd", "world", "dp_instance",
@@ -126,9 +126,7 @@ class JobPlacement:
         """(size, stride in rank order) of a group kind."""
         table = self._group_table
         if kind not in table:
-            guess = did_you_mean(kind, table)
-            hint = f" (did you mean '{guess}'?)" if guess else ""
-            raise UserInputError(f"unknown group '{kind}'{hint}; valid: {', '.join(table)}")
+            raise UserInputError(f"unknown group '{kind}'{guess_hint(kind, table)}; valid: {', '.join(table)}")
         return table[kind]
 
     @cached_property

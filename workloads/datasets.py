@@ -19,7 +19,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from topologies.inputs import UserInputError, did_you_mean
+from topologies.inputs import UserInputError, guess_hint
 from workloads.loaders import load_runs
 from workloads.measured import MeasuredRun, SkippedRun
 from workloads.recipe_settings import MEASURED_DIR, SETTINGS_FILE, shipped_settings
@@ -63,9 +63,7 @@ def dataset_names() -> list[str]:
 def get_dataset(name: str) -> Dataset:
     """The shipped dataset called ``name`` (one-line UserInputError listing the known names)."""
     if name not in DATASETS:
-        guess = did_you_mean(name, DATASETS)
-        hint = f" (did you mean '{guess}'?)" if guess else ""
-        raise UserInputError(f"unknown dataset '{name}'{hint}; known: {', '.join(dataset_names())}")
+        raise UserInputError(f"unknown dataset '{name}'{guess_hint(name, DATASETS)}; known: {', '.join(dataset_names())}")
     return DATASETS[name]
 
 

@@ -62,6 +62,11 @@ _FLAG_OF_FIELD = {"num_gpus": "--gpus", "global_batch_size": "--gbs", "micro_bat
                   "seq_length": "--seq"}
 
 
+def _flag_of(field: str) -> str:
+    """The command-line flag that sets the run field ``field`` (``num_gpus`` -> ``--gpus``, ``tp`` -> ``--tp``)."""
+    return _FLAG_OF_FIELD.get(field, "--" + field.replace("_", "-"))
+
+
 def is_recipe_column(name: str) -> bool:
     """Whether ``name`` is a recipe-settings column (kept in ``MeasuredRun.recipe_settings``)."""
     return name in RECIPE_COLUMNS and name not in RUN_FIELDS and name not in RUN_COLUMNS
@@ -329,9 +334,8 @@ def _check_logged_layout(path: Path, logged: Mapping[str, Any], data: Mapping[st
         except ValueError:
             continue  # not integers: the run's validation reports the bad value
         if said != given:
-            flag = _FLAG_OF_FIELD.get(name, "--" + name.replace("_", "-"))
             raise UserInputError(f"{_where(path, column=name)}: the log says {said}, the scenario says {given} "
-                                 f"(drop {flag} or fix the sidecar YAML: the measured time is of the logged run)")
+                                 f"(drop {_flag_of(name)} or fix the sidecar YAML: the measured time is of the logged run)")
 
 
 def sidecar_yaml(path: Path) -> Path | None:
@@ -401,7 +405,7 @@ def load_megatron_log(path: str | Path, overrides: Mapping[str, Any] | None = No
     for name in REQUIRED_COLUMNS:
         if name not in data:
             hint = (f"add '{name}: ...' to {p.with_suffix('.yaml').name} next to the log "
-                    f"or pass {_FLAG_OF_FIELD.get(name, '--' + name.replace('_', '-'))}")
+                    f"or pass {_flag_of(name)}")
             raise UserInputError(f"{_where(p, column=name)}: the log does not say {name}; {hint}")
     return _validate_run(data, p, None)
 

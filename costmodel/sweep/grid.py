@@ -38,6 +38,7 @@ from topologies.inputs import (
     UserInputError,
     describe_validation_error,
     did_you_mean,
+    first_repeat,
     load_yaml_file,
     unknown_name_hint,
 )
@@ -124,9 +125,9 @@ def normalise_axes(axes: Mapping[str, Any], aliases: Mapping[str, str], where: s
         if key in out:
             raise UserInputError(f"{where}.{raw}: '{key}' is given twice")
         out[key] = list(values) if isinstance(values, list) else [values]
-        for k, value in enumerate(out[key]):
-            if any(value == earlier for earlier in out[key][:k]):  # [8, 8]: the same point twice
-                raise UserInputError(f"{where}.{raw}: gives {value!r} twice; give each value once")
+        repeated = first_repeat(out[key])  # [8, 8]: the same point twice
+        if repeated is not None:
+            raise UserInputError(f"{where}.{raw}: gives {repeated!r} twice; give each value once")
     return out
 
 
