@@ -43,13 +43,6 @@ the same plans for every draw (two thirds of a draw's time). A test perturbs eac
 the plans equal; a draw perturbing a factor the plan reads still gets plans of its own."""
 
 
-def _breakdown_terms(breakdown: Any) -> tuple[tuple[str, float], ...]:
-    terms = [("compute", breakdown.compute), ("pipeline_bubble", breakdown.pipeline_bubble)]
-    terms += [(f"comm:{k}", v) for k, v in sorted(breakdown.exposed_comm.items())]
-    terms += [("optimizer", breakdown.optimizer), ("other", breakdown.other)]
-    return tuple((k, float(v)) for k, v in terms)
-
-
 class FastAnalytic:
     """Analytic step times with optimizer plans shared between candidates (per process)."""
 
@@ -122,7 +115,9 @@ class FastAnalytic:
     def step(self, scenario: Scenario) -> tuple[float, tuple[tuple[str, float], ...]]:
         """(step time in seconds, breakdown terms in seconds) as ``run_analytic`` gives them."""
         timing = self._timing(scenario, self.plan(scenario) if self.shares_plans else None)
-        return float(timing.step_time_s), _breakdown_terms(timing.breakdown)
+        from costmodel.planner.evaluate import breakdown_terms
+
+        return float(timing.step_time_s), breakdown_terms(timing.breakdown)
 
     def report(self, scenario: Scenario) -> Any:
         """The full analytic StepReport (``costmodel.engine.predict``) of one scenario."""
